@@ -1,0 +1,43 @@
+"""headprobe: probe backbones before, inside and after projection heads.
+
+The public API is imported lazily so that ``import headprobe`` and the CLI's
+``list``/``validate`` stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load_backbone": "headprobe.backbones:load_backbone",
+    "Backbone": "headprobe.backbones:Backbone",
+    "Preprocess": "headprobe.backbones:Preprocess",
+    "run": "headprobe.pipeline:run",
+    "Results": "headprobe.pipeline:Results",
+    "load_recipe": "headprobe.recipe:load_recipe",
+    "Recipe": "headprobe.recipe:Recipe",
+    "RecipeError": "headprobe.recipe:RecipeError",
+    "load_data": "headprobe.data:load_data",
+    "extract": "headprobe.features:extract",
+}
+_SUBMODULES = {"probes", "backbones", "data", "features", "recipe", "registry", "runs", "pipeline"}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .backbones import Backbone, Preprocess, load_backbone  # noqa: F401
+    from .pipeline import Results, run  # noqa: F401
+    from .recipe import Recipe, RecipeError, load_recipe  # noqa: F401
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module, _, attr = _LAZY[name].partition(":")
+        return getattr(importlib.import_module(module), attr)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"headprobe.{name}")
+    raise AttributeError(f"module 'headprobe' has no attribute {name!r}")
+
+
+__all__ = ["__version__", *_LAZY]

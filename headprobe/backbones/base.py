@@ -1,0 +1,157 @@
+"""The `Backbone` wrapper every backbone source returns, and its preprocessing."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+_INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Image → tensor transform that travels with a backbone's weights.
+
+    Resize (`resize_mode="shortest"`: the shorter side to `resize`, keeping the
+    aspect ratio; `"square"`: to `resize`×`resize`), centre-crop `crop`×`crop`,
+    scale to [0, 1], normalise with `mean`/`std`. Grey or RGBA images become RGB.
+    """
+
+    resize: int
+    crop: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    interpolation: str = "bicubic"
+    resize_mode: str = "shortest"
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in _INTERPOLATIONS:
+            raise ValueError(
+                f"interpolation {self.interpolation!r} is not supported; use one of {_INTERPOLATIONS}."
+            )
+        if self.resize_mode not in ("shortest", "square"):
+            raise ValueError(f"resize_mode {self.resize_mode!r} must be 'shortest' or 'square'.")
+        if self.crop > self.resize:
+            raise ValueError(f"crop ({self.crop}) must not exceed resize ({self.resize}).")
+
+    def with_resolution(self, crop: int) -> "Preprocess":
+        """The same transform at another crop size, resize scaled by the same ratio."""
+        resize = max(crop, round(crop * self.resize / self.crop))
+        return dataclasses.replace(self, resize=resize, crop=crop)
+
+    @functools.cache
+    def transform(self) -> Callable:
+        from torchvision.transforms import v2
+
+        mode = getattr(v2.InterpolationMode, self.interpolation.upper())
+        return v2.Compose(
+            [
+                v2.ToImage(),
+                v2.Resize(
+                    self.resize if self.resize_mode == "shortest" else [self.resize, self.resize],
+                    interpolation=mode,
+                    antialias=True,
+                ),
+                v2.CenterCrop(self.crop),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(list(self.mean), list(self.std)),
+            ]
+        )
+
+    def __call__(self, image) -> torch.Tensor:
+        """image: PIL image → (3, crop, crop) float tensor."""
+        if getattr(image, "mode", "RGB") != "RGB":
+            image = image.convert("RGB")
+        return self.transform()(image)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["mean"], d["std"] = list(self.mean), list(self.std)
+        return d
+
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def weights_fingerprint(module: nn.Module) -> str:
+    """Short sha256 over parameter names, shapes and values (buffers included)."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(tensor.shape)).encode())
+        h.update(tensor.detach().to("cpu").contiguous().numpy().tobytes() if tensor.dtype != torch.bfloat16
+                 else tensor.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class BackboneNotFoundError(FileNotFoundError):
+    """A backbone whose weights cannot be found; the message says where we looked and what to run."""
+
+
+class Backbone(nn.Module):
+    """A feature extractor: `Backbone(pixels: (B, 3, H, W)) -> (B, dim)`.
+
+    `encode` maps pixels to pooled features; `preprocess` maps one PIL image to
+    the pixel tensor the weights expect; `blocks` lists the model's blocks in order.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        encode: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+        *,
+        id: str,
+        dim: int,
+        preprocess: Preprocess,
+        blocks: list[nn.Module] | None = None,
+        description: str = "",
+        options: dict | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self._encode = encode
+        self.id = id
+        self.dim = dim
+        self.preprocess = preprocess
+        self.blocks = list(blocks or [])
+        self.description = description
+        self.options = dict(options or {})
+        self._fingerprint: str | None = None
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self._encode(self.model, pixels)
+
+    @property
+    def params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(self.model)
+        return self._fingerprint
+
+    def freeze(self) -> "Backbone":
+        self.model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        return self
+
+    def describe(self) -> dict:
+        """What `results.json` records under `backbone`."""
+        return {
+            "id": self.id,
+            "dim": self.dim,
+            "params": self.params,
+            "fingerprint": self.fingerprint,
+            "description": self.description,
+            "options": self.options,
+            "preprocess": self.preprocess.to_dict(),
+        }

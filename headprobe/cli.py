@@ -1,0 +1,155 @@
+"""``headprobe run | validate | list | report | compare``.
+
+Exit codes: 0 done; 2 bad recipe or arguments (nothing written); 1 a failure
+while running (finished work stays on disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _is_main_process() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def _error(message: str, code: int) -> int:
+    _console(stderr=True).print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    return code
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .pipeline import RunError, run
+    from .recipe import RecipeError, load_recipe
+
+    try:
+        load_recipe(args.recipe, args.set)
+    except RecipeError as err:
+        return _error(str(err), EXIT_USAGE)
+    try:
+        run(args.recipe, out=args.out, overrides=args.set, resume=args.resume, quiet=not _is_main_process())
+    except RecipeError as err:
+        return _error(str(err), EXIT_USAGE)
+    except RunError as err:
+        return _error(str(err), EXIT_FAILED)
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .recipe import RecipeError, load_recipe
+
+    try:
+        recipe = load_recipe(args.recipe, args.set)
+    except RecipeError as err:
+        return _error(str(err), EXIT_USAGE)
+    probes = ", ".join(recipe.probes)
+    _console().print(
+        f"[green]ok[/] {args.recipe}: {recipe.backbone.id} ({recipe.backbone.pooling}) on {recipe.data.source}; "
+        f"probes: {probes}"
+    )
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from .registry import FAMILIES, did_you_mean
+
+    if args.family and args.family not in FAMILIES:
+        guess = did_you_mean(args.family, list(FAMILIES))
+        hint = f" Did you mean {guess!r}?" if guess else ""
+        return _error(f"unknown family {args.family!r}; allowed: {', '.join(FAMILIES)}.{hint}", EXIT_USAGE)
+    console = _console()
+    for family, registry in FAMILIES.items():
+        if args.family and family != args.family:
+            continue
+        table = Table(title=family, title_justify="left", show_header=False, box=None, padding=(0, 2))
+        for entry in registry:
+            table.add_row(f"[bold]{entry.usage}[/]", entry.help)
+        console.print(table)
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report.table import print_summary
+    from .runs import read_results
+
+    try:
+        results = read_results(args.run_dir)
+    except (FileNotFoundError, ValueError) as err:
+        return _error(str(err), EXIT_USAGE)
+    print_summary(results, Path(args.run_dir), console=_console())
+    return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .report.table import compare_table
+    from .runs import read_results
+
+    runs = {}
+    for run_dir in args.run_dirs:
+        try:
+            runs[Path(run_dir).name or str(run_dir)] = read_results(run_dir)
+        except (FileNotFoundError, ValueError) as err:
+            return _error(str(err), EXIT_USAGE)
+    _console().print(compare_table(runs))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="headprobe", description="Probe backbones before, inside and after projection heads."
+    )
+    parser.add_argument("--version", action="version", version=f"headprobe {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    overrides = {"action": "append", "default": [], "metavar": "KEY=VALUE",
+                 "help": "override a recipe value, e.g. --set backbone.pooling=mean (YAML-typed; repeatable)"}
+    p = sub.add_parser("run", help="run a recipe end to end")
+    p.add_argument("recipe")
+    p.add_argument("--set", **overrides)
+    p.add_argument("--out", help="run directory (default runs/<recipe name>-<timestamp>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished probes")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("validate", help="check a recipe without loading any model")
+    p.add_argument("recipe")
+    p.add_argument("--set", **overrides)
+    p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("list", help="registered names per family")
+    p.add_argument("family", nargs="?")
+    p.set_defaults(fn=cmd_list)
+
+    p = sub.add_parser("report", help="print the summary of a finished run")
+    p.add_argument("run_dir")
+    p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("compare", help="side-by-side table of several runs")
+    p.add_argument("run_dirs", nargs="+")
+    p.set_defaults(fn=cmd_compare)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Data sources through Hugging Face `datasets`: built-ins, local image folders, hub ids.
+
+Every source returns a `datasets.DatasetDict` plus a content fingerprint; `load_data`
+then picks the image and label columns, makes a stratified test split when the
+source has none, and applies per-split limits (stratified, seeded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..registry import DATA_SOURCES, split_prefixed
+
+
+class DataSourceError(ValueError):
+    """A data source that cannot be loaded as asked; the message says how to fix it."""
+
+
+@dataclass
+class DataSplits:
+    """`train`/`test` are `datasets.Dataset`s with columns ``image`` (PIL) and ``label`` (int)."""
+
+    train: object
+    test: object
+    class_names: list[str]
+    fingerprint: str
+    info: dict = field(default_factory=dict)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_names)
+
+
+def _sha(*parts: object) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else repr(part).encode())
+    return h.hexdigest()[:16]
+
+
+def load_sklearn_digits(ref: str = "", revision: str | None = None):
+    """scikit-learn's 1,797 8×8 digits as grey PIL images (0–16 ink scaled to 0–255)."""
+    import datasets
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    pixels = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=[str(i) for i in range(10)])}
+    )
+    ds = datasets.Dataset.from_dict(
+        {"image": [Image.fromarray(p, mode="L") for p in pixels], "label": digits.target.tolist()},
+        features=features,
+    )
+    return datasets.DatasetDict({"train": ds}), _sha(pixels.tobytes(), digits.target.tobytes())
+
+
+def load_imagefolder(ref: str, revision: str | None = None):
+    """A local folder: ``class_x/*.png`` or ``train/class_x/*.png`` + ``test/class_x/*.png``."""
+    import datasets
+
+    root = Path(ref).expanduser()
+    if not root.is_dir():
+        raise DataSourceError(f"data.source imagefolder:{ref}: {root} is not a directory of class sub-folders.")
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    if not files:
+        raise DataSourceError(f"data.source imagefolder:{ref}: {root} contains no files.")
+    stamp = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    ds = datasets.load_dataset("imagefolder", data_dir=str(root))
+    return ds, _sha("imagefolder", stamp)
+
+
+def load_hub(ref: str, revision: str | None = None):
+    """A hub dataset id; the local `datasets` cache is used first (HF_DATASETS_OFFLINE=1 forbids the network)."""
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(ref, revision=revision)
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:
+        raise DataSourceError(
+            f"data.source hf:{ref} could not be loaded from the local cache or the hub "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); download it where there "
+            "is network (datasets.load_dataset(...).save_to_disk or the hub cache) or use imagefolder:<dir>."
+        ) from err
+    if not isinstance(ds, datasets.DatasetDict):
+        ds = datasets.DatasetDict({"train": ds})
+    fingerprint = _sha("hub", ref, revision, {name: split._fingerprint for name, split in ds.items()})
+    return ds, fingerprint
+
+
+def _stratified_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """Indices of a class-stratified subset of `size` (sorted); all indices if size ≥ len."""
+    from sklearn.model_selection import train_test_split
+
+    n = len(labels)
+    if size >= n:
+        return np.arange(n)
+    try:
+        keep, _ = train_test_split(np.arange(n), train_size=size, stratify=labels, random_state=seed)
+    except ValueError:
+        warnings.warn(f"cannot stratify a subset of {size} over these classes; taking a random subset.", stacklevel=3)
+        keep = np.random.default_rng(seed).permutation(n)[:size]
+    return np.sort(keep)
+
+
+def load_data(spec, revision: str | None = None) -> DataSplits:
+    """Resolve `spec` (a `DataSpec`) to train/test splits with ``image`` and ``label`` columns."""
+    import datasets
+
+    prefix, ref = split_prefixed(spec.source, DATA_SOURCES)
+    raw, fingerprint = DATA_SOURCES.get(prefix)(ref, revision=revision)
+    if spec.train_split not in raw:
+        raise DataSourceError(
+            f"data.train_split = {spec.train_split!r} is not a split of {spec.source}; "
+            f"its splits are: {', '.join(raw)}."
+        )
+    train = raw[spec.train_split]
+    for key, column in (("image_column", spec.image_column), ("label_column", spec.label_column)):
+        if column not in train.column_names:
+            raise DataSourceError(
+                f"data.{key} = {column!r} is not a column of {spec.source}; "
+                f"its columns are: {', '.join(train.column_names)}."
+            )
+    if spec.test_split in raw:
+        test, split_note = raw[spec.test_split], f"the source's {spec.test_split!r} split"
+    else:
+        from sklearn.model_selection import train_test_split
+
+        labels = np.asarray(train[spec.label_column])
+        tr_idx, te_idx = train_test_split(
+            np.arange(len(labels)), test_size=spec.test_fraction, stratify=labels, random_state=spec.split_seed
+        )
+        test, train = train.select(np.sort(te_idx)), train.select(np.sort(tr_idx))
+        split_note = f"stratified {spec.test_fraction:g} of {spec.train_split!r} (split_seed {spec.split_seed})"
+
+    label_feature = train.features[spec.label_column]
+    if isinstance(label_feature, datasets.ClassLabel):
+        class_names = list(label_feature.names)
+    else:
+        class_names = [str(v) for v in sorted(set(train[spec.label_column]) | set(test[spec.label_column]))]
+        mapping = {name: i for i, name in enumerate(class_names)}
+        train = train.map(lambda r: {spec.label_column: mapping[str(r[spec.label_column])]})
+        test = test.map(lambda r: {spec.label_column: mapping[str(r[spec.label_column])]})
+
+    splits = {}
+    for name, ds in (("train", train), ("test", test)):
+        ds = ds.select_columns([spec.image_column, spec.label_column])
+        if spec.image_column != "image":
+            ds = ds.rename_column(spec.image_column, "image")
+        if spec.label_column != "label":
+            ds = ds.rename_column(spec.label_column, "label")
+        limit = getattr(spec.limit, name)
+        if limit is not None:
+            ds = ds.select(_stratified_subset(np.asarray(ds["label"]), limit, spec.split_seed))
+        splits[name] = ds
+
+    info = {
+        "source": spec.source,
+        "n_train": len(splits["train"]),
+        "n_test": len(splits["test"]),
+        "n_classes": len(class_names),
+        "test_split": split_note,
+        "limit": {"train": spec.limit.train, "test": spec.limit.test},
+        "split_seed": spec.split_seed,
+        "val_fraction": spec.val_fraction,
+        "fingerprint": fingerprint,
+    }
+    return DataSplits(splits["train"], splits["test"], class_names, fingerprint, info)
+

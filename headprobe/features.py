@@ -1,0 +1,182 @@
+"""Batched feature extraction with an on-disk cache.
+
+A frozen backbone runs once per image: features are written to
+``$HEADPROBE_CACHE/features/<key>.safetensors`` (default ``~/.cache/headprobe``),
+keyed by everything that determines their content (backbone id, weights
+fingerprint, pooling, preprocessing, precision, data fingerprint, split, limits).
+Files are written to a temporary name and renamed, so a partial file never
+counts as a hit; a file that fails to load or does not match its key is
+reported and recomputed.
+
+In a multi-process run each process extracts an interleaved shard of the
+images and the shards are gathered into one index-addressed buffer, so the
+result is the same for any number of processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+FORMAT_VERSION = 1
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("HEADPROBE_CACHE", Path.home() / ".cache" / "headprobe")).expanduser()
+
+
+@dataclass
+class Features:
+    """features: (N, D) float32 on CPU; labels: (N,) int64; `cached` says whether it came from disk."""
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    key: str
+    cached: bool
+    path: Path | None
+
+
+def feature_key(backbone, data_info: dict, split: str, precision: str) -> tuple[str, dict]:
+    description = {
+        "format": FORMAT_VERSION,
+        "backbone": backbone.id,
+        "weights": backbone.fingerprint,
+        "options": backbone.options,
+        "preprocess": backbone.preprocess.to_dict(),
+        "precision": precision,
+        "data": {k: data_info[k] for k in ("source", "fingerprint", "test_split", "limit", "split_seed")},
+        "split": split,
+    }
+    blob = json.dumps(description, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:24], description
+
+
+def _effective_precision(requested: str, device: torch.device) -> str:
+    # Autocast is used only on GPUs: on CPU bf16 is slower than fp32 for these models and changes numbers.
+    return requested if device.type == "cuda" else "fp32"
+
+
+class _Images(torch.utils.data.Dataset):
+    def __init__(self, dataset, indices: list[int], preprocess) -> None:
+        self.dataset, self.indices, self.preprocess = dataset, indices, preprocess
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.preprocess(self.dataset[self.indices[i]]["image"])
+
+
+def _load_cached(path: Path, key: str, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    from safetensors import safe_open
+
+    if not path.exists():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            feats, labels = f.get_tensor("features"), f.get_tensor("labels")
+        if meta.get("key") != key or feats.shape[0] != n or labels.shape != (n,):
+            raise ValueError(f"it holds {feats.shape[0]} rows for key {meta.get('key')!r}, expected {n} for {key!r}")
+    except Exception as err:  # any unreadable file is a miss, never a crash
+        warnings.warn(f"feature cache {path} is unusable ({err}); recomputing it.", stacklevel=3)
+        path.unlink(missing_ok=True)
+        return None
+    return feats, labels
+
+
+def _save(path: Path, key: str, description: dict, feats: torch.Tensor, labels: torch.Tensor) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(
+        {"features": feats.contiguous(), "labels": labels.contiguous()},
+        str(tmp),
+        metadata={"key": key, "description": json.dumps(description, default=str)},
+    )
+    os.replace(tmp, path)
+
+
+def _gather_shards(local: torch.Tensor, n: int, state) -> torch.Tensor:
+    """Interleaved shards (rank r holds rows r, r+W, ...) → the full (N, D) buffer on every process."""
+    world = state.num_processes
+    if world == 1:
+        return local
+    import torch.distributed as dist
+
+    per = -(-n // world)
+    padded = torch.zeros(per, *local.shape[1:], dtype=local.dtype, device=local.device)
+    padded[: local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    out = torch.empty(n, *local.shape[1:], dtype=local.dtype, device=local.device)
+    for rank, part in enumerate(parts):
+        count = len(range(rank, n, world))
+        out[rank::world] = part[:count]
+    return out
+
+
+def extract(
+    backbone,
+    dataset,
+    *,
+    data_info: dict,
+    split: str,
+    batch_size: int = 64,
+    precision: str = "fp32",
+    cache: bool = True,
+    num_workers: int = 0,
+    state=None,
+    progress=None,
+) -> Features:
+    """Features of every image of `dataset` (a `datasets.Dataset` with ``image``/``label``) → `Features`."""
+    from accelerate import PartialState
+
+    state = state or PartialState()
+    device = state.device
+    precision = _effective_precision(precision, device)
+    key, description = feature_key(backbone, data_info, split, precision)
+    path = cache_root() / "features" / f"{key}.safetensors"
+    n = len(dataset)
+    labels = torch.as_tensor(dataset["label"], dtype=torch.int64)
+    if cache:
+        hit = _load_cached(path, key, n)
+        if hit is not None:
+            return Features(hit[0], hit[1], key, True, path)
+
+    local = _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split)
+    # Cloning outside inference mode turns inference tensors into ordinary ones that autograd accepts.
+    feats = _gather_shards(local, n, state).cpu().clone()
+    if cache and state.is_main_process:
+        _save(path, key, description, feats, labels)
+    return Features(feats, labels, key, False, path if cache else None)
+
+
+@torch.inference_mode()
+def _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split) -> torch.Tensor:
+    """This process's interleaved shard of the images → (n_local, D) features."""
+    device, n = state.device, len(dataset)
+    backbone.to(device)
+    indices = list(range(state.process_index, n, state.num_processes))
+    loader = torch.utils.data.DataLoader(
+        _Images(dataset, indices, backbone.preprocess), batch_size=batch_size, num_workers=num_workers
+    )
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+    chunks = []
+    task = progress.add_task(f"extract {split}", total=n) if progress is not None else None
+    for pixels in loader:
+        with autocast:
+            out = backbone(pixels.to(device, non_blocking=True))
+        chunks.append(out.float())
+        if task is not None:
+            progress.advance(task, len(pixels) * state.num_processes)
+    return torch.cat(chunks) if chunks else torch.empty(0, backbone.dim, device=device)

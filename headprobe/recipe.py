@@ -1,0 +1,344 @@
+"""Recipes: YAML → typed, validated objects, with ``--set key.sub=value`` overrides.
+
+Everything is checked before a model loads: unknown keys, wrong types and
+unknown registered names raise `RecipeError`, whose message names the key
+path, the bad value, the allowed values and a "did you mean".
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from .registry import (
+    BACKBONES,
+    DATA_SOURCES,
+    OFFLINE_MODELS,
+    POOLINGS,
+    PROBES,
+    Registry,
+    did_you_mean,
+)
+
+
+class RecipeError(ValueError):
+    """A recipe or override that cannot be run; the message says where and how to fix it."""
+
+
+# --- the schema ---------------------------------------------------------------------------
+
+
+@dataclass
+class BackboneSpec:
+    id: str = "offline:dinov2-vits14"
+    pooling: str = field(default="cls", metadata={"registry": POOLINGS})
+    # Overrides the checkpoint's crop size (resize keeps its ratio); ViTs interpolate positions.
+    resolution: Union[int, None] = None
+    revision: Union[str, None] = None
+
+
+@dataclass
+class LimitSpec:
+    train: Union[int, None] = None
+    test: Union[int, None] = None
+
+
+@dataclass
+class DataSpec:
+    source: str = "sklearn-digits"
+    image_column: str = "image"
+    label_column: str = "label"
+    train_split: str = "train"
+    test_split: str = "test"
+    # Used only when the source has no `test_split`: a stratified split of train.
+    test_fraction: float = 0.25
+    split_seed: int = 0
+    limit: LimitSpec = field(default_factory=LimitSpec)
+    # Part of train held out to choose hyper-parameters (never the test split).
+    val_fraction: float = 0.2
+
+
+@dataclass
+class FeatureSpec:
+    batch_size: int = 64
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    cache: bool = True
+    num_workers: int = 0
+
+
+@dataclass
+class LinearProbeSpec:
+    C_grid: list[float] = field(default_factory=lambda: [10.0**k for k in range(-4, 4)])
+    standardize: bool = True
+    max_iter: int = 1000
+    tol: float = 1e-6
+
+
+@dataclass
+class KnnSpec:
+    ks: list[int] = field(default_factory=lambda: [10, 20, 100, 200])
+    temperature: float = 0.07
+    weighting: Literal["exp", "uniform"] = "exp"
+    chunk_size: int = 1024
+
+
+PROBE_SPECS: dict[str, type] = {"linear": LinearProbeSpec, "knn": KnnSpec}
+
+
+@dataclass
+class Recipe:
+    name: str = "run"
+    seed: int = 0
+    backbone: BackboneSpec = field(default_factory=BackboneSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    features: FeatureSpec = field(default_factory=FeatureSpec)
+    probes: dict[str, Any] = field(
+        default_factory=lambda: {"linear": LinearProbeSpec(), "knn": KnnSpec()},
+        metadata={"registry": PROBES, "specs": PROBE_SPECS},
+    )
+
+    def to_dict(self) -> dict:
+        return _to_plain(self)
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def load_recipe(source: str | Path | dict, overrides: list[str] | None = None) -> Recipe:
+    """Read a recipe file (or dict), apply ``KEY=VALUE`` overrides, validate, return a `Recipe`."""
+    if isinstance(source, dict):
+        data, default_name = copy.deepcopy(source), "run"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise RecipeError(f"recipe file {str(path)!r} does not exist; pass the path to a .yaml recipe.")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise RecipeError(f"recipe {str(path)!r} is not valid YAML: {err}") from None
+        default_name = path.stem
+    if not isinstance(data, dict):
+        raise RecipeError(f"a recipe must be a mapping of keys to values, got {type(data).__name__}.")
+    data.setdefault("name", default_name)
+    # Overrides refine the default probe set instead of replacing it.
+    data.setdefault("probes", {name: {} for name in Recipe().probes})
+    for item in overrides or []:
+        apply_override(data, item)
+    recipe = _build(Recipe, data, "")
+    _check_names(recipe)
+    return recipe
+
+
+def apply_override(data: dict, item: str) -> None:
+    """Apply one ``a.b.c=value`` (value parsed as YAML) to a nested dict in place."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise RecipeError(
+            f"override {item!r} is not KEY=VALUE; write e.g. --set backbone.pooling=mean "
+            "or --set probes.knn.ks=[10,20]."
+        )
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        raise RecipeError(f"override {item!r}: the value is not valid YAML ({err}).") from None
+    parts = key.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise RecipeError(f"override {item!r}: {where} is {child!r}, not a section with keys.")
+        node = child
+    node[parts[-1]] = value
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path or 'recipe'} must be a mapping of keys, got {data!r}.")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        key = unknown[0]
+        where = f"{path}.{key}" if path else str(key)
+        guess = did_you_mean(str(key), list(fields))
+        hint = f" Did you mean {guess!r}?" if guess else ""
+        raise RecipeError(f"unknown key {where!r}; allowed keys here: {', '.join(fields)}.{hint}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        where = f"{path}.{name}" if path else name
+        if "specs" in f.metadata:
+            kwargs[name] = _build_named_section(data[name], where, f.metadata["registry"], f.metadata["specs"])
+        else:
+            kwargs[name] = _coerce(hints[name], data[name], where)
+    return cls(**kwargs)
+
+
+def _build_named_section(value: Any, path: str, registry: Registry, specs: dict[str, type]) -> dict:
+    """``probes: {linear: {...}, knn: null}``: each key a registered name, each value its options."""
+    if isinstance(value, list):
+        value = {name: None for name in value}
+    if not isinstance(value, dict):
+        raise RecipeError(f"{path} must map {registry.family} names to options, got {value!r}.")
+    out = {}
+    for name, options in value.items():
+        if name not in registry:
+            guess = did_you_mean(str(name), registry.names())
+            hint = f" Did you mean {guess!r}?" if guess else ""
+            raise RecipeError(
+                f"{path}.{name}: unknown {registry.family} {name!r}; allowed: {', '.join(registry.names())}.{hint}"
+            )
+        out[name] = _build(specs[name], options, f"{path}.{name}")
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(arg, value, path)
+            except RecipeError:
+                continue
+        raise RecipeError(f"{path} = {value!r} has the wrong type; expected {_type_name(tp)}.")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            guess = did_you_mean(str(value), [str(a) for a in allowed])
+            hint = f" Did you mean {guess!r}?" if guess else ""
+            raise RecipeError(f"{path} = {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}.{hint}")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected {_type_name(tp)}.")
+        return [_coerce(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is Any:
+        return value
+    if tp is type(None):
+        if value is not None:
+            raise RecipeError(f"{path} = {value!r}: expected null.")
+        return None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected true or false.")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected an integer.")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected a number.")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected a string.")
+        return value
+    raise TypeError(f"recipe schema type {tp!r} at {path} is not supported")
+
+
+def _check_names(recipe: Recipe) -> None:
+    """Registered names and value ranges, checked without importing any model library."""
+    _check_prefixed("backbone.id", recipe.backbone.id, BACKBONES)
+    prefix, rest = recipe.backbone.id.partition(":")[::2]
+    if prefix == "offline" and rest not in OFFLINE_MODELS:
+        guess = did_you_mean(rest, OFFLINE_MODELS.names())
+        hint = f" Did you mean 'offline:{guess}'?" if guess else ""
+        allowed = ", ".join(f"offline:{n}" for n in OFFLINE_MODELS.names())
+        raise RecipeError(f"backbone.id = {recipe.backbone.id!r}: unknown offline backbone; allowed: {allowed}.{hint}")
+    if prefix == "hf" and not rest:
+        raise RecipeError("backbone.id = 'hf:' needs a hub id or a local dir, e.g. hf:facebook/dinov2-small.")
+    pooling = recipe.backbone.pooling
+    if pooling not in POOLINGS:
+        guess = did_you_mean(pooling, POOLINGS.names())
+        hint = f" Did you mean {guess!r}?" if guess else ""
+        raise RecipeError(f"backbone.pooling = {pooling!r} is not allowed; allowed: {', '.join(POOLINGS.names())}.{hint}")
+    _check_prefixed("data.source", recipe.data.source, DATA_SOURCES)
+    src_prefix, src_rest = recipe.data.source.partition(":")[::2]
+    if src_prefix in ("imagefolder", "hf") and not src_rest:
+        raise RecipeError(f"data.source = {recipe.data.source!r} needs a path or id after ':'.")
+    ranges = [
+        ("seed", recipe.seed, 0, None),
+        ("data.test_fraction", recipe.data.test_fraction, 0.0, 1.0),
+        ("data.val_fraction", recipe.data.val_fraction, 0.0, 1.0),
+        ("features.batch_size", recipe.features.batch_size, 1, None),
+        ("features.num_workers", recipe.features.num_workers, 0, None),
+    ]
+    if recipe.backbone.resolution is not None:
+        ranges.append(("backbone.resolution", recipe.backbone.resolution, 1, None))
+    for split in ("train", "test"):
+        limit = getattr(recipe.data.limit, split)
+        if limit is not None:
+            ranges.append((f"data.limit.{split}", limit, 1, None))
+    knn = recipe.probes.get("knn")
+    if knn is not None:
+        ranges += [(f"probes.knn.ks[{i}]", k, 1, None) for i, k in enumerate(knn.ks)]
+        ranges += [("probes.knn.temperature", knn.temperature, 1e-12, None), ("probes.knn.chunk_size", knn.chunk_size, 1, None)]
+        if not knn.ks:
+            raise RecipeError("probes.knn.ks is empty; give at least one k, e.g. [10, 20].")
+    linear = recipe.probes.get("linear")
+    if linear is not None:
+        ranges += [(f"probes.linear.C_grid[{i}]", c, 1e-300, None) for i, c in enumerate(linear.C_grid)]
+        ranges += [("probes.linear.max_iter", linear.max_iter, 1, None)]
+        if not linear.C_grid:
+            raise RecipeError("probes.linear.C_grid is empty; give at least one C, e.g. [0.1, 1, 10].")
+    for path, value, low, high in ranges:
+        if value < low or (high is not None and value >= high and path.endswith("fraction")):
+            bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+            raise RecipeError(f"{path} = {value!r} is out of range; it must be {bound}.")
+
+
+def _check_prefixed(path: str, value: str, registry: Registry) -> None:
+    prefix, sep, _ = value.partition(":")
+    name = prefix if sep else value
+    if name in registry:
+        return
+    usages = [e.usage for e in registry]
+    guess = did_you_mean(name, registry.names())
+    hint = ""
+    if guess:
+        hint = f" Did you mean {registry.entry(guess).usage!r}?"
+    raise RecipeError(f"{path} = {value!r}: unknown {registry.family}; allowed: {', '.join(usages)}.{hint}")
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.to_dict(), sort_keys=False)

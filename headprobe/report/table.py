@@ -1,0 +1,66 @@
+"""Rich terminal tables for one run (`summary_table`) and several runs (`compare_table`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.3g}"
+    return "—" if value is None else str(value)
+
+
+def _metric_names(taps: dict) -> list[str]:
+    names: list[str] = []
+    for tap in taps.values():
+        names += [m for m in tap.get("metrics", {}) if m not in names]
+    return names
+
+
+def summary_table(results: dict) -> Table:
+    bb, data = results.get("backbone", {}), results.get("data", {})
+    title = (
+        f"{bb.get('id', '?')} ({bb.get('dim', '?')}-d) on {data.get('source', '?')} "
+        f"[{data.get('n_train', '?')} train / {data.get('n_test', '?')} test, {data.get('n_classes', '?')} classes]"
+    )
+    taps = results.get("taps", {})
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric")
+    for name in taps:
+        table.add_column(name, justify="right")
+    for metric in _metric_names(taps):
+        table.add_row(metric, *(_fmt(tap["metrics"].get(metric)) for tap in taps.values()))
+    return table
+
+
+def compare_table(runs: dict[str, dict]) -> Table:
+    """runs: label → results; one row per (tap, metric), one column per run."""
+    table = Table(title="headprobe compare", title_justify="left")
+    table.add_column("tap")
+    table.add_column("metric")
+    for label in runs:
+        table.add_column(label, justify="right")
+    rows: list[tuple[str, str]] = []
+    for results in runs.values():
+        for tap_name, tap in results.get("taps", {}).items():
+            rows += [(tap_name, m) for m in tap.get("metrics", {}) if (tap_name, m) not in rows]
+    for tap_name, metric in rows:
+        cells = [_fmt(r.get("taps", {}).get(tap_name, {}).get("metrics", {}).get(metric)) for r in runs.values()]
+        table.add_row(tap_name, metric, *cells)
+    return table
+
+
+def print_summary(results: dict, run_dir: Path | None = None, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(summary_table(results))
+    timing = results.get("timing", {})
+    if timing:
+        console.print("timing: " + ", ".join(f"{k} {v:.1f}s" for k, v in timing.items()))
+    if results.get("status") != "complete":
+        console.print(f"[yellow]status: {results.get('status')}[/] {results.get('error', {}).get('message', '')}")
+    if run_dir is not None:
+        console.print(f"results: {Path(run_dir) / 'results.json'}")
