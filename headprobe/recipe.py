@@ -40,14 +40,14 @@ class BackboneSpec:
     id: str = "offline:dinov2-vits14"
     pooling: str = field(default="cls", metadata={"registry": POOLINGS})
     # Overrides the checkpoint's crop size (resize keeps its ratio); ViTs interpolate positions.
-    resolution: Union[int, None] = None
-    revision: Union[str, None] = None
+    resolution: int | None = None
+    revision: str | None = None
 
 
 @dataclass
 class LimitSpec:
-    train: Union[int, None] = None
-    test: Union[int, None] = None
+    train: int | None = None
+    test: int | None = None
 
 
 @dataclass
@@ -281,7 +281,8 @@ def _check_names(recipe: Recipe) -> None:
     if pooling not in POOLINGS:
         guess = did_you_mean(pooling, POOLINGS.names())
         hint = f" Did you mean {guess!r}?" if guess else ""
-        raise RecipeError(f"backbone.pooling = {pooling!r} is not allowed; allowed: {', '.join(POOLINGS.names())}.{hint}")
+        allowed = ", ".join(POOLINGS.names())
+        raise RecipeError(f"backbone.pooling = {pooling!r} is not allowed; allowed: {allowed}.{hint}")
     _check_prefixed("data.source", recipe.data.source, DATA_SOURCES)
     src_prefix, src_rest = recipe.data.source.partition(":")[::2]
     if src_prefix in ("imagefolder", "hf") and not src_rest:
@@ -302,7 +303,8 @@ def _check_names(recipe: Recipe) -> None:
     knn = recipe.probes.get("knn")
     if knn is not None:
         ranges += [(f"probes.knn.ks[{i}]", k, 1, None) for i, k in enumerate(knn.ks)]
-        ranges += [("probes.knn.temperature", knn.temperature, 1e-12, None), ("probes.knn.chunk_size", knn.chunk_size, 1, None)]
+        ranges += [("probes.knn.temperature", knn.temperature, 1e-12, None)]
+        ranges += [("probes.knn.chunk_size", knn.chunk_size, 1, None)]
         if not knn.ks:
             raise RecipeError("probes.knn.ks is empty; give at least one k, e.g. [10, 20].")
     linear = recipe.probes.get("linear")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 
 class UnknownNameError(KeyError):
@@ -138,4 +139,4 @@ def split_prefixed(value: str, registry: Registry) -> tuple[str, str]:
         return prefix, rest
     if value in registry:
         return value, ""
-    raise UnknownNameError(registry.family, prefix if sep else value, [e.usage for e in registry])
+    raise UnknownNameError(registry.family, prefix if sep else value, registry.names())

@@ -72,7 +72,7 @@ class RunDir:
         self.writable = writable
 
     @classmethod
-    def create(cls, path: str | Path, writable: bool = True) -> "RunDir":
+    def create(cls, path: str | Path, writable: bool = True) -> RunDir:
         run = cls(path, writable)
         if writable:
             (run.path / "plots").mkdir(parents=True, exist_ok=True)

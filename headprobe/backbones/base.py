@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -40,29 +40,13 @@ class Preprocess:
         if self.crop > self.resize:
             raise ValueError(f"crop ({self.crop}) must not exceed resize ({self.resize}).")
 
-    def with_resolution(self, crop: int) -> "Preprocess":
+    def with_resolution(self, crop: int) -> Preprocess:
         """The same transform at another crop size, resize scaled by the same ratio."""
         resize = max(crop, round(crop * self.resize / self.crop))
         return dataclasses.replace(self, resize=resize, crop=crop)
 
-    @functools.cache
     def transform(self) -> Callable:
-        from torchvision.transforms import v2
-
-        mode = getattr(v2.InterpolationMode, self.interpolation.upper())
-        return v2.Compose(
-            [
-                v2.ToImage(),
-                v2.Resize(
-                    self.resize if self.resize_mode == "shortest" else [self.resize, self.resize],
-                    interpolation=mode,
-                    antialias=True,
-                ),
-                v2.CenterCrop(self.crop),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize(list(self.mean), list(self.std)),
-            ]
-        )
+        return _build_transform(self)
 
     def __call__(self, image) -> torch.Tensor:
         """image: PIL image → (3, crop, crop) float tensor."""
@@ -74,6 +58,26 @@ class Preprocess:
         d = asdict(self)
         d["mean"], d["std"] = list(self.mean), list(self.std)
         return d
+
+
+@functools.lru_cache(maxsize=64)
+def _build_transform(pre: Preprocess) -> Callable:
+    from torchvision.transforms import v2
+
+    mode = getattr(v2.InterpolationMode, pre.interpolation.upper())
+    return v2.Compose(
+        [
+            v2.ToImage(),
+            v2.Resize(
+                pre.resize if pre.resize_mode == "shortest" else [pre.resize, pre.resize],
+                interpolation=mode,
+                antialias=True,
+            ),
+            v2.CenterCrop(pre.crop),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(list(pre.mean), list(pre.std)),
+        ]
+    )
 
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -138,7 +142,7 @@ class Backbone(nn.Module):
             self._fingerprint = weights_fingerprint(self.model)
         return self._fingerprint
 
-    def freeze(self) -> "Backbone":
+    def freeze(self) -> Backbone:
         self.model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)

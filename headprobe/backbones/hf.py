@@ -40,7 +40,7 @@ def _from_pretrained(loader, ref: str, revision: str | None):
             raise BackboneNotFoundError(
                 f"hf:{ref} is not a local directory and is not in the Hugging Face cache "
                 f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}), and HF_HUB_OFFLINE=1 forbids "
-                f"downloading it; run `huggingface-cli download {ref}` on a machine with network, copy the "
+                f"downloading it; run `hf download {ref}` on a machine with network, copy the "
                 "cache here, or point backbone.id at a local dir (hf:/path/to/model)."
             ) from cached_err
     try:

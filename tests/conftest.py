@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny Hugging Face checkpoints saved to temp dirs, and an isolated feature cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADPROBE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_dinov2(tmp_path_factory) -> str:
+    """A 2-layer, 32-d Dinov2Model with its BitImageProcessor, saved like a hub checkpoint."""
+    from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
+
+    path = tmp_path_factory.mktemp("tiny-dinov2")
+    torch.manual_seed(0)
+    config = Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                          image_size=28, patch_size=14)
+    Dinov2Model(config).save_pretrained(path)
+    BitImageProcessor(
+        size={"shortest_edge": 32}, crop_size={"height": 28, "width": 28}, do_center_crop=True, resample=3,
+        image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225],
+    ).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def tiny_recipe(tiny_dinov2) -> dict:
+    """A recipe that runs in a few seconds: tiny DINOv2 on 200/80 digits."""
+    return {
+        "name": "tiny",
+        "backbone": {"id": f"hf:{tiny_dinov2}", "pooling": "cls"},
+        "data": {"source": "sklearn-digits", "limit": {"train": 200, "test": 80}},
+        "features": {"batch_size": 50},
+        "probes": {"linear": {"C_grid": [0.01, 0.1, 1.0]}, "knn": {"ks": [5, 20]}},
+    }

@@ -1,0 +1,64 @@
+import json
+import subprocess
+import sys
+
+import yaml
+
+from headprobe.cli import main
+
+
+def _write(tmp_path, recipe):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_run_report_compare_end_to_end(tiny_recipe, tmp_path, capsys):
+    path = _write(tmp_path, tiny_recipe)
+    assert main(["run", str(path), "--out", str(tmp_path / "a"), "--set", "probes.knn.ks=[3]"]) == 0
+    assert main(["run", str(path), "--out", str(tmp_path / "b"), "--set", "backbone.pooling=mean"]) == 0
+    out = capsys.readouterr().out
+    assert "linear.acc" in out and "knn.k3.acc" in out
+    config = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())
+    assert config["probes"]["knn"]["ks"] == [3] and config["name"] == "tiny"
+    assert main(["report", str(tmp_path / "a")]) == 0
+    assert "knn.k3.acc" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    table = capsys.readouterr().out
+    assert "a" in table and "b" in table and "knn.k20.acc" in table
+
+
+def test_bad_recipe_exits_2_and_writes_nothing(tiny_recipe, tmp_path, capsys):
+    path = _write(tmp_path, tiny_recipe)
+    out = tmp_path / "never"
+    assert main(["run", str(path), "--out", str(out), "--set", "backbone.pooling=maen"]) == 2
+    err = capsys.readouterr().err
+    assert "backbone.pooling" in err and "'maen'" in err and "Did you mean 'mean'" in err
+    assert not out.exists()
+    assert main(["run", str(path), "--out", str(out), "--set", "oops"]) == 2
+    assert main(["validate", str(path), "--set", "probes.knnn={}"]) == 2
+    assert "Did you mean 'knn'" in capsys.readouterr().err
+    assert main(["validate", str(path)]) == 0
+    assert main(["report", str(tmp_path / "nothing-here")]) == 2
+    assert main(["list", "probez"]) == 2
+
+
+def test_failure_while_running_exits_1_and_keeps_the_run_dir(tiny_recipe, tmp_path, capsys):
+    recipe = {**tiny_recipe, "data": {**tiny_recipe["data"], "label_column": "target"}}
+    path = _write(tmp_path, recipe)
+    assert main(["run", str(path), "--out", str(tmp_path / "r")]) == 1
+    assert "while loading data" in capsys.readouterr().err
+    results = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert results["status"] == "failed" and results["backbone"]["dim"] == 32
+
+
+def test_list_names_every_family(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("hf:<hub id or local dir>", "offline:dinov2-vits14", "cls+mean", "sklearn-digits", "knn", "linear"):
+        assert name in out
+
+
+def test_module_entry_point():
+    done = subprocess.run([sys.executable, "-m", "headprobe", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and "headprobe 0.1.0" in done.stdout

@@ -1,0 +1,57 @@
+import importlib
+import json
+
+import pytest
+
+from headprobe import run
+from headprobe.pipeline import RunError
+from headprobe.recipe import RecipeError
+
+
+def test_run_writes_the_run_directory(tiny_recipe, tmp_path):
+    results = run(tiny_recipe, out=tmp_path / "r", quiet=True)
+    files = {p.name for p in (tmp_path / "r").iterdir()}
+    assert {"config.yaml", "results.json", "metrics.jsonl", "plots", "checkpoints"} <= files
+    on_disk = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert on_disk["status"] == "complete" and on_disk["headprobe_version"] == "0.1.0"
+    tap = on_disk["taps"]["backbone"]
+    assert (tap["head"], tap["depth"]) == (None, 0)
+    assert set(tap["metrics"]) >= {"linear.acc", "knn.k5.acc", "knn.k20.acc"}
+    assert 0.0 <= tap["metrics"]["linear.acc"] <= 1.0
+    assert tap["protocol"]["linear"]["C_grid"] == [0.01, 0.1, 1.0]
+    assert tap["protocol"]["knn"]["temperature"] == 0.07
+    assert on_disk["data"]["n_train"] == 200 and on_disk["backbone"]["dim"] == 32
+    assert results.metrics() == tap["metrics"]
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["probe"] for line in lines] == ["linear", "knn"]
+
+
+def test_same_seed_same_numbers_and_cache_reuse(tiny_recipe, tmp_path):
+    a = run(tiny_recipe, out=tmp_path / "a", quiet=True)
+    b = run(tiny_recipe, out=tmp_path / "b", quiet=True)
+    assert a.metrics() == b.metrics()
+    assert all(not c["hit"] for c in a["protocol"]["features"]["cache"].values())
+    assert all(c["hit"] for c in b["protocol"]["features"]["cache"].values())
+
+
+def test_existing_out_needs_resume_and_resume_keeps_finished_work(tiny_recipe, tmp_path, monkeypatch):
+    knn_module = importlib.import_module("headprobe.probes.knn")
+
+    def broken(*args, **kwargs):
+        raise FloatingPointError("simulated failure")
+
+    monkeypatch.setattr(knn_module, "knn", broken)
+    with pytest.raises(RunError, match=r"while running probe 'knn'.*simulated failure.*partial results kept"):
+        run(tiny_recipe, out=tmp_path / "r", quiet=True)
+    partial = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert partial["status"] == "failed" and "linear.acc" in partial["taps"]["backbone"]["metrics"]
+    monkeypatch.undo()
+    with pytest.raises(RecipeError, match="already holds a run"):
+        run(tiny_recipe, out=tmp_path / "r", quiet=True)
+    with pytest.raises(RecipeError, match="recipe differs"):
+        run({**tiny_recipe, "seed": 3}, out=tmp_path / "r", resume=True, quiet=True)
+    resumed = run(tiny_recipe, out=tmp_path / "r", resume=True, quiet=True)
+    assert resumed["status"] == "complete"
+    assert resumed.metrics()["linear.acc"] == partial["taps"]["backbone"]["metrics"]["linear.acc"]
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["probe"] for x in lines] == ["linear", "knn"]  # linear was not rerun

@@ -1,0 +1,160 @@
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import train_test_split
+from sklearn.preprocessing import StandardScaler
+
+from headprobe.probes import fit_logistic, linear_probe
+
+SMALL_GRID = (1e-3, 1e-1, 10.0, 1e3)
+
+
+def make_data(n, dim=6, num_classes=3, spread=1.0, seed=0):
+    """Gaussian blobs, float64; labels are balanced so every class survives a stratified split.
+
+    The blob centres depend only on (dim, num_classes), so calls with different seeds draw train and
+    test sets from one distribution.
+    """
+    centers = np.random.default_rng([dim, num_classes]).normal(size=(num_classes, dim)) * 2
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % num_classes
+    rng.shuffle(labels)
+    return centers[labels] + spread * rng.normal(size=(n, dim)), labels
+
+
+def tensors(*arrays, dtype=torch.float64):
+    """numpy -> torch; float arrays become `dtype`, integer labels stay int64."""
+    return [torch.from_numpy(a).to(dtype) if a.dtype.kind == "f" else torch.from_numpy(a) for a in arrays]
+
+
+def relative_error(ours, theirs):
+    return np.abs(ours - theirs).max() / np.abs(theirs).max()
+
+
+@pytest.mark.parametrize("num_classes", [3, 2])
+@pytest.mark.parametrize("C", [0.05, 20.0])
+def test_fit_logistic_matches_sklearn(num_classes, C):
+    x, y = make_data(120, dim=5, num_classes=num_classes, spread=2.0)
+    reference = LogisticRegression(C=C, solver="lbfgs", tol=1e-10, max_iter=10000).fit(x, y)
+    W, b = fit_logistic(torch.from_numpy(x), torch.from_numpy(y), C, num_classes, tol=1e-10, max_iter=10000)
+    assert W.dtype == torch.float64 and W.shape == (5, num_classes) and b.shape == (num_classes,)
+    W, b = W.numpy(), b.numpy()
+    # sklearn fits a single binomial weight vector for two classes; it corresponds to our class-1 column.
+    coef, intercept = (W[:, 1:].T, b[1:]) if num_classes == 2 else (W.T, b)
+    assert relative_error(coef, reference.coef_) < 1e-3
+    assert relative_error(intercept, reference.intercept_) < 1e-3
+    probabilities = torch.softmax(torch.from_numpy(x @ W + b), dim=1).numpy()
+    np.testing.assert_allclose(probabilities, reference.predict_proba(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("num_classes", [3, 2])
+def test_warm_start_reaches_the_same_optimum(num_classes):
+    x, y = make_data(90, num_classes=num_classes, spread=2.0, seed=1)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    cold = fit_logistic(x, y, 1.0, num_classes, tol=1e-10)
+    warm = fit_logistic(x, y, 1.0, num_classes, tol=1e-10, init=fit_logistic(x, y, 0.01, num_classes))
+    for ours, reference in zip(warm, cold, strict=True):
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-7)
+
+
+def test_fit_logistic_computes_in_float32_for_non_double_input():
+    x, y = make_data(60)
+    W, b = fit_logistic(torch.from_numpy(x).half(), torch.from_numpy(y), 1.0, 3)
+    assert W.dtype == b.dtype == torch.float32
+
+
+def test_fit_logistic_rejects_a_class_without_samples():
+    x, y = make_data(30)
+    with pytest.raises(ValueError, match=r"classes \[3\] have no samples"):
+        fit_logistic(torch.from_numpy(x), torch.from_numpy(y), 1.0, 4)
+
+
+def test_linear_probe_follows_the_protocol_of_a_plain_sklearn_pipeline():
+    x, y = make_data(150, spread=2.5, seed=2)
+    x_test, y_test = make_data(60, spread=2.5, seed=3)
+    result = linear_probe(*tensors(x, y, x_test, y_test), C_grid=SMALL_GRID, seed=7, tol=1e-10)
+
+    fit_idx, val_idx = train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=7)
+    scaler = StandardScaler().fit(x[fit_idx])
+    val_accuracy = [
+        LogisticRegression(C=C, tol=1e-10, max_iter=10000)
+        .fit(scaler.transform(x[fit_idx]), y[fit_idx])
+        .score(scaler.transform(x[val_idx]), y[val_idx])
+        for C in SMALL_GRID
+    ]
+    chosen_C = SMALL_GRID[int(np.argmax(val_accuracy))]
+    scaler = StandardScaler().fit(x)
+    final = LogisticRegression(C=chosen_C, tol=1e-10, max_iter=10000).fit(scaler.transform(x), y)
+    probabilities = final.predict_proba(scaler.transform(x_test))
+
+    assert result.protocol["val_accuracy"] == pytest.approx(val_accuracy)
+    assert result.metrics["linear.C"] == result.protocol["chosen_C"] == chosen_C
+    assert result.metrics["linear.val_acc"] == pytest.approx(max(val_accuracy))
+    np.testing.assert_allclose(result.probabilities.numpy(), probabilities, atol=1e-5)
+    assert torch.equal(result.predictions, torch.from_numpy(probabilities.argmax(axis=1)))
+    assert result.metrics["linear.acc"] == pytest.approx(final.score(scaler.transform(x_test), y_test))
+    assert (result.protocol["n_train"], result.protocol["n_fit"], result.protocol["n_val"]) == (150, 120, 30)
+
+
+def test_test_labels_never_influence_the_choice_of_C():
+    x, y, x_test, y_test = tensors(*make_data(150, spread=3.0, seed=4), *make_data(90, spread=3.0, seed=5))
+    honest = linear_probe(x, y, x_test, y_test)
+    permutation = torch.randperm(len(y_test), generator=torch.Generator().manual_seed(0))
+    shuffled = linear_probe(x, y, x_test, y_test[permutation])
+    assert shuffled.protocol["chosen_C"] == honest.protocol["chosen_C"]
+    assert shuffled.protocol["val_accuracy"] == honest.protocol["val_accuracy"]
+    assert torch.equal(shuffled.probabilities, honest.probabilities)
+    assert shuffled.metrics["linear.acc"] < honest.metrics["linear.acc"]
+
+
+def test_separable_data_is_classified_perfectly_and_ties_pick_the_smallest_C():
+    result = linear_probe(*tensors(*make_data(120, spread=0.05, seed=6), *make_data(60, spread=0.05, seed=7),
+                                   dtype=torch.float32))
+    assert result.metrics["linear.acc"] == 1.0
+    assert result.protocol["val_accuracy"] == [1.0] * 8
+    assert result.metrics["linear.C"] == 1e-4
+    assert result.probabilities.dtype == torch.float32 and result.probabilities.shape == (60, 3)
+    torch.testing.assert_close(result.probabilities.sum(dim=1), torch.ones(60))
+
+
+def test_same_seed_gives_identical_results():
+    x, y = tensors(*make_data(90, spread=3.0, seed=7), dtype=torch.float32)
+    first, second = (linear_probe(x, y, x, y, C_grid=SMALL_GRID, seed=3) for _ in range(2))
+    assert torch.equal(first.probabilities, second.probabilities)
+    assert first.protocol == second.protocol and first.metrics == second.metrics
+
+
+def test_explicit_validation_set_is_used_and_never_trained_on():
+    x, y = make_data(90, spread=3.0, seed=8)
+    x_val, y_val = tensors(*make_data(30, spread=3.0, seed=9))
+    result = linear_probe(*tensors(x, y, x, y), val_features=x_val, val_labels=y_val, C_grid=[0.1], tol=1e-9)
+    x = StandardScaler().fit_transform(x)
+    reference = LogisticRegression(C=0.1, tol=1e-10, max_iter=10000).fit(x, y)
+    np.testing.assert_allclose(result.probabilities.numpy(), reference.predict_proba(x), atol=1e-5)
+    assert result.protocol["val_source"] == "given" and result.protocol["n_val"] == 30
+
+
+def _bad_inputs():
+    x, y = torch.randn(30, 4), torch.arange(30) % 3
+    return [
+        (dict(train_labels=torch.cat([y[:-1], torch.tensor([3])])), r"classes \[3\] have fewer than 2"),
+        (dict(test_labels=torch.full((30,), 5)), "never occurs in training"),
+        (dict(train_labels=y * 2), r"classes \[1, 3\] have no training samples"),
+        (dict(train_labels=torch.zeros(30, dtype=torch.int64)), "single class"),
+        (dict(val_features=x), "together"),
+        (dict(val_features=torch.randn(30, 5), val_labels=y), "val_features has 5"),
+        (dict(C_grid=(0.0, 1.0)), "C_grid must be"),
+        (dict(C_grid=()), "C_grid must be"),
+        (dict(val_fraction=1.0), "val_fraction must lie"),
+        (dict(val_fraction=0.05), "stratified validation split failed"),
+        (dict(test_features=torch.randn(30, 4, 2)), "must be 2-D"),
+    ]
+
+
+@pytest.mark.parametrize("override, message", _bad_inputs())
+def test_linear_probe_rejects_bad_inputs_with_a_sentence(override, message):
+    x, y = torch.randn(30, 4), torch.arange(30) % 3
+    kwargs = dict(train_features=x, train_labels=y, test_features=x, test_labels=y) | override
+    with pytest.raises(ValueError, match=message):
+        linear_probe(**kwargs)
