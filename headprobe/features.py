@@ -138,9 +138,9 @@ def extract(
     progress=None,
 ) -> Features:
     """Features of every image of `dataset` (a `datasets.Dataset` with ``image``/``label``) → `Features`."""
-    from accelerate import PartialState
+    from .distributed import process_state
 
-    state = state or PartialState()
+    state = state or process_state()
     device = state.device
     precision = _effective_precision(precision, device)
     key, description = feature_key(backbone, data_info, split, precision)

@@ -85,8 +85,9 @@ def run(
     >>> results = run("recipes/quickstart.yaml", overrides=["data.limit.train=200"])  # doctest: +SKIP
     >>> results.metrics()["linear.acc"]  # doctest: +SKIP
     """
-    from accelerate import PartialState
     from accelerate.utils import set_seed
+
+    from .distributed import process_state
 
     if isinstance(recipe_or_path, Recipe):
         if overrides:
@@ -95,7 +96,7 @@ def run(
     else:
         recipe = load_recipe(recipe_or_path, overrides)
 
-    state = PartialState()
+    state = process_state()
     main = state.is_main_process
     path = Path(out) if out is not None else default_run_dir(recipe.name)
     results = new_results(recipe.to_dict())
@@ -111,6 +112,8 @@ def run(
         results["taps"] = previous.get("taps", {})
     elif out is not None and (path / "results.json").exists():
         raise RecipeError(f"--out {path} already holds a run; pass --resume to continue it or choose another --out.")
+    # Every process checks the directory before the main one writes into it.
+    state.wait_for_everyone()
     run_dir = RunDir.create(path, writable=main)
     run_dir.write_config(dump_recipe(recipe))
     results["environment"] = _environment(state)

@@ -58,6 +58,19 @@ def test_warm_start_reaches_the_same_optimum(num_classes):
         torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("num_classes", [3, 2])
+def test_init_at_an_equivalent_optimum_is_returned_in_canonical_form(num_classes):
+    x, y = make_data(90, num_classes=num_classes, spread=2.0, seed=1)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    W, b = fit_logistic(x, y, 1.0, num_classes, tol=1e-10)
+    # Shifting every intercept (and, for the binomial, every column) leaves the softmax unchanged, so
+    # the solver starts at the optimum and only the canonical form has to be restored.
+    shift = torch.linspace(-1, 1, W.shape[0])[:, None] if num_classes == 2 else 0.0
+    again = fit_logistic(x, y, 1.0, num_classes, tol=1e-6, max_iter=1, init=(W + shift, b + 3.0))
+    for ours, reference in zip(again, (W, b), strict=True):
+        torch.testing.assert_close(ours, reference, rtol=0, atol=1e-6)
+
+
 def test_fit_logistic_computes_in_float32_for_non_double_input():
     x, y = make_data(60)
     W, b = fit_logistic(torch.from_numpy(x).half(), torch.from_numpy(y), 1.0, 3)

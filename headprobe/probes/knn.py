@@ -126,7 +126,7 @@ def knn(
     bank_labels = train_labels.to(device, torch.int64)
     predictions = {k: torch.empty(n_test, dtype=torch.int64) for k in ks}
     for start in range(0, n_test, chunk_size):
-        queries = F.normalize(test_features[start : start + chunk_size].to(device), dim=1)
+        queries = F.normalize(test_features[start : start + chunk_size].to(device, torch.float32), dim=1)
         sims, idx = (queries @ bank.T).topk(max_k, dim=1)
         neighbour_labels = bank_labels[idx]
         if weighting == "exp":

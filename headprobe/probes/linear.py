@@ -96,7 +96,7 @@ def fit_logistic(
                 f"W {tuple(W0.shape)}, b {tuple(b0.shape)}."
             )
         # The softmax only sees logit differences, so class 0's column is folded into the binary weights.
-        W, b = (W0[:, 1:] - W0[:, :1], b0[1:] - b0[:1]) if binary else (W0.clone(), b0.clone())
+        W, b = (W0[:, 1:], b0[1:]) if binary else (W0.clone(), b0.clone())
     W.requires_grad_(True)
     b.requires_grad_(True)
 

@@ -1,0 +1,43 @@
+"""Two processes (torchrun, gloo on CPU) give the same features and metrics as one."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+SCRIPT = """
+import json, sys
+from headprobe import run
+run(json.loads(sys.argv[1]), out=sys.argv[2], quiet=True)
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="torchrun missing")
+def test_two_processes_equal_one(tiny_recipe, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    recipe = json.dumps({**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 101, "test": 37}},
+                         "features": {"batch_size": 16}})
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    runs = {}
+    for name, launcher in (("one", [sys.executable]), ("two", [torchrun, "--nproc_per_node", "2"])):
+        env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / f"cache-{name}"), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([*launcher, str(script), recipe, str(tmp_path / name)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = json.loads((tmp_path / name / "results.json").read_text())
+    assert runs["two"]["environment"]["num_processes"] == 2
+    assert runs["one"]["taps"]["backbone"]["metrics"] == runs["two"]["taps"]["backbone"]["metrics"]
+    for split in ("train", "test"):
+        key = runs["one"]["protocol"]["features"]["cache"][split]["key"]
+        one = load_file(tmp_path / "cache-one" / "features" / f"{key}.safetensors")
+        two = load_file(tmp_path / "cache-two" / "features" / f"{key}.safetensors")
+        assert torch.equal(one["labels"], two["labels"])
+        torch.testing.assert_close(one["features"], two["features"], atol=1e-5, rtol=1e-5)
