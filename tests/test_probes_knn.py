@@ -6,6 +6,15 @@ from sklearn.neighbors import KNeighborsClassifier
 from headprobe.probes import knn
 
 
+@pytest.fixture(autouse=True)
+def single_thread():
+    # These tensors are tiny: on a busy machine, waking intra-op threads costs far more than the math.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def brute_force_knn(train, train_labels, test, k, temperature, num_classes):
     """The DINO vote, one query at a time, in float64 numpy."""
     train = train / np.linalg.norm(train, axis=1, keepdims=True)

@@ -10,6 +10,15 @@ from headprobe.probes import fit_logistic, linear_probe
 SMALL_GRID = (1e-3, 1e-1, 10.0, 1e3)
 
 
+@pytest.fixture(autouse=True)
+def single_thread():
+    # These tensors are tiny: on a busy machine, waking intra-op threads costs far more than the math.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def make_data(n, dim=6, num_classes=3, spread=1.0, seed=0):
     """Gaussian blobs, float64; labels are balanced so every class survives a stratified split.
 
@@ -122,8 +131,8 @@ def test_test_labels_never_influence_the_choice_of_C():
 
 
 def test_separable_data_is_classified_perfectly_and_ties_pick_the_smallest_C():
-    result = linear_probe(*tensors(*make_data(120, spread=0.05, seed=6), *make_data(60, spread=0.05, seed=7),
-                                   dtype=torch.float32))
+    train, test = make_data(120, spread=0.05, seed=6), make_data(60, spread=0.05, seed=7)
+    result = linear_probe(*tensors(*train, *test, dtype=torch.float32))
     assert result.metrics["linear.acc"] == 1.0
     assert result.protocol["val_accuracy"] == [1.0] * 8
     assert result.metrics["linear.C"] == 1e-4

@@ -1,9 +1,9 @@
 """Multinomial L2-regularised logistic-regression probe on frozen features.
 
-The solver is written in torch rather than calling sklearn: it runs full-batch on the GPU in float32,
-warm-starts each C from the previous one along the grid instead of restarting from zero as
-sklearn does per C, and still minimises exactly sklearn's `LogisticRegression(solver="lbfgs")` objective,
-so its numbers can be checked against sklearn's.
+The solver is written in torch rather than calling sklearn: it runs full-batch on the features' device
+(a GPU when there is one) in float32, and warm-starts each C from the previous one along the grid instead
+of restarting from zero as sklearn does per C. It still minimises exactly sklearn's
+`LogisticRegression(solver="lbfgs")` objective, so its numbers can be checked against sklearn's.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def fit_logistic(
                 f"W {tuple(W0.shape)}, b {tuple(b0.shape)}."
             )
         # The softmax only sees logit differences, so class 0's column is folded into the binary weights.
-        W, b = (W0[:, 1:], b0[1:]) if binary else (W0.clone(), b0.clone())
+        W, b = (W0[:, 1:] - W0[:, :1], b0[1:] - b0[:1]) if binary else (W0.clone(), b0.clone())
     W.requires_grad_(True)
     b.requires_grad_(True)
 
@@ -271,9 +271,9 @@ def linear_probe(
         x_all = (x_all - mean) / scale
         W, b = fit_logistic(x_all, y_all, chosen_C, num_classes, max_iter=max_iter, tol=tol, init=(W, b))
 
-    x_test = (test_features.to(device, dtype) - mean) / scale
-    probabilities = torch.softmax(x_test @ W + b, dim=1).float().cpu()
-    predictions = probabilities.argmax(dim=1)
+    logits = (test_features.to(device, dtype) - mean) / scale @ W + b
+    probabilities = torch.softmax(logits, dim=1).float().cpu()
+    predictions = logits.argmax(dim=1).cpu()
     val_accuracy = [c / len(y_val) for c in val_correct]
     test_accuracy = (predictions == test_labels.cpu().long()).double().mean().item()
     protocol = {
