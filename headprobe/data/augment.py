@@ -131,16 +131,22 @@ class AugmentSpec:
             )
         for name in ("flip_p", "jitter_p", "grayscale_p", "blur_p", "solarize_p", "rotation_p"):
             if not 0.0 <= float(getattr(self, name)) <= 1.0:
-                raise ValueError(f"AugmentSpec.{name} is a probability and must lie in [0, 1]; got {getattr(self, name)}.")
+                raise ValueError(
+                    f"AugmentSpec.{name} is a probability and must lie in [0, 1]; got {getattr(self, name)}."
+                )
         for name in ("brightness", "contrast", "saturation"):
             if float(getattr(self, name)) < 0.0:
-                raise ValueError(f"AugmentSpec.{name} is a jitter strength and must be >= 0; got {getattr(self, name)}.")
+                raise ValueError(
+                    f"AugmentSpec.{name} is a jitter strength and must be >= 0; got {getattr(self, name)}."
+                )
         if not 0.0 <= float(self.hue) <= 0.5:
             raise ValueError(f"AugmentSpec.hue must lie in [0, 0.5] (a fraction of the colour wheel); got {self.hue}.")
         if not 0.0 <= float(self.rotation_degrees) <= 180.0:
             raise ValueError(f"AugmentSpec.rotation_degrees must lie in [0, 180]; got {self.rotation_degrees}.")
         if not isinstance(self.jitter_random_order, bool):
-            raise ValueError(f"AugmentSpec.jitter_random_order must be true or false; got {self.jitter_random_order!r}.")
+            raise ValueError(
+                f"AugmentSpec.jitter_random_order must be true or false; got {self.jitter_random_order!r}."
+            )
 
     def to_dict(self) -> dict:
         """Plain types only (pairs as lists), ready for a recipe or a results file."""
@@ -210,8 +216,8 @@ def identity_params(image_size: tuple[int, int]) -> torch.Tensor:
     """The (P,) float32 parameters of a view that changes nothing (whole image, identity values)."""
     width, height = _check_size(image_size)
     params = torch.zeros(len(PARAM_NAMES), dtype=torch.float32)
-    for name, value in zip(("crop_w", "crop_h", "crop_scale", "brightness", "contrast", "saturation"), [1.0] * 6):
-        params[_I[name]] = value
+    for name in ("crop_w", "crop_h", "crop_scale", "brightness", "contrast", "saturation"):
+        params[_I[name]] = 1.0
     params[_I["crop_aspect"]] = width / height
     return params
 
@@ -219,8 +225,10 @@ def identity_params(image_size: tuple[int, int]) -> torch.Tensor:
 def params_dict(params: torch.Tensor) -> dict[str, float]:
     """A (P,) parameter vector as ``{name: value}``, for reading and logging."""
     if tuple(params.shape) != (len(PARAM_NAMES),):
-        raise ValueError(f"params must have shape ({len(PARAM_NAMES)},) in PARAM_NAMES order; got {tuple(params.shape)}.")
-    return dict(zip(PARAM_NAMES, params.tolist()))
+        raise ValueError(
+            f"params must have shape ({len(PARAM_NAMES)},) in PARAM_NAMES order; got {tuple(params.shape)}."
+        )
+    return dict(zip(PARAM_NAMES, params.tolist(), strict=True))
 
 
 def _generator(seed: int, index: int, view: int) -> torch.Generator:
@@ -275,7 +283,7 @@ def sample_params(spec: AugmentSpec, image_size: tuple[int, int], seed: int, ind
     params[_I["crop_scale"]], params[_I["crop_aspect"]] = (w * h) / (width * height), w / h
     params[_I["flip"]] = float(flip_u < spec.flip_p)
     if jitter_u < spec.jitter_p:
-        for name, x in zip(("brightness", "contrast", "saturation"), factor_u[:3]):
+        for name, x in zip(("brightness", "contrast", "saturation"), factor_u[:3], strict=True):
             strength = float(getattr(spec, name))
             if strength > 0:
                 low = max(0.0, 1.0 - strength)
