@@ -75,6 +75,7 @@ class _Images(torch.utils.data.Dataset):
 
 
 def _load_cached(path: Path, key: str, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(features, labels-or-params) from a cache file whose key and row count match, else None."""
     from safetensors import safe_open
 
     if not path.exists():
@@ -82,8 +83,9 @@ def _load_cached(path: Path, key: str, n: int) -> tuple[torch.Tensor, torch.Tens
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            feats, labels = f.get_tensor("features"), f.get_tensor("labels")
-        if meta.get("key") != key or feats.shape[0] != n or labels.shape != (n,):
+            feats = f.get_tensor("features")
+            labels = f.get_tensor(meta.get("second", "labels"))
+        if meta.get("key") != key or feats.shape[0] != n or labels.shape[0] != n:
             raise ValueError(f"it holds {feats.shape[0]} rows for key {meta.get('key')!r}, expected {n} for {key!r}")
     except Exception as err:  # any unreadable file is a miss, never a crash
         warnings.warn(f"feature cache {path} is unusable ({err}); recomputing it.", stacklevel=3)
@@ -92,15 +94,17 @@ def _load_cached(path: Path, key: str, n: int) -> tuple[torch.Tensor, torch.Tens
     return feats, labels
 
 
-def _save(path: Path, key: str, description: dict, feats: torch.Tensor, labels: torch.Tensor) -> None:
+def _save(
+    path: Path, key: str, description: dict, feats: torch.Tensor, labels: torch.Tensor, second: str = "labels"
+) -> None:
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file(
-        {"features": feats.contiguous(), "labels": labels.contiguous()},
+        {"features": feats.contiguous(), second: labels.contiguous()},
         str(tmp),
-        metadata={"key": key, "description": json.dumps(description, default=str)},
+        metadata={"key": key, "second": second, "description": json.dumps(description, default=str)},
     )
     os.replace(tmp, path)
 
@@ -180,3 +184,105 @@ def _forward_shard(backbone, dataset, state, batch_size, precision, num_workers,
         if task is not None:
             progress.advance(task, len(pixels) * state.num_processes)
     return torch.cat(chunks) if chunks else torch.empty(0, backbone.dim, device=device)
+
+
+@dataclass
+class ViewFeatures:
+    """features: (N, K, D) backbone features of K augmented views per image; params: (N, K, P) their
+    sampled augmentation parameters (`headprobe.data.augment.PARAM_NAMES` order)."""
+
+    features: torch.Tensor
+    params: torch.Tensor
+    key: str
+    cached: bool
+
+
+class _Views(torch.utils.data.Dataset):
+    """Flat index j → view j % K of image j // K, normalised with the backbone's statistics."""
+
+    def __init__(self, dataset, items: list[int], views: int, spec, seed: int, normalise) -> None:
+        self.dataset, self.items, self.views, self.spec, self.seed = dataset, items, views, spec, seed
+        self.normalise = normalise
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, j: int) -> torch.Tensor:
+        from .data.augment import make_view
+
+        index, view = divmod(self.items[j], self.views)
+        image = self.dataset[index]["image"]
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        pixels, params = make_view(image, self.spec, self.seed, index, view)
+        return torch.cat([self.normalise(pixels).flatten(), params])
+
+
+def extract_views(
+    backbone,
+    dataset,
+    *,
+    data_info: dict,
+    augment,
+    views: int,
+    seed: int,
+    batch_size: int = 64,
+    precision: str = "fp32",
+    cache: bool = True,
+    num_workers: int = 0,
+    state=None,
+    progress=None,
+) -> ViewFeatures:
+    """Backbone features of `views` augmented views of every image, extracted once and cached.
+
+    View k of image i depends only on (seed, i, k), so the cache is valid for any batch size or
+    number of processes. `augment` is an `AugmentSpec`; its output size is set to the backbone's
+    crop size and the view is then only normalised (no second resize).
+    """
+    import dataclasses
+
+    from .backbones.base import Preprocess
+    from .distributed import process_state
+
+    state = state or process_state()
+    device = state.device
+    precision = _effective_precision(precision, device)
+    crop = backbone.preprocess.crop
+    spec = dataclasses.replace(augment, size=crop)
+    key, description = feature_key(backbone, data_info, "train-views", precision)
+    description |= {"augment": dataclasses.asdict(spec), "views": views, "seed": seed}
+    key = hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    path = cache_root() / "views" / f"{key}.safetensors"
+    n = len(dataset)
+    if cache:
+        hit = _load_cached(path, key, n)
+        if hit is not None:
+            return ViewFeatures(hit[0], hit[1], key, True)
+
+    pre = backbone.preprocess
+    normalise = Preprocess(resize=crop, crop=crop, mean=pre.mean, std=pre.std, interpolation=pre.interpolation)
+    total = n * views
+    items = list(range(state.process_index, total, state.num_processes))
+    loader = torch.utils.data.DataLoader(
+        _Views(dataset, items, views, spec, seed, normalise), batch_size=batch_size, num_workers=num_workers
+    )
+    n_pixels = 3 * crop * crop
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    task = progress.add_task(f"extract {views} views × {n} images", total=total) if progress is not None else None
+    chunks = []
+    backbone.to(device)
+    with torch.inference_mode():
+        for batch in loader:
+            pixels = batch[:, :n_pixels].reshape(-1, 3, crop, crop).to(device)
+            with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
+                out = backbone(pixels).float()
+            chunks.append(torch.cat([out, batch[:, n_pixels:].to(device)], dim=1))
+            if task is not None:
+                progress.advance(task, len(batch) * state.num_processes)
+        local = torch.cat(chunks) if chunks else torch.empty(0, backbone.dim + 1, device=device)
+    flat = _gather_shards(local, total, state).cpu().clone()
+    feats = flat[:, : backbone.dim].reshape(n, views, backbone.dim).contiguous()
+    params = flat[:, backbone.dim :].reshape(n, views, -1).contiguous()
+    if cache and state.is_main_process:
+        _save(path, key, description, feats, params, second="params")
+    return ViewFeatures(feats, params, key, False)

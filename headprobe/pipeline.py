@@ -51,6 +51,73 @@ def _probe_kwargs(name: str, spec: Any, recipe: Recipe, n_classes: int) -> dict:
     return options
 
 
+def _train_and_probe_heads(recipe, backbone, data, feats, results, run_dir, state, show, resume, probe_tap):
+    """Views → head training → every head tap probed; fills results["heads"] and results["buffer"]."""
+    import dataclasses
+
+    from .data.augment import augment_spec
+    from .features import extract_views
+    from .train import head_taps, latest_checkpoint, train_heads
+
+    timing = results["timing"]
+    spec = augment_spec(recipe.augment.preset, **recipe.augment.options)
+    t0 = time.perf_counter()
+    with _progress(show) as progress:
+        views = extract_views(
+            backbone, data.train, data_info=data.info, augment=spec, views=recipe.augment.views, seed=recipe.seed,
+            batch_size=recipe.features.batch_size, precision=recipe.features.precision, cache=recipe.features.cache,
+            num_workers=recipe.features.num_workers, state=state, progress=progress,
+        )
+        timing["extract_views_s"] = time.perf_counter() - t0
+        results["protocol"]["views"] = {"augment": dataclasses.asdict(spec) | {"preset": recipe.augment.preset},
+                                        "views": recipe.augment.views, "cache_key": views.key, "hit": views.cached}
+        resume_from = latest_checkpoint(run_dir.path / "checkpoints") if resume else None
+        states, summary = train_heads(
+            recipe.heads, views.features, objective_name=recipe.objective.name,
+            objective_options=recipe.objective.options, train=recipe.train, seed=recipe.seed,
+            checkpoint_dir=(run_dir.path / "checkpoints") if run_dir.writable else None, resume_from=resume_from,
+            log=run_dir.log_metrics, progress=progress,
+        )
+    timing["train_s"] = summary.pop("train_s")
+    results["protocol"]["train"] = dataclasses.asdict(recipe.train) | {
+        "objective": recipe.objective.name, "objective_options": recipe.objective.options, **summary}
+    t0 = time.perf_counter()
+    for head_spec in recipe.heads:
+        name = head_spec.name
+        trained = states.get(name)
+        results["heads"][name] = {
+            "config": dataclasses.asdict(head_spec),
+            "train": {"steps": summary["steps"], "status": trained.status if trained else "untrained (no parameters)",
+                      "final_loss": trained.last_loss if trained else None,
+                      "message": trained.message if trained else ""},
+            "geometry": {},
+        }
+        if trained is None:
+            probe_tap(name, name, 0, feats["train"].features, feats["test"].features)
+            continue
+        train_taps = head_taps(trained.head, feats["train"].features)
+        test_taps = head_taps(trained.head, feats["test"].features)
+        for depth, (tr, te) in enumerate(zip(train_taps, test_taps, strict=True), start=1):
+            tap_name = name if depth == trained.head.depth else f"{name}@{depth}"
+            probe_tap(tap_name, name, depth, tr, te)
+        results["buffer"][name] = buffer_verdict(results["taps"], name)
+        run_dir.write_results(results)
+    timing["head_probe_s"] = time.perf_counter() - t0
+
+
+def buffer_verdict(taps: dict, head: str, tolerance: float = 0.01) -> dict:
+    """Does the head lose class information the backbone keeps? Compares the backbone tap with the head output.
+
+    "buffer": the head output scores lower than the backbone (by more than `tolerance`) on the probes both
+    have; "no loss": within tolerance; the per-metric differences are the evidence.
+    """
+    before, after = taps["backbone"]["metrics"], taps[head]["metrics"]
+    shared = [m for m in before if m in after and m.endswith(".acc")]
+    drops = {m: before[m] - after[m] for m in shared}
+    verdict = "buffer" if drops and max(drops.values()) > tolerance else "no loss"
+    return {"verdict": verdict, "evidence": {"accuracy_drop": drops, "tolerance": tolerance}}
+
+
 def _environment(state) -> dict:
     import torch
 
@@ -176,27 +243,29 @@ def run(
         "cache": {split: {"key": f.key, "hit": f.cached} for split, f in feats.items()},
     }
 
-    tap = results["taps"].setdefault("backbone", {"head": None, "depth": 0, "metrics": {}, "protocol": {}})
     t0 = time.perf_counter()
-    for name, spec in recipe.probes.items():
-        if name in tap["protocol"]:
-            continue  # finished in the run being resumed
-        probe = PROBES.get(name)
-        kwargs = _probe_kwargs(name, spec, recipe, data.n_classes)
-        result = stage(
-            f"running probe {name!r} on tap 'backbone'",
-            probe,
-            feats["train"].features,
-            feats["train"].labels,
-            feats["test"].features,
-            feats["test"].labels,
-            **kwargs,
-        )
-        tap["metrics"].update(result.metrics)
-        tap["protocol"][name] = result.protocol
-        run_dir.log_metrics({"stage": "probe", "tap": "backbone", "probe": name, **result.metrics})
-        run_dir.write_results(results)
+    train_y, test_y = feats["train"].labels, feats["test"].labels
+
+    def probe_tap(tap_name: str, head: str | None, depth: int, train_x, test_x) -> None:
+        tap = results["taps"].setdefault(tap_name, {"head": head, "depth": depth, "metrics": {}, "protocol": {}})
+        for name, spec in recipe.probes.items():
+            if name in tap["protocol"]:
+                continue  # finished in the run being resumed
+            kwargs = _probe_kwargs(name, spec, recipe, data.n_classes)
+            result = stage(f"running probe {name!r} on tap {tap_name!r}", PROBES.get(name),
+                           train_x, train_y, test_x, test_y, **kwargs)
+            tap["metrics"].update(result.metrics)
+            tap["protocol"][name] = result.protocol
+            run_dir.log_metrics({"stage": "probe", "tap": tap_name, "probe": name, **result.metrics})
+            run_dir.write_results(results)
+
+    probe_tap("backbone", None, 0, feats["train"].features, feats["test"].features)
     timing["probe_s"] = time.perf_counter() - t0
+
+    if recipe.heads:
+        stage("training heads", _train_and_probe_heads, recipe, backbone, data, feats, results, run_dir, state,
+              main and not quiet, resume, probe_tap)
+        timing["probe_s"] += results["timing"].pop("head_probe_s", 0.0)
 
     results["status"] = "complete"
     run_dir.write_results(results)

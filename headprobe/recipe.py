@@ -20,6 +20,7 @@ import yaml
 from .registry import (
     BACKBONES,
     DATA_SOURCES,
+    OBJECTIVES,
     OFFLINE_MODELS,
     POOLINGS,
     PROBES,
@@ -93,6 +94,57 @@ PROBE_SPECS: dict[str, type] = {"linear": LinearProbeSpec, "knn": KnnSpec}
 
 
 @dataclass
+class HeadSpec:
+    """One projection head; `name` labels its taps (`NAME@i`, `NAME`) in results.json."""
+
+    name: str = "head"
+    type: Literal["identity", "linear", "mlp"] = "mlp"
+    depth: int = 2
+    width: int = 2048
+    out_dim: Union[int, None] = None
+    act: Literal["relu", "gelu", "swish", "silu", "tanh", "none"] = "relu"
+    bn_hidden: bool = True
+    bn_out: bool = False
+    l2_out: bool = False
+    init_scale: float = 1.0
+    # Width of a SimSiam/BYOL predictor on top of the head (needed by `simsiam`); null = none.
+    predictor: Union[int, None] = None
+
+
+@dataclass
+class ObjectiveSpec:
+    name: str = "vicreg"
+    # Keyword arguments of the objective function (e.g. temperature, sim_weight); checked by name.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AugmentRecipe:
+    preset: str = "simclr"
+    # Augmented views extracted once per training image (frozen backbone); each step draws two.
+    views: int = 8
+    # Knobs of the preset to change (e.g. crop_scale: [0.2, 1.0]); checked by name.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainSpec:
+    epochs: int = 10
+    # Total optimisation steps; overrides epochs when set.
+    steps: Union[int, None] = None
+    batch_size: int = 256
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    momentum: float = 0.9
+    schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = 0
+    log_every: int = 10
+    # Save heads, optimisers and the step every N steps (and always at the end); null = only at the end.
+    checkpoint_every: Union[int, None] = None
+
+
+@dataclass
 class Recipe:
     name: str = "run"
     seed: int = 0
@@ -103,6 +155,10 @@ class Recipe:
         default_factory=lambda: {"linear": LinearProbeSpec(), "knn": KnnSpec()},
         metadata={"registry": PROBES, "specs": PROBE_SPECS},
     )
+    heads: list[HeadSpec] = field(default_factory=list)
+    objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
+    augment: AugmentRecipe = field(default_factory=AugmentRecipe)
+    train: TrainSpec = field(default_factory=TrainSpec)
 
     def to_dict(self) -> dict:
         return _to_plain(self)
@@ -313,10 +369,61 @@ def _check_names(recipe: Recipe) -> None:
         ranges += [("probes.linear.max_iter", linear.max_iter, 1, None)]
         if not linear.C_grid:
             raise RecipeError("probes.linear.C_grid is empty; give at least one C, e.g. [0.1, 1, 10].")
+    ranges += _check_heads(recipe)
     for path, value, low, high in ranges:
         if value < low or (high is not None and value >= high and path.endswith("fraction")):
             bound = f"in [{low}, {high})" if high is not None else f">= {low}"
             raise RecipeError(f"{path} = {value!r} is out of range; it must be {bound}.")
+
+
+def _check_heads(recipe: Recipe) -> list[tuple]:
+    """Head names, objective and augmentation knobs; returns the numeric ranges to check."""
+    import inspect
+
+    ranges: list[tuple] = []
+    names = [h.name for h in recipe.heads]
+    for i, head in enumerate(recipe.heads):
+        if head.name == "backbone" or not head.name or "@" in head.name:
+            raise RecipeError(f"heads[{i}].name = {head.name!r} is reserved or invalid; use e.g. 'mlp_relu'.")
+        if names.count(head.name) > 1:
+            raise RecipeError(f"heads[{i}].name = {head.name!r} is used twice; each head needs its own name.")
+        ranges += [(f"heads[{i}].depth", head.depth, 1, None), (f"heads[{i}].width", head.width, 1, None),
+                   (f"heads[{i}].init_scale", head.init_scale, 1e-300, None)]
+        if recipe.objective.name == "simsiam" and head.predictor is None:
+            raise RecipeError(f"heads[{i}] ({head.name}) has no predictor, which objective simsiam needs; "
+                              "set heads[{i}].predictor to a width, e.g. 512.".replace("{i}", str(i)))
+    objective = recipe.objective
+    if objective.name not in OBJECTIVES:
+        guess = did_you_mean(objective.name, OBJECTIVES.names())
+        hint = f" Did you mean {guess!r}?" if guess else ""
+        raise RecipeError(f"objective.name = {objective.name!r} is unknown; allowed: "
+                          f"{', '.join(OBJECTIVES.names())}.{hint}")
+    if recipe.heads and objective.options:
+        params = [p for p in inspect.signature(OBJECTIVES.get(objective.name)).parameters][2:]
+        params = [p for p in params if p not in ("p1", "p2", "z1", "z2")]
+        for key in objective.options:
+            if key not in params:
+                guess = did_you_mean(key, params)
+                hint = f" Did you mean {guess!r}?" if guess else ""
+                raise RecipeError(f"objective.options.{key} is not an option of {objective.name}; "
+                                  f"allowed: {', '.join(params)}.{hint}")
+    if recipe.heads:
+        from .data.augment import augment_spec
+
+        try:
+            augment_spec(recipe.augment.preset, **recipe.augment.options)
+        except (ValueError, TypeError) as err:
+            raise RecipeError(f"augment: {err}") from None
+    train = recipe.train
+    ranges += [("augment.views", recipe.augment.views, 2, None), ("train.epochs", train.epochs, 1, None),
+               ("train.batch_size", train.batch_size, 2, None), ("train.lr", train.lr, 0.0, None),
+               ("train.weight_decay", train.weight_decay, 0.0, None), ("train.log_every", train.log_every, 1, None),
+               ("train.warmup_steps", train.warmup_steps, 0, None)]
+    if train.steps is not None:
+        ranges.append(("train.steps", train.steps, 1, None))
+    if train.checkpoint_every is not None:
+        ranges.append(("train.checkpoint_every", train.checkpoint_every, 1, None))
+    return ranges
 
 
 def _check_prefixed(path: str, value: str, registry: Registry) -> None:

@@ -123,12 +123,30 @@ PROBES.add("linear", "headprobe.probes.linear:linear_probe",
 PROBES.add("knn", "headprobe.probes.knn:knn",
            "DINO weighted k-NN: cosine similarity, top-k votes weighted exp(s/T)")
 
+OBJECTIVES = Registry("objective")
+OBJECTIVES.add("info_nce", "headprobe.objectives:info_nce",
+               "SimCLR NT-Xent: 2N-2 negatives per anchor, both directions, temperature")
+OBJECTIVES.add("vicreg", "headprobe.objectives:vicreg",
+               "VICReg: invariance MSE + variance hinge + off-diagonal covariance (25/25/1)")
+OBJECTIVES.add("barlow_twins", "headprobe.objectives:barlow_twins",
+               "Barlow Twins: cross-correlation of batch-standardised embeddings to identity (lambda 5e-3)")
+OBJECTIVES.add("simsiam", "headprobe.objectives:simsiam",
+               "SimSiam: negative cosine with stop-gradient through a predictor")
+
+HEADS = Registry("head type")
+HEADS.add("identity", "headprobe.heads:ProjectionHead", "no layers: the backbone features themselves")
+HEADS.add("linear", "headprobe.heads:ProjectionHead", "bias-free linear layers (the paper's linear head), depth of them")
+HEADS.add("mlp", "headprobe.heads:ProjectionHead",
+          "Linear → [BN] → act per hidden layer, Linear → [BN] out; depth, width, out_dim, act, init_scale")
+
 FAMILIES: dict[str, Registry] = {
     "backbones": BACKBONES,
     "offline": OFFLINE_MODELS,
     "poolings": POOLINGS,
     "data": DATA_SOURCES,
     "probes": PROBES,
+    "heads": HEADS,
+    "objectives": OBJECTIVES,
 }
 
 

@@ -55,3 +55,32 @@ def test_existing_out_needs_resume_and_resume_keeps_finished_work(tiny_recipe, t
     assert resumed.metrics()["linear.acc"] == partial["taps"]["backbone"]["metrics"]["linear.acc"]
     lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["probe"] for x in lines] == ["linear", "knn"]  # linear was not rerun
+
+
+HEADS_RECIPE = {
+    "heads": [{"name": "lin", "type": "linear", "width": 16}, {"name": "relu", "act": "relu", "width": 16},
+              {"name": "ident", "type": "identity"}],
+    "objective": {"name": "vicreg"},
+    "augment": {"preset": "crop-flip", "views": 2},
+    "train": {"epochs": 2, "batch_size": 50, "log_every": 2, "checkpoint_every": 4},
+}
+
+
+def test_heads_are_trained_and_every_tap_probed(tiny_recipe, tmp_path):
+    recipe = {**tiny_recipe, **HEADS_RECIPE, "probes": {"knn": {"ks": [5]}}}
+    results = run(recipe, out=tmp_path / "r", quiet=True)
+    taps = results["taps"]
+    assert list(taps) == ["backbone", "lin@1", "lin", "relu@1", "relu", "ident"]
+    assert (taps["relu@1"]["head"], taps["relu@1"]["depth"], taps["relu"]["depth"]) == ("relu", 1, 2)
+    assert all("knn.k5.acc" in tap["metrics"] for tap in taps.values())
+    assert taps["ident"]["metrics"] == taps["backbone"]["metrics"]  # identity head = backbone features
+    assert results["heads"]["relu"]["train"]["status"] == "complete"
+    assert results["heads"]["relu"]["train"]["steps"] == 8
+    assert results["buffer"]["relu"]["verdict"] in ("buffer", "no loss")
+    assert results["protocol"]["views"]["views"] == 2 and results["protocol"]["train"]["objective"] == "vicreg"
+    assert {p.name for p in (tmp_path / "r" / "checkpoints").iterdir()} == {"step-4.pt", "step-8.pt"}
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert {line["head"] for line in lines if line["stage"] == "train"} == {"lin", "relu"}
+    again = run(recipe, out=tmp_path / "again", quiet=True)
+    assert again["protocol"]["views"]["hit"] is True
+    assert {t: v["metrics"] for t, v in again["taps"].items()} == {t: v["metrics"] for t, v in taps.items()}

@@ -1,0 +1,115 @@
+"""Projection heads and predictors, with every layer's output exposed as a tap.
+
+The paper's heads: ``Linear(d→w, no bias) → [BN] → act → Linear(w→w) → [BN]``; the "linear"
+head is bias-free linear layers with nothing in between; ``depth`` counts linear layers.
+A bias directly before a BatchNorm is redundant (BN subtracts the mean), so it is dropped.
+
+>>> head = ProjectionHead(384, depth=2, width=64, out_dim=32, act="swish")
+>>> [t.shape[-1] for t in head.taps(torch.randn(4, 384))]
+[64, 32]
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+ACTIVATIONS = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "swish": nn.SiLU,
+    "silu": nn.SiLU,
+    "tanh": nn.Tanh,
+    "none": nn.Identity,
+}
+HEAD_TYPES = ("identity", "linear", "mlp")
+
+
+class ProjectionHead(nn.Module):
+    """``depth`` linear layers; hidden layers are ``Linear → [BN] → act``, the last ``Linear → [BN]``.
+
+    x: (B, in_dim) → (B, out_dim). `taps(x)` returns the output of every layer (hidden layers after
+    their activation), so tap ``HEAD@i`` is hidden layer i and tap ``HEAD`` the output.
+    `kind="linear"` means bias-free linear layers only (no BN, no activation), as in the paper.
+    `kind="identity"` has no layers: its output is its input.
+    `init_scale` multiplies every initial weight (0.1 starts near the paper's collapsed state).
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        *,
+        kind: str = "mlp",
+        depth: int = 2,
+        width: int = 2048,
+        out_dim: int | None = None,
+        act: str = "relu",
+        bn_hidden: bool = True,
+        bn_out: bool = False,
+        l2_out: bool = False,
+        init_scale: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if kind not in HEAD_TYPES:
+            raise ValueError(f"head type {kind!r} is unknown; use one of {', '.join(HEAD_TYPES)}.")
+        if act not in ACTIVATIONS:
+            raise ValueError(f"activation {act!r} is unknown; use one of {', '.join(ACTIVATIONS)}.")
+        if kind != "identity" and depth < 1:
+            raise ValueError(f"depth must be at least 1 linear layer, got {depth}.")
+        if in_dim < 1 or width < 1 or (out_dim is not None and out_dim < 1):
+            raise ValueError(f"dimensions must be positive (in_dim={in_dim}, width={width}, out_dim={out_dim}).")
+        self.kind, self.in_dim, self.l2_out = kind, in_dim, l2_out
+        out_dim = out_dim or width
+        self.layers = nn.ModuleList()
+        if kind == "identity":
+            self.out_dim = in_dim
+            return
+        dims = [in_dim] + [width] * (depth - 1) + [out_dim]
+        for i in range(depth):
+            last = i == depth - 1
+            if kind == "linear":
+                block = [nn.Linear(dims[i], dims[i + 1], bias=False)]
+            else:
+                bn = bn_out if last else bn_hidden
+                block = [nn.Linear(dims[i], dims[i + 1], bias=not bn)]
+                if bn:
+                    block.append(nn.BatchNorm1d(dims[i + 1]))
+                if not last:
+                    block.append(ACTIVATIONS[act]())
+            self.layers.append(nn.Sequential(*block))
+        self.out_dim = out_dim
+        if init_scale != 1.0:
+            with torch.no_grad():
+                for m in self.modules():
+                    if isinstance(m, nn.Linear):
+                        m.weight.mul_(init_scale)
+
+    @property
+    def depth(self) -> int:
+        return len(self.layers)
+
+    def taps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x: (B, in_dim) → [hidden_1, ..., hidden_{depth-1}, output]; empty for the identity head."""
+        outs = []
+        for layer in self.layers:
+            x = layer(x)
+            outs.append(x)
+        if outs and self.l2_out:
+            outs[-1] = nn.functional.normalize(outs[-1], dim=-1)
+        return outs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = self.taps(x)
+        return outs[-1] if outs else x
+
+
+class Predictor(nn.Module):
+    """SimSiam/BYOL bottleneck predictor: ``Linear(d→w) → BN → ReLU → Linear(w→d)``; (B, d) → (B, d)."""
+
+    def __init__(self, dim: int, width: int = 512) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, width, bias=False), nn.BatchNorm1d(width), nn.ReLU(),
+                                 nn.Linear(width, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)

@@ -1,0 +1,85 @@
+import dataclasses
+
+import pytest
+import torch
+
+import headprobe.train as train_module
+from headprobe.recipe import HeadSpec, TrainSpec
+from headprobe.train import batch_for_step, latest_checkpoint, train_heads
+
+
+@pytest.fixture
+def views():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(48, 1, 12, generator=g)
+    return base + 0.3 * torch.randn(48, 4, 12, generator=g)  # 48 images, 4 views each, 12-d
+
+
+HEADS = [HeadSpec(name="relu", act="relu", width=16, out_dim=8), HeadSpec(name="swish", act="swish", width=16),
+         HeadSpec(name="lin", type="linear", width=8)]
+TRAIN = TrainSpec(epochs=2, batch_size=16, lr=1e-2, log_every=2)
+
+
+def _train(specs, views, train=TRAIN, **kw):
+    return train_heads(specs, views, objective_name="vicreg", objective_options={}, train=train, seed=0, **kw)
+
+
+def test_batches_are_a_function_of_the_step():
+    a = batch_for_step(5, n=48, views=4, batch_size=16, seed=0)
+    b = batch_for_step(5, n=48, views=4, batch_size=16, seed=0)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    idx, v1, v2 = a
+    assert len(set(idx.tolist())) == 16 and (v1 != v2).all() and v1.max() < 4 and v2.max() < 4
+    epoch = torch.cat([batch_for_step(s, 48, 4, 16, 0)[0] for s in range(3)])
+    assert sorted(epoch.tolist()) == list(range(48))  # one epoch visits every image once
+
+
+def test_heads_learn_and_log(views):
+    states, summary = _train(HEADS, views)
+    assert summary["steps"] == 6 and set(states) == {"relu", "swish", "lin"}
+    for state in states.values():
+        assert state.status == "complete" and not state.head.training
+        first, last = state.history[0], state.history[-1]
+        assert {"loss", "vicreg.sim", "out_std", "rankme", "grad_norm", "rel_update"} <= set(first)
+        assert last["loss"] < first["loss"]
+
+
+def test_each_head_trains_as_if_alone(views):
+    together, _ = _train(HEADS, views)
+    alone, _ = _train([HEADS[1]], views)
+    for key, value in alone["swish"].head.state_dict().items():
+        assert torch.equal(value, together["swish"].head.state_dict()[key]), key
+
+
+def test_resume_from_a_checkpoint_gives_the_same_weights(views, tmp_path):
+    train = dataclasses.replace(TRAIN, checkpoint_every=2)
+    full, _ = _train(HEADS[:2], views, train=train, checkpoint_dir=tmp_path / "a")
+    assert latest_checkpoint(tmp_path / "a").name == "step-6.pt"
+    resumed, summary = _train(HEADS[:2], views, train=train, resume_from=tmp_path / "a" / "step-2.pt")
+    assert summary["start_step"] == 2
+    for name in ("relu", "swish"):
+        for key, value in full[name].head.state_dict().items():
+            torch.testing.assert_close(resumed[name].head.state_dict()[key], value, rtol=0, atol=0)
+
+
+def test_a_nan_loss_stops_only_that_head(views, monkeypatch):
+    real = train_module._objective_loss
+
+    def poisoned(objective, options, state, z1, z2):
+        terms, h1 = real(objective, options, state, z1, z2)
+        if state.name == "swish" and state.history:
+            terms.loss = terms.loss * float("nan")
+        return terms, h1
+
+    monkeypatch.setattr(train_module, "_objective_loss", poisoned)
+    states, _ = _train(HEADS[:2], views)
+    assert states["relu"].status == "complete"
+    swish = states["swish"]
+    assert swish.status == "stopped" and "became nan at step 3" in swish.message
+    assert all(torch.isfinite(p).all() for p in swish.head.parameters())
+    torch.testing.assert_close(swish.head.state_dict()["layers.0.0.weight"], swish.last_good["head"]["layers.0.0.weight"])
+
+
+def test_batch_larger_than_data_is_explained(views):
+    with pytest.raises(ValueError, match="train.batch_size = 64 is larger than the 48 training images"):
+        _train(HEADS, views, train=dataclasses.replace(TRAIN, batch_size=64))
