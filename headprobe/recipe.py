@@ -101,14 +101,14 @@ class HeadSpec:
     type: Literal["identity", "linear", "mlp"] = "mlp"
     depth: int = 2
     width: int = 2048
-    out_dim: Union[int, None] = None
+    out_dim: int | None = None
     act: Literal["relu", "gelu", "swish", "silu", "tanh", "none"] = "relu"
     bn_hidden: bool = True
     bn_out: bool = False
     l2_out: bool = False
     init_scale: float = 1.0
     # Width of a SimSiam/BYOL predictor on top of the head (needed by `simsiam`); null = none.
-    predictor: Union[int, None] = None
+    predictor: int | None = None
 
 
 @dataclass
@@ -131,7 +131,7 @@ class AugmentRecipe:
 class TrainSpec:
     epochs: int = 10
     # Total optimisation steps; overrides epochs when set.
-    steps: Union[int, None] = None
+    steps: int | None = None
     batch_size: int = 256
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = 1e-3
@@ -141,7 +141,7 @@ class TrainSpec:
     warmup_steps: int = 0
     log_every: int = 10
     # Save heads, optimisers and the step every N steps (and always at the end); null = only at the end.
-    checkpoint_every: Union[int, None] = None
+    checkpoint_every: int | None = None
 
 
 @dataclass

@@ -135,7 +135,8 @@ OBJECTIVES.add("simsiam", "headprobe.objectives:simsiam",
 
 HEADS = Registry("head type")
 HEADS.add("identity", "headprobe.heads:ProjectionHead", "no layers: the backbone features themselves")
-HEADS.add("linear", "headprobe.heads:ProjectionHead", "bias-free linear layers (the paper's linear head), depth of them")
+HEADS.add("linear", "headprobe.heads:ProjectionHead",
+          "bias-free linear layers (the paper's linear head), depth of them")
 HEADS.add("mlp", "headprobe.heads:ProjectionHead",
           "Linear → [BN] → act per hidden layer, Linear → [BN] out; depth, width, out_dim, act, init_scale")
 

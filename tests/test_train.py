@@ -77,7 +77,8 @@ def test_a_nan_loss_stops_only_that_head(views, monkeypatch):
     swish = states["swish"]
     assert swish.status == "stopped" and "became nan at step 3" in swish.message
     assert all(torch.isfinite(p).all() for p in swish.head.parameters())
-    torch.testing.assert_close(swish.head.state_dict()["layers.0.0.weight"], swish.last_good["head"]["layers.0.0.weight"])
+    weight = "layers.0.0.weight"
+    torch.testing.assert_close(swish.head.state_dict()[weight], swish.last_good["head"][weight])
 
 
 def test_batch_larger_than_data_is_explained(views):
