@@ -1,0 +1,281 @@
+"""Label-free measures of a representation's geometry: effective ranks (RankMe, LiDAR), the covariance
+eigenspectrum's decay (α-ReQ) and conditioning, and alignment/uniformity on the sphere.
+
+All take features as tensors, compute in float64 on the features' device, and return Python floats (or, for
+`covariance_spectrum`, a JSON-ready dict).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "alignment",
+    "alpha_req",
+    "covariance_spectrum",
+    "lidar",
+    "rankme",
+    "uniformity",
+    "view_cosine",
+]
+
+# Below this many samples per dimension the smallest sample eigenvalues are visibly biased low.
+_SAMPLES_PER_DIM = 10
+
+
+def _check_features(name: str, z: torch.Tensor, *, min_rows: int = 1) -> None:
+    if z.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (N, D) but has shape {tuple(z.shape)}; pool to one vector per sample.")
+    if z.shape[0] < min_rows or z.shape[1] == 0:
+        raise ValueError(f"{name} has shape {tuple(z.shape)}; this measure needs N ≥ {min_rows} rows and D ≥ 1.")
+    if not torch.is_floating_point(z):
+        raise ValueError(f"{name} has dtype {z.dtype}; pass floating-point features.")
+    if not torch.isfinite(z).all():
+        raise ValueError(f"{name} contains NaN or infinite values; check the features (e.g. fp16 overflow).")
+
+
+def _check_views(z1: torch.Tensor, z2: torch.Tensor) -> None:
+    _check_features("z1", z1)
+    _check_features("z2", z2)
+    if z1.shape != z2.shape:
+        raise ValueError(
+            f"z1 has shape {tuple(z1.shape)} but z2 has {tuple(z2.shape)}; row i of each must be two views of "
+            "sample i in one space."
+        )
+
+
+def _on_sphere(name: str, z: torch.Tensor) -> torch.Tensor:
+    z = z.double()
+    norms = z.norm(dim=1)
+    if (norms == 0).any():
+        raise ValueError(
+            f"row {int((norms == 0).nonzero()[0])} of {name} is all zeros and has no direction on the sphere; "
+            "drop it or check the features for collapse."
+        )
+    return z / norms[:, None]
+
+
+def _exp_entropy(values: torch.Tensor, eps: float) -> float:
+    """exp(−Σ p_k log p_k) with p = values / ‖values‖₁ + eps, the smoothing RankMe and LiDAR both use."""
+    p = values / values.sum() + eps
+    return math.exp(-float((p * p.log()).sum()))
+
+
+def _covariance_eigenvalues(z: torch.Tensor) -> torch.Tensor:
+    """z: (N, D) -> the min(N, D) largest eigenvalues of the unbiased sample covariance, descending."""
+    z = z.double()
+    centred = z - z.mean(dim=0)
+    return torch.linalg.svdvals(centred).square() / (z.shape[0] - 1)
+
+
+def rankme(z: torch.Tensor, eps: float = 1e-7) -> float:
+    """RankMe effective rank of an embedding matrix z: (N, D); between ~1 and min(N, D).
+
+    "RankMe(Z) = exp(−Σ_k p_k log p_k), p_k = σ_k(Z) / ‖σ(Z)‖₁ + ε" with σ the singular values of Z
+    (Garrido et al., ICML 2023). As in the paper, Z is not centred.
+
+    >>> round(rankme(torch.eye(5)), 3)
+    5.0
+    """
+    _check_features("z", z)
+    singular_values = torch.linalg.svdvals(z.double())
+    if singular_values.sum() == 0:
+        raise ValueError("z is all zeros; its singular values define no distribution.")
+    return _exp_entropy(singular_values, eps)
+
+
+def lidar(views: torch.Tensor, delta: float = 1e-4, eps: float = 1e-8) -> float:
+    """LiDAR: the effective rank of the LDA matrix of the surrogate task; views: (N, K, D).
+
+    Each of the N images is a class and its K augmentations are that class's samples (Thilak et al., ICLR 2024):
+        Σ_b = 1/(N−1) Σ_x (μ_x − μ)(μ_x − μ)ᵀ,
+        Σ_w = 1/(N(K−1)) Σ_x Σ_i (e_xi − μ_x)(e_xi − μ_x)ᵀ + δ I,
+        Σ_lidar = Σ_w^{−1/2} Σ_b Σ_w^{−1/2},  LiDAR = exp(−Σ p_i log p_i),  p_i = λ_i / ‖λ‖₁ + ε.
+    δ = 1e-4 and ε = 1e-8 as in the paper; δ is absolute, so it matters only for directions whose within-class
+    variance is at most of order δ. LiDAR counts directions that separate images relative to their augmentation
+    noise: uninformative directions (noise only) score ~0, whatever their variance. Being scale-free, it is high
+    for pure noise too (Σ_b ≈ Σ_w / K is isotropic after whitening); compare it across models, not to D.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> views = 10 * torch.randn(100, 1, 3, generator=g) + torch.randn(100, 4, 3, generator=g)
+    >>> 2.5 < lidar(views) <= 3
+    True
+    """
+    if views.ndim != 3:
+        raise ValueError(
+            f"views must be 3-D (N images, K augmentations, D) but has shape {tuple(views.shape)}."
+        )
+    n, k, d = views.shape
+    if n < 2 or k < 2:
+        raise ValueError(
+            f"views has {n} images with {k} augmentations each; LiDAR needs at least 2 of each "
+            "(between-image and within-image covariances)."
+        )
+    _check_features("views", views.reshape(n * k, d))
+    if not delta > 0:
+        raise ValueError(f"delta must be positive so that Σ_w is invertible, but got {delta}.")
+    views = views.double()
+    class_means = views.mean(dim=1)
+    between = class_means - class_means.mean(dim=0)
+    sigma_b = between.T @ between / (n - 1)
+    within = (views - class_means[:, None]).reshape(n * k, d)
+    sigma_w = within.T @ within / (n * (k - 1)) + delta * torch.eye(d, dtype=torch.float64, device=views.device)
+    w_eigenvalues, w_vectors = torch.linalg.eigh(sigma_w)
+    inverse_sqrt = (w_vectors * w_eigenvalues.rsqrt()) @ w_vectors.T
+    eigenvalues = torch.linalg.eigvalsh(inverse_sqrt @ sigma_b @ inverse_sqrt).clamp_min(0)
+    if eigenvalues.sum() == 0:
+        raise ValueError("all images have the same mean embedding (Σ_b = 0); LiDAR is undefined.")
+    return _exp_entropy(eigenvalues, eps)
+
+
+def alpha_req(z: torch.Tensor, fit_range: tuple[int, int] | None = None) -> float:
+    """α-ReQ: the decay exponent α of the covariance eigenspectrum, λ_i ∝ i^{−α}; z: (N, D).
+
+    Agrawal et al. (NeurIPS 2022) fit a power law to the eigenspectrum; here α is minus the least-squares slope
+    of log λ_i against log i over the 1-based ranks i in `fit_range` = (first, last), inclusive. By default the
+    fit uses every eigenvalue the samples can resolve: i = 1 .. min(D, N−1), stopping before the first
+    eigenvalue below λ_1·1e-12 (numerically zero). When N is not much larger than D the tail of the sample
+    spectrum bends down (Marchenko–Pastur) and steepens α; restrict `fit_range` to the head then.
+
+    >>> z = torch.diag(torch.arange(1, 9, dtype=torch.float64) ** -1.0)
+    >>> round(alpha_req(torch.cat([z, -z])), 6)
+    2.0
+    """
+    _check_features("z", z, min_rows=3)
+    eigenvalues = _covariance_eigenvalues(z)
+    usable = min(z.shape[1], z.shape[0] - 1)
+    resolved = int((eigenvalues[:usable] > eigenvalues[0] * 1e-12).sum())
+    first, last = (1, resolved) if fit_range is None else fit_range
+    if not 1 <= first < last <= resolved:
+        raise ValueError(
+            f"fit_range ({first}, {last}) must satisfy 1 ≤ first < last ≤ {resolved}, the number of resolved "
+            f"eigenvalues (N = {z.shape[0]} samples, D = {z.shape[1]})."
+        )
+    ranks = torch.arange(first, last + 1, dtype=torch.float64, device=eigenvalues.device)
+    log_rank, log_eigenvalue = ranks.log(), eigenvalues[first - 1 : last].log()
+    centred_rank = log_rank - log_rank.mean()
+    slope = (centred_rank * (log_eigenvalue - log_eigenvalue.mean())).sum() / centred_rank.square().sum()
+    return -float(slope)
+
+
+def alignment(z1: torch.Tensor, z2: torch.Tensor, alpha: float = 2.0) -> float:
+    """Alignment E ‖f(x) − f(y)‖^α over positive pairs, on L2-normalised features; z1, z2: (N, D).
+
+    "L_align(f; α) ≜ E_{(x,y)∼p_pos} [‖f(x) − f(y)‖₂^α]" (Wang & Isola, ICML 2020, who use α = 2). 0 when the
+    views coincide in direction; at most 2^α.
+
+    >>> alignment(torch.tensor([[1.0, 0.0]]), torch.tensor([[-3.0, 0.0]]))
+    4.0
+    """
+    _check_views(z1, z2)
+    if not alpha > 0:
+        raise ValueError(f"alpha must be positive but got {alpha}; Wang & Isola use 2.")
+    difference = _on_sphere("z1", z1) - _on_sphere("z2", z2)
+    return float(difference.norm(dim=1).pow(alpha).mean())
+
+
+def uniformity(z: torch.Tensor, t: float = 2.0, chunk_size: int = 1024) -> float:
+    """Uniformity log E exp(−t ‖f(x) − f(y)‖²) over the N(N−1)/2 distinct pairs, L2-normalised; z: (N, D).
+
+    "L_uniform(f; t) ≜ log E_{x,y ∼ p_data} [e^{−t ‖f(x)−f(y)‖₂²}]" (Wang & Isola 2020, t = 2). Lower is more
+    uniform; 0 means every point coincides. Computed in row chunks of `chunk_size` with a streaming log-sum-exp,
+    so memory is O(chunk_size × N).
+
+    >>> uniformity(torch.tensor([[1.0, 0.0], [-1.0, 0.0]]))
+    -8.0
+    """
+    _check_features("z", z, min_rows=2)
+    if not t > 0:
+        raise ValueError(f"t must be positive but got {t}; Wang & Isola use 2.")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive but got {chunk_size}.")
+    z = _on_sphere("z", z)
+    n = z.shape[0]
+    columns = torch.arange(n, device=z.device)
+    total = torch.tensor(-math.inf, dtype=torch.float64, device=z.device)
+    for start in range(0, n - 1, chunk_size):
+        rows = torch.arange(start, min(start + chunk_size, n), device=z.device)
+        squared_distance = (2 - 2 * z[rows] @ z.T).clamp_min(0)
+        exponent = (-t * squared_distance).masked_fill(columns[None] <= rows[:, None], -math.inf)
+        total = torch.logaddexp(total, exponent.logsumexp(dim=(0, 1)))
+    return float(total) - math.log(n * (n - 1) / 2)
+
+
+def view_cosine(z1: torch.Tensor, z2: torch.Tensor) -> float:
+    """Mean cosine similarity between paired views; z1, z2: (N, D) -> value in [−1, 1].
+
+    >>> view_cosine(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([[3.0, 0.0], [1.0, 0.0]]))
+    0.5
+    """
+    _check_views(z1, z2)
+    return float((_on_sphere("z1", z1) * _on_sphere("z2", z2)).sum(dim=1).mean())
+
+
+def covariance_spectrum(z: torch.Tensor, top_k: int | None = None) -> dict:
+    """Eigenvalues, conditioning and effective rank of the sample covariance of z: (N, D).
+
+    The condition number is computed only where the samples measure it. With N ≤ D the sample covariance has
+    rank ≤ N−1, so its λ_min is 0 by construction, and clamping it (to 1e-7, say) reports 1e7·λ_max rather than
+    a property of the features. Then, and whenever the spectrum is numerically rank-deficient, the condition
+    number is λ_1 / λ_k on the top k = min(N−1, numerical rank) eigenvalues; `top_k` sets k explicitly (k < N).
+    The "note" says which was used, and warns when N < 10·D (sample extremes spread out, Marchenko–Pastur).
+
+    Returns {"eigenvalues": the min(N, D) largest, descending (the other D − min(N, D) are exactly 0),
+    "n_samples", "dim", "rank_limit": min(N−1, D), "numerical_rank", "top_k", "condition_number",
+    "condition_number_scope": "full" | "top_k", "effective_rank": exp of the entropy of λ/Σλ (Roy & Vetterli
+    2007), "participation_ratio": (Σλ)²/Σλ², "note"}.
+
+    >>> covariance_spectrum(torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 2.0], [0.0, -2.0]]))["condition_number"]
+    4.0
+    """
+    _check_features("z", z, min_rows=2)
+    n, d = z.shape
+    eigenvalues = _covariance_eigenvalues(z)
+    if eigenvalues[0] == 0:
+        raise ValueError("every row of z is identical (zero covariance); there is no spectrum to condition.")
+    rank_limit = min(n - 1, d)
+    tolerance = eigenvalues[0] * max(n, d) * torch.finfo(torch.float64).eps
+    numerical_rank = int((eigenvalues[:rank_limit] > tolerance).sum())
+    if top_k is not None:
+        if not 1 <= top_k <= numerical_rank:
+            raise ValueError(
+                f"top_k must lie in 1..{numerical_rank} (eigenvalues resolved by N = {n} samples in D = {d} "
+                f"dimensions) but got {top_k}."
+            )
+        k, scope = top_k, "top_k"
+        note = f"condition number λ_1/λ_{k} on the top {k} of {d} eigenvalues, as requested."
+    elif numerical_rank == d:
+        k, scope = d, "full"
+        note = f"condition number over the full spectrum: {n} samples in {d} dimensions."
+        if n < _SAMPLES_PER_DIM * d:
+            note += (
+                f" With fewer than {_SAMPLES_PER_DIM} samples per dimension the smallest sample eigenvalues are "
+                "biased low, so it overstates the true condition number; compare with top_k."
+            )
+    else:
+        k, scope = numerical_rank, "top_k"
+        reason = (
+            f"{n} samples in {d} dimensions give a covariance of rank ≤ {rank_limit}"
+            if n <= d
+            else f"the features span only {numerical_rank} of {d} dimensions"
+        )
+        note = (
+            f"{reason}, so λ_min of the full spectrum is 0 and not a measurement; condition number λ_1/λ_{k} "
+            f"on the top {k} eigenvalues instead."
+        )
+    weights = eigenvalues / eigenvalues.sum()
+    return {
+        "eigenvalues": eigenvalues.tolist(),
+        "n_samples": n,
+        "dim": d,
+        "rank_limit": rank_limit,
+        "numerical_rank": numerical_rank,
+        "top_k": k,
+        "condition_number": float(eigenvalues[0] / eigenvalues[k - 1]),
+        "condition_number_scope": scope,
+        "effective_rank": math.exp(-float(torch.special.xlogy(weights, weights).sum())),
+        "participation_ratio": float(eigenvalues.sum().square() / eigenvalues.square().sum()),
+        "note": note,
+    }

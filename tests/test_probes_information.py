@@ -1,0 +1,213 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from headprobe.probes.information import (
+    InfoNCEBound,
+    SeparableCritic,
+    cosine_critic,
+    dv_bound,
+    gaussian_mi,
+    infonce_bound,
+    label_mi_lower_bound,
+    mutual_information,
+    nwj_bound,
+    smile_bound,
+    train_critic,
+)
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    # These tensors are tiny: on a busy machine, waking intra-op threads costs far more than the math.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def correlated_gaussians(n, dim, mi, seed=0):
+    """x, y ~ N(0, I_dim) with per-coordinate correlation ρ = sqrt(1 − e^{−2 mi / dim}), so I(x; y) = mi nats."""
+    g = torch.Generator().manual_seed(seed)
+    rho = math.sqrt(1 - math.exp(-2 * mi / dim))
+    x = torch.randn(n, dim, generator=g, dtype=torch.float64)
+    y = rho * x + math.sqrt(1 - rho**2) * torch.randn(n, dim, generator=g, dtype=torch.float64)
+    return x, y, rho
+
+
+def optimal_critic(x, y, rho):
+    """scores[i, j] = log p(y_j | x_i) / p(y_j) for the Gaussians above: the critic every bound is tight for."""
+    s2 = 1 - rho**2
+    residual = y[None] - rho * x[:, None]
+    return (-residual.square() / (2 * s2) - 0.5 * math.log(s2) + y[None].square() / 2).sum(-1)
+
+
+def batch_scores(mi, batch_size=128, n_batches=30, dim=4, seed=0):
+    x, y, rho = correlated_gaussians(batch_size * n_batches, dim, mi, seed)
+    return [
+        optimal_critic(x[i : i + batch_size], y[i : i + batch_size], rho) for i in range(0, len(x), batch_size)
+    ]
+
+
+def mean_and_stderr(values):
+    values = np.asarray(values)
+    return values.mean(), values.std(ddof=1) / math.sqrt(len(values))
+
+
+def test_bounds_match_hand_computation():
+    scores = torch.tensor([[2.0, 0.5, -1.0], [0.0, 1.0, 3.0], [1.5, -2.0, 4.0]], dtype=torch.float64)
+    s = scores.numpy()
+    off = s[~np.eye(3, dtype=bool)]
+    infonce = np.mean(np.diag(s) - np.log(np.exp(s).sum(1))) + np.log(3)
+    assert infonce_bound(scores) == pytest.approx(InfoNCEBound(infonce, math.log(3)), abs=1e-12)
+    assert nwj_bound(scores) == pytest.approx(np.diag(s).mean() - np.exp(off - 1).mean(), abs=1e-12)
+    assert dv_bound(scores) == pytest.approx(np.diag(s).mean() - np.log(np.exp(off).mean()), abs=1e-12)
+    clipped = np.clip(off, -1.0, 1.0)
+    assert smile_bound(scores, clip=1.0) == pytest.approx(np.diag(s).mean() - np.log(np.exp(clipped).mean()), abs=1e-12)
+
+
+def test_infonce_never_exceeds_log_batch_size():
+    g = torch.Generator().manual_seed(0)
+    for b in (2, 7, 64):
+        for scale in (0.1, 10.0, 1000.0):
+            value, ceiling = infonce_bound(scale * torch.randn(b, b, generator=g))
+            assert ceiling == math.log(b) and value <= ceiling + 1e-12
+    # A critic that singles out every positive reaches the ceiling exactly.
+    assert infonce_bound(100 * torch.eye(16, dtype=torch.float64)).value == pytest.approx(math.log(16), abs=1e-12)
+
+
+@pytest.mark.parametrize("mi", [1.0, 2.0, 8.0])
+def test_bounds_with_the_optimal_critic_against_the_true_mi(mi):
+    batches = batch_scores(mi)
+    infonce, infonce_se = mean_and_stderr([infonce_bound(s).value for s in batches])
+    # The NWJ optimum is shifted by one nat: f* = 1 + log p(y|x)/p(y).
+    nwj, nwj_se = mean_and_stderr([nwj_bound(s + 1) for s in batches])
+    assert infonce <= min(mi, math.log(128)) + 2 * infonce_se
+    if mi >= 8:
+        assert infonce > math.log(128) - 0.1, "InfoNCE saturates at log B when I ≫ log B"
+    else:
+        assert infonce > mi - 0.1, "InfoNCE is nearly tight for I well below log B"
+        # Above log B the variance of NWJ (∝ e^I) is too heavy-tailed for 30 batches to pin its mean down.
+        assert abs(nwj - mi) < 3 * nwj_se + 0.02, "NWJ is unbiased at its optimal critic"
+    for s in batches:
+        assert nwj_bound(s) <= dv_bound(s) + 1e-12, "log u ≤ u/e makes DV ≥ NWJ for one and the same critic"
+
+
+def test_smile_equals_dv_when_nothing_is_clipped():
+    scores = batch_scores(2.0, n_batches=1)[0]
+    assert smile_bound(scores, clip=scores.abs().max().item() + 1) == pytest.approx(dv_bound(scores), abs=1e-12)
+    assert smile_bound(scores, clip=5.0) != pytest.approx(dv_bound(scores), abs=1e-3)
+
+
+def test_cosine_critic_is_scaled_cosine_similarity():
+    g = torch.Generator().manual_seed(0)
+    z1, z2 = torch.randn(5, 3, generator=g), torch.randn(5, 3, generator=g)
+    expected = torch.tensor(
+        [[float(torch.nn.functional.cosine_similarity(a, b, dim=0)) / 0.2 for b in z2] for a in z1]
+    )
+    torch.testing.assert_close(cosine_critic(z1, z2, temperature=0.2), expected)
+
+
+@pytest.mark.parametrize("mi", [0.5, 2.0, 5.0])
+def test_gaussian_mi_recovers_the_true_mi(mi):
+    x, y, _ = correlated_gaussians(5000, 4, mi)
+    result = gaussian_mi(x, y)
+    # The estimate's sampling std at n = 5000 is 0.015-0.031 nats (measured over 40 seeds); allow ~4σ.
+    assert result["mi"] == pytest.approx(mi, abs=0.08)
+    assert result["shrinkage"] == 0.0 and result["warning"] is None
+    assert result["n_samples"] == 5000 and result["dims"] == [4, 4] and result["units"] == "nats"
+
+
+def test_gaussian_mi_equals_the_log_determinant_formula():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 3, generator=g, dtype=torch.float64) * torch.tensor([1.0, 10.0, 0.1], dtype=torch.float64)
+    y = torch.cat([x @ torch.randn(3, 2, generator=g, dtype=torch.float64), torch.ones(300, 1)], dim=1)
+    y = y + torch.randn(300, 3, generator=g, dtype=torch.float64)
+    y[:, 2] = 7.0
+    joint = np.cov(np.concatenate([x.numpy(), y[:, :2].numpy()], axis=1), rowvar=False)
+    logdet = lambda m: np.linalg.slogdet(m)[1]  # noqa: E731
+    expected = 0.5 * (logdet(joint[:3, :3]) + logdet(joint[3:, 3:]) - logdet(joint))
+    result = gaussian_mi(x, y, shrinkage=None)
+    assert result["mi"] == pytest.approx(expected, rel=1e-9)
+    assert result["constant_dims_dropped"] == {"x": 0, "y": 1} and result["dims"] == [3, 3]
+    assert len(result["canonical_correlations"]) == 2
+
+
+def test_gaussian_mi_with_few_samples_shrinks_and_warns():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 10, generator=g), torch.randn(60, 10, generator=g)  # independent: true MI is 0
+    plain, shrunk = gaussian_mi(x, y, shrinkage=None), gaussian_mi(x, y)
+    assert plain["mi"] > 1.0, "plug-in canonical correlations of 60 samples in 10 + 10 dims are far from 0"
+    assert 0 < shrunk["shrinkage"] <= 1 and shrunk["shrinkage_source"] == "ledoit-wolf"
+    assert shrunk["mi"] < plain["mi"] / 2
+    assert "60 samples" in shrunk["warning"] and plain["warning"] is not None
+    with pytest.raises(ValueError, match="singular"):
+        gaussian_mi(torch.randn(8, 10, generator=g), torch.randn(8, 10, generator=g), shrinkage=None)
+
+
+def test_separable_critic_trained_on_held_out_pairs_gets_close_to_the_true_mi():
+    x, y, _ = correlated_gaussians(4000, 2, 1.0)
+    result = mutual_information(x.float(), y.float(), method="infonce", critic="separable", steps=250, lr=5e-3,
+                                hidden=32, out=16)
+    assert result["mi"] == pytest.approx(1.0, rel=0.2)
+    assert result["mi"] <= result["ceiling"] == pytest.approx(math.log(128))
+    assert result["n_train"] == 2000 and result["n_eval"] == 2000 and result["n_batches"] == 15
+    assert result["n_unused"] == 2000 - 15 * 128 and result["train"]["bound"] == "infonce"
+
+
+@pytest.mark.parametrize("bound", ["nwj", "dv", "smile"])
+def test_train_critic_with_other_bounds_learns_dependence(bound):
+    x, y, _ = correlated_gaussians(1000, 2, 1.0, seed=1)
+    critic = train_critic(x[:500], y[:500], bound, steps=150, batch_size=64, lr=5e-3, hidden=16, out=8)
+    with torch.no_grad():
+        scores = critic(x[500:628], y[500:628]).double()
+    assert 0.5 < dv_bound(scores) < 1.5
+    again = train_critic(x[:500], y[:500], bound, steps=150, batch_size=64, lr=5e-3, hidden=16, out=8)
+    torch.testing.assert_close(again(x[:4], y[:4]), critic(x[:4], y[:4]), msg="same seed, same critic")
+
+
+def test_mutual_information_with_cosine_critic_reports_its_knobs_and_saturation():
+    x, y, _ = correlated_gaussians(512, 8, 20.0)
+    result = mutual_information(x, y, method="infonce", critic="cosine", batch_size=64, temperature=0.05)
+    assert result["ceiling"] == pytest.approx(math.log(64)) and result["n_train"] == 0
+    assert result["n_batches"] == 8 and result["temperature"] == 0.05 and result["train"] is None
+    assert result["mi"] <= math.log(64) and "ceiling" in result["warning"]
+    smile = mutual_information(x[:, :2], y[:, :2], method="smile", critic="cosine", batch_size=64)
+    assert smile["clip"] == 5.0 and "exceed the true MI" in smile["warning"]
+    gaussian = mutual_information(x, y, method="gaussian")
+    assert gaussian["mi"] > 15 and gaussian["method"] == "gaussian"
+
+
+def test_label_bound_is_entropy_for_a_perfect_probe_and_zero_for_the_prior():
+    labels = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])
+    frequencies = torch.bincount(labels).double() / len(labels)
+    entropy = float(-(frequencies * frequencies.log()).sum())
+    perfect = label_mi_lower_bound(torch.nn.functional.one_hot(labels).double(), labels)
+    assert perfect["mi_lower_bound"] == pytest.approx(entropy, abs=1e-9) and perfect["cross_entropy"] == 0
+    prior = label_mi_lower_bound(frequencies.expand(len(labels), 4), labels)
+    assert prior["mi_lower_bound"] == pytest.approx(0.0, abs=1e-12)
+    uniform = label_mi_lower_bound(torch.full((10, 4), 0.25), labels, class_prior=torch.full((4,), 0.25))
+    assert uniform["entropy_y"] == pytest.approx(math.log(4)) and uniform["prior"] == "given"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: infonce_bound(torch.zeros(1, 1)), "B ≥ 2"),
+        (lambda: nwj_bound(torch.zeros(3, 4)), "square"),
+        (lambda: dv_bound(torch.tensor([[0.0, float("nan")], [0.0, 0.0]])), "NaN"),
+        (lambda: smile_bound(torch.zeros(2, 2), clip=0), "clip"),
+        (lambda: cosine_critic(torch.zeros(3, 2), torch.zeros(3, 5)), "dimension"),
+        (lambda: mutual_information(torch.zeros(4, 2), torch.zeros(5, 2)), "pair"),
+        (lambda: mutual_information(torch.randn(40, 2), torch.randn(40, 2), method="mine"), "not one of"),
+        (lambda: mutual_information(torch.randn(40, 2), torch.randn(40, 2), batch_size=64), "batch_size"),
+        (lambda: gaussian_mi(torch.randn(40, 2), torch.randn(40, 2), shrinkage=2.0), "shrinkage"),
+        (lambda: label_mi_lower_bound(torch.randn(4, 3), torch.tensor([0, 1, 2, 0])), "softmax"),
+        (lambda: SeparableCritic(0, 2), "dim1"),
+    ],
+)
+def test_bad_input_fails_with_a_sentence(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
