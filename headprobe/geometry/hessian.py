@@ -1,0 +1,495 @@
+"""Curvature of a scalar loss: Hessian-vector products, Lanczos, power iteration, Hutchinson, SLQ, exact Hessians.
+
+The paper tracks "λ_min of the loss Hessian w.r.t. the backbone output batch, by power iteration (20 steps for
+λ_max, 20 on H − λ_max I)", which gives unreliable signs for λ_min ~ 1e-7. Here the same number comes from
+Lanczos with full reorthogonalisation together with its residual ‖Hv − λv‖, or exactly from a dense Hessian
+(small problems) or from per-sample Hessian blocks (losses that factorise over samples). `power_iteration`
+is the PyHessian-style baseline kept for comparison.
+
+Every operator is a flat vector view: parameters are flattened in `named_parameters()` order, an input batch
+z: (B, D) as z.reshape(-1), so dim = number of parameters or B·D.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.linalg import eigh_tridiagonal
+from torch import nn
+from torch.func import functional_call, hessian, vmap
+
+HVP = Callable[[torch.Tensor], torch.Tensor]
+Target = nn.Module | torch.Tensor
+_WHICH = ("both", "largest", "smallest")
+_METHODS = ("auto", "dense", "lanczos")
+DENSE_MAX_DIM = 2000
+
+
+class HessianVectorProduct:
+    """v: (dim,) ↦ H v: (dim,), for the Hessian H of one fixed scalar loss; built by `hvp_fn`.
+
+    `calls` counts the products taken; `dim`, `dtype`, `device` describe the flat variable.
+    """
+
+    def __init__(self, loss: torch.Tensor, targets: list[torch.Tensor]) -> None:
+        self.loss = loss.detach()
+        self.targets = targets
+        self.numels = [t.numel() for t in targets]
+        self.dim = sum(self.numels)
+        self.dtype = targets[0].dtype
+        self.device = targets[0].device
+        self.calls = 0
+        grads = torch.autograd.grad(loss, targets, create_graph=True, allow_unused=True)
+        # A gradient that is None (unused variable) or has no graph (loss linear in it) has zero Hessian rows.
+        self._grads = [g if g is not None and g.requires_grad else None for g in grads]
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        if v.shape != (self.dim,):
+            raise ValueError(f"the Hessian-vector product takes a flat vector of shape ({self.dim},), "
+                             f"got {tuple(v.shape)}; reshape the direction with .reshape(-1).")
+        self.calls += 1
+        outputs, directions = [], []
+        for grad, piece in zip(self._grads, v.split(self.numels), strict=True):
+            if grad is not None:
+                outputs.append(grad)
+                directions.append(piece.reshape(grad.shape).to(device=grad.device, dtype=grad.dtype))
+        products: list[torch.Tensor | None] = [None] * len(self.targets)
+        if outputs:
+            products = list(torch.autograd.grad(outputs, self.targets, grad_outputs=directions,
+                                                retain_graph=True, allow_unused=True))
+        return torch.cat([(p if p is not None else torch.zeros_like(t)).reshape(-1)
+                          for p, t in zip(products, self.targets, strict=True)]).to(device=v.device, dtype=v.dtype)
+
+
+def hvp_fn(loss_fn: Callable[[Target], torch.Tensor], params_or_input: Target) -> HessianVectorProduct:
+    """Hessian-vector products of `loss_fn(params_or_input)` (a scalar).
+
+    params_or_input: an `nn.Module` (Hessian w.r.t. its parameters that require grad, flattened) or a tensor
+    such as a representation batch z: (B, D) (Hessian w.r.t. z.reshape(-1)). `loss_fn` is called once, here.
+
+    >>> z = torch.randn(4, 3, dtype=torch.float64)
+    >>> hvp = hvp_fn(lambda x: (x ** 2).sum(), z)
+    >>> hvp(torch.ones(12, dtype=torch.float64))[:3]
+    tensor([2., 2., 2.], dtype=torch.float64)
+    """
+    # Reverse-over-reverse (double backward), not torch.func's forward-over-reverse jvp(grad(f)): the forward
+    # pass and the gradient graph are built once and every product is one backward pass through that graph.
+    # So a module runs exactly once -- one dropout mask, one set of BatchNorm batch statistics, one running-stat
+    # update -- and every product is of the same symmetric matrix, which Lanczos needs; any autograd op works,
+    # including ones without forward-mode formulas. The price: the graph stays in memory while the product lives.
+    if isinstance(params_or_input, nn.Module):
+        targets = [p for p in params_or_input.parameters() if p.requires_grad]
+        if not targets:
+            raise ValueError("the module has no parameters that require grad; "
+                             "unfreeze the ones to differentiate (p.requires_grad_(True)).")
+        target: Target = params_or_input
+    elif isinstance(params_or_input, torch.Tensor):
+        if not torch.is_floating_point(params_or_input):
+            raise ValueError(f"the input has dtype {params_or_input.dtype}; a Hessian needs a floating-point tensor.")
+        target = params_or_input.detach().requires_grad_(True)
+        targets = [target]
+    else:
+        raise TypeError(f"params_or_input must be an nn.Module or a tensor, not {type(params_or_input).__name__}.")
+    loss = _scalar(loss_fn(target))
+    if not loss.requires_grad:
+        raise ValueError("loss_fn's output does not depend on params_or_input through autograd; "
+                         "compute the loss from the module or tensor it is given, without .detach() or no_grad.")
+    return HessianVectorProduct(loss, targets)
+
+
+@dataclass
+class LanczosResult:
+    """What `lanczos` returns; p = number of requested eigenpairs.
+
+    eigenvalues: (p,) Ritz values, ascending. residuals: (p,) ‖Hv − λv‖, see `residual_kind`.
+    error_bounds: (p,) min(r, r²/gap), gap = distance to the nearest other Ritz value: an estimate of |λ − λ_true|
+    (exact bound when the gap to the rest of H's spectrum is at least the Ritz gap).
+    converged: (p,) residual < tol·max(1, |λ|). eigenvectors: (dim, p) unit Ritz vectors or None.
+    n_hvp: Hessian-vector products used, the checks of the returned vectors included. n_iter: Krylov dimension.
+    residual_kind: "lanczos_relation" (β_m|e_mᵀs|, free) or "explicit" (one extra product per returned vector).
+    """
+
+    eigenvalues: torch.Tensor
+    residuals: torch.Tensor
+    error_bounds: torch.Tensor
+    converged: torch.Tensor
+    eigenvectors: torch.Tensor | None
+    n_hvp: int
+    n_iter: int
+    residual_kind: str
+
+
+@dataclass
+class PowerIterationResult:
+    """What `power_iteration` returns: eigenvalue of H (shift added back), its unit eigenvector (dim,),
+    residual ‖Hv − λv‖, products used, and whether `tol` was given and met."""
+
+    eigenvalue: float
+    eigenvector: torch.Tensor
+    residual: float
+    n_hvp: int
+    converged: bool
+
+
+class _LanczosRecurrence:
+    """H Q_m = Q_m T_m + β_m q_{m+1} e_mᵀ, Q kept orthonormal by full reorthogonalisation."""
+
+    def __init__(self, matvec: HVP, start: torch.Tensor, max_steps: int) -> None:
+        self.matvec = matvec
+        self.q = start.new_zeros(max_steps, start.numel())
+        self.q[0] = start / start.norm()
+        self.alpha: list[float] = []
+        self.beta: list[float] = []
+        self.anorm = 0.0
+        self.invariant = False
+
+    @property
+    def m(self) -> int:
+        return len(self.alpha)
+
+    def step(self) -> None:
+        j = self.m
+        w = self.matvec(self.q[j])
+        alpha = float(torch.dot(self.q[j], w))
+        w = w - alpha * self.q[j] - (self.beta[-1] * self.q[j - 1] if j else 0.0)
+        basis = self.q[: j + 1]
+        for _ in range(2):  # "twice is enough" (Kahan-Parlett): one pass leaves O(eps·κ) components behind
+            w = w - basis.T @ (basis @ w)
+        beta = float(w.norm())
+        self.anorm = max(self.anorm, abs(alpha) + beta + (self.beta[-1] if j else 0.0))
+        self.invariant = beta <= self.q.shape[1] * torch.finfo(self.q.dtype).eps * max(self.anorm, 1e-300)
+        self.alpha.append(alpha)
+        self.beta.append(0.0 if self.invariant else beta)
+        if not self.invariant and j + 1 < self.q.shape[0]:
+            self.q[j + 1] = w / beta
+
+    def restart(self, vector: torch.Tensor) -> None:
+        """Continue in the orthogonal complement after the Krylov space became invariant (β = 0 decouples T)."""
+        basis = self.q[: self.m]
+        for _ in range(2):
+            vector = vector - basis.T @ (basis @ vector)
+        self.q[self.m] = vector / vector.norm()
+        self.invariant = False
+
+    def ritz(self, indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Ritz values (ascending) at `indices` of T_m and their eigenvectors s: (m, len(indices))."""
+        # All pairs by MRRR, O(m²): LAPACK's index-selected bisection + inverse iteration returns duplicated
+        # values and vectors for clustered Ritz values (e.g. the zeros of a low-rank H) when the ends are split.
+        theta, s = eigh_tridiagonal(np.asarray(self.alpha), np.asarray(self.beta[:-1]))
+        return theta[indices], s[:, indices]
+
+
+def _wanted(m: int, k: int, which: str) -> list[int]:
+    lower = set(range(min(k, m))) if which in ("smallest", "both") else set()
+    upper = set(range(max(m - k, 0), m)) if which in ("largest", "both") else set()
+    return sorted(lower | upper)
+
+
+def _matvec(hvp: HVP, dtype: torch.dtype, device: torch.device) -> tuple[HVP, list[int]]:
+    """hvp in the working dtype/device, with a call counter (a list so the caller sees it change)."""
+    count = [0]
+
+    def matvec(v: torch.Tensor) -> torch.Tensor:
+        count[0] += 1
+        return hvp(v).to(device=device, dtype=dtype)
+
+    return matvec, count
+
+
+def _setup(hvp: HVP, dim: int, seed: int, dtype: torch.dtype, device) -> tuple[torch.device, torch.Generator]:
+    if dim < 1:
+        raise ValueError(f"dim must be a positive number of variables, got {dim}.")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}.")
+    device = torch.device(device if device is not None else getattr(hvp, "device", "cpu"))
+    # A CPU generator so that a seed gives the same start vectors on every device.
+    return device, torch.Generator().manual_seed(seed)
+
+
+def _rademacher(dim: int, gen: torch.Generator, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return (torch.randint(0, 2, (dim,), generator=gen) * 2 - 1).to(device=device, dtype=dtype)
+
+
+def lanczos(hvp: HVP, dim: int, k: int = 6, which: str = "both", max_iter: int | None = None, tol: float = 1e-6,
+            seed: int = 0, dtype: torch.dtype = torch.float64, eigenvectors: bool = False,
+            device: torch.device | str | None = None) -> LanczosResult:
+    """Extreme eigenvalues of a symmetric operator by Lanczos with full reorthogonalisation.
+
+    which: "largest" / "smallest" (k values) or "both" (k from each end). Stops when every requested Ritz pair
+    has residual bound β_m|e_mᵀs| < tol·max(1, |λ|), or after max_iter products (default min(dim, max(300, 3k))),
+    warning then. With eigenvectors=True the Ritz vectors are formed and their residuals ‖Hv − λv‖ recomputed with
+    one extra product each. When the Krylov space becomes invariant (few distinct eigenvalues, e.g. a low-rank H)
+    Lanczos restarts in its complement, which recovers multiplicities; otherwise a single start vector sees one
+    copy of a repeated eigenvalue: use the dense or per-sample path when multiplicities matter.
+    Memory: max_iter × dim numbers in `dtype`.
+
+    >>> a = torch.diag(torch.arange(1.0, 101.0, dtype=torch.float64))
+    >>> out = lanczos(lambda v: a @ v, 100, k=1, which="largest")
+    >>> round(out.eigenvalues.item(), 6), bool(out.converged.all())
+    (100.0, True)
+    """
+    if which not in _WHICH:
+        raise ValueError(f"which={which!r} is not one of {_WHICH}.")
+    if k < 1 or tol <= 0:
+        raise ValueError(f"lanczos needs k >= 1 and tol > 0, got k={k}, tol={tol}.")
+    device, gen = _setup(hvp, dim, seed, dtype, device)
+    requested = min(dim, 2 * k if which == "both" else k)
+    max_iter = min(dim, max(300, 3 * k)) if max_iter is None else max_iter
+    if not requested <= max_iter <= dim:
+        raise ValueError(f"max_iter={max_iter} must lie between the {requested} requested eigenvalues and dim={dim}.")
+    matvec, count = _matvec(hvp, dtype, device)
+    rec = _LanczosRecurrence(matvec, torch.randn(dim, generator=gen, dtype=dtype).to(device), max_iter)
+    before_restart = None
+    while True:
+        rec.step()
+        if rec.m >= requested:
+            theta, s = rec.ritz(_wanted(rec.m, k, which))
+            residuals = np.abs(rec.beta[-1] * s[-1])
+        if rec.invariant and rec.m < max_iter:
+            # The Krylov space is exhausted (H has few distinct eigenvalues, e.g. low rank): its Ritz values are
+            # exact but blind to multiplicity. Restart in the complement until a restart changes nothing requested.
+            unchanged = (rec.m >= requested and before_restart is not None
+                         and np.allclose(theta, before_restart, rtol=0, atol=tol * max(1.0, np.abs(theta).max())))
+            if not unchanged:
+                before_restart = theta if rec.m >= requested else None
+                rec.restart(torch.randn(dim, generator=gen, dtype=dtype).to(device))
+                continue
+        if rec.m >= requested and (np.all(residuals < tol * np.maximum(1.0, np.abs(theta))) or rec.m == max_iter):
+            break
+    vectors = None
+    kind = "lanczos_relation"
+    if eigenvectors:
+        vectors = rec.q[: rec.m].T @ torch.as_tensor(s, dtype=dtype, device=device)
+        vectors = vectors / vectors.norm(dim=0)
+        theta_t = torch.as_tensor(theta, dtype=dtype, device=device)
+        residuals = np.array([float((matvec(vectors[:, i]) - theta_t[i] * vectors[:, i]).norm())
+                              for i in range(len(theta))])
+        kind = "explicit"
+    converged = residuals < tol * np.maximum(1.0, np.abs(theta))
+    if not converged.all():
+        warnings.warn(f"lanczos stopped after {rec.m} iterations (max_iter={max_iter}) with "
+                      f"{int((~converged).sum())} of {len(theta)} eigenvalues above tol={tol} "
+                      f"(largest residual {residuals.max():.2e}); "
+                      "raise max_iter or loosen tol.", stacklevel=2)
+    all_theta = eigh_tridiagonal(np.asarray(rec.alpha), np.asarray(rec.beta[:-1]), eigvals_only=True)
+    gaps = np.array([np.min(np.abs(np.delete(all_theta, np.argmin(np.abs(all_theta - t))) - t), initial=np.inf)
+                     for t in theta])
+    bounds = np.where(gaps > residuals, np.minimum(residuals, residuals**2 / np.maximum(gaps, 1e-300)), residuals)
+    return LanczosResult(
+        eigenvalues=torch.as_tensor(theta), residuals=torch.as_tensor(residuals),
+        error_bounds=torch.as_tensor(bounds), converged=torch.as_tensor(converged),
+        eigenvectors=vectors, n_hvp=count[0], n_iter=rec.m, residual_kind=kind,
+    )
+
+
+def power_iteration(hvp: HVP, dim: int, iters: int = 20, shift: float | None = None, seed: int = 0,
+                    tol: float | None = None, dtype: torch.dtype = torch.float64,
+                    device: torch.device | str | None = None) -> PowerIterationResult:
+    """Dominant eigenpair of H − shift·I by power iteration: the PyHessian baseline `lanczos` is measured against.
+
+    PyHessian's recipe is λ_max = power_iteration(hvp, dim) -- which converges to the eigenvalue of largest |λ|,
+    not the largest, when |λ_min| > λ_max -- then λ_min = power_iteration(hvp, dim, shift=λ_max). `iters` caps the
+    products (the paper uses 20); with tol, stop once ‖Hv − λv‖ < tol·max(1, |λ|). The residual is free: it comes
+    from the product the next step needs anyway.
+
+    >>> a = torch.diag(torch.tensor([1.0, 2.0, 5.0], dtype=torch.float64))
+    >>> round(power_iteration(lambda v: a @ v, 3, iters=200).eigenvalue, 6)
+    5.0
+    """
+    if iters < 1:
+        raise ValueError(f"iters must be at least 1, got {iters}.")
+    device, gen = _setup(hvp, dim, seed, dtype, device)
+    matvec, count = _matvec(hvp, dtype, device)
+    shift = 0.0 if shift is None else float(shift)
+    v = torch.randn(dim, generator=gen, dtype=dtype).to(device)
+    v = v / v.norm()
+    converged = False
+    for _ in range(iters):
+        w = matvec(v) - shift * v
+        rayleigh = float(torch.dot(v, w))
+        residual = float((w - rayleigh * v).norm())
+        norm = float(w.norm())
+        if (tol is not None and residual < tol * max(1.0, abs(rayleigh + shift))) or norm == 0.0:
+            converged = tol is not None
+            break
+        v = w / norm
+    return PowerIterationResult(eigenvalue=rayleigh + shift, eigenvector=v, residual=residual, n_hvp=count[0],
+                                converged=converged)
+
+
+def hutchinson_trace(hvp: HVP, dim: int, n_samples: int = 100, seed: int = 0, dtype: torch.dtype = torch.float64,
+                     device: torch.device | str | None = None) -> tuple[float, float]:
+    """tr(H) ≈ mean of uᵀHu over Rademacher u (Hutchinson 1989); returns (estimate, standard error).
+
+    >>> a = torch.diag(torch.arange(1.0, 5.0, dtype=torch.float64))
+    >>> hutchinson_trace(lambda v: a @ v, 4, n_samples=10)
+    (10.0, 0.0)
+    """
+    if n_samples < 2:
+        raise ValueError(f"n_samples must be at least 2 to give a standard error, got {n_samples}.")
+    device, gen = _setup(hvp, dim, seed, dtype, device)
+    matvec, _ = _matvec(hvp, dtype, device)
+    samples = []
+    for _ in range(n_samples):
+        u = _rademacher(dim, gen, dtype, device)
+        samples.append(float(torch.dot(u, matvec(u))))
+    values = np.array(samples)
+    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(n_samples))
+
+
+def slq_density(hvp: HVP, dim: int, n_vectors: int = 10, n_steps: int = 80, seed: int = 0,
+                dtype: torch.dtype = torch.float64, device: torch.device | str | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spectral density by stochastic Lanczos quadrature (Ghorbani et al. 2019); returns (nodes, weights).
+
+    "we approximate φ(t) by ... Σ_l Σ_i τ_i^l g(t; θ_i^l)", with θ the Ritz values of n_steps Lanczos steps from
+    each of n_vectors random unit vectors and τ the squared first components of T's eigenvectors. nodes, weights:
+    (N,) with N ≤ n_vectors·n_steps; the weights sum to 1, so Σ w θ^p ≈ tr(H^p)/dim (exact per vector for
+    p < 2·n_steps). Smooth them with `smoothed_density`. Products used: at most n_vectors·n_steps.
+    """
+    if n_vectors < 1 or n_steps < 1:
+        raise ValueError(f"slq_density needs n_vectors >= 1 and n_steps >= 1, got {n_vectors} and {n_steps}.")
+    device, gen = _setup(hvp, dim, seed, dtype, device)
+    matvec, _ = _matvec(hvp, dtype, device)
+    nodes, weights = [], []
+    for _ in range(n_vectors):
+        rec = _LanczosRecurrence(matvec, _rademacher(dim, gen, dtype, device), min(n_steps, dim))
+        rec.step()
+        while not rec.invariant and rec.m < min(n_steps, dim):
+            rec.step()
+        theta, s = rec.ritz(list(range(rec.m)))
+        nodes.append(theta)
+        weights.append(s[0] ** 2 / n_vectors)
+    return torch.as_tensor(np.concatenate(nodes)), torch.as_tensor(np.concatenate(weights))
+
+
+def smoothed_density(nodes: torch.Tensor, weights: torch.Tensor, grid: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Σ_j w_j N(t; θ_j, σ²) at each grid point t: grid (G,) -> (G,); integrates to Σ w = 1 over a wide grid."""
+    if sigma <= 0:
+        raise ValueError(f"sigma must be positive, got {sigma}; it is the width of the Gaussian kernel.")
+    diff = (grid.to(torch.float64)[:, None] - nodes.to(torch.float64)[None, :]) / sigma
+    return (torch.exp(-0.5 * diff**2) @ weights.to(torch.float64)) / (sigma * math.sqrt(2 * math.pi))
+
+
+class _BoundLoss(nn.Module):
+    """loss_fn(module) as a module call, so torch.func.functional_call can swap the module's parameters."""
+
+    def __init__(self, module: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]) -> None:
+        super().__init__()
+        self.module = module
+        self.loss_fn = loss_fn
+
+    def forward(self) -> torch.Tensor:
+        return self.loss_fn(self.module)
+
+
+def _scalar(loss: torch.Tensor) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(f"loss_fn must return a scalar tensor, got {shape}; reduce it with .sum() or .mean().")
+    return loss.reshape(())
+
+
+def dense_hessian(loss_fn: Callable[[Target], torch.Tensor], x: Target) -> torch.Tensor:
+    """Exact (N, N) Hessian of loss_fn(x) by torch.func.hessian (forward-over-reverse), N = flat size of x.
+
+    x: a tensor such as z: (B, D) (N = B·D) or an nn.Module (its parameters that require grad, flattened in
+    `named_parameters()` order, the same order as `hvp_fn`). The module must be torch.func-compatible: no in-place
+    running-stat updates (BatchNorm in eval mode) and no dropout. Memory N², time N products: for N ≲ 2000.
+
+    >>> dense_hessian(lambda z: (z ** 3).sum(), torch.ones(1, 2, dtype=torch.float64))
+    tensor([[6., 0.],
+            [0., 6.]], dtype=torch.float64)
+    """
+    if isinstance(x, nn.Module):
+        named = [(name, p) for name, p in x.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("the module has no parameters that require grad; nothing to differentiate.")
+        bound = _BoundLoss(x, loss_fn)
+        shapes = [p.shape for _, p in named]
+
+        def flat_loss(flat: torch.Tensor) -> torch.Tensor:
+            pieces = flat.split([math.prod(s) for s in shapes])
+            params = {f"module.{name}": piece.reshape(shape)
+                      for (name, _), piece, shape in zip(named, pieces, shapes, strict=True)}
+            return _scalar(functional_call(bound, params, ()))
+
+        flat0 = torch.cat([p.detach().reshape(-1) for _, p in named])
+    elif isinstance(x, torch.Tensor):
+        shape = x.shape
+
+        def flat_loss(flat: torch.Tensor) -> torch.Tensor:
+            return _scalar(loss_fn(flat.reshape(shape)))
+
+        flat0 = x.detach().reshape(-1)
+    else:
+        raise TypeError(f"x must be an nn.Module or a tensor, not {type(x).__name__}.")
+    return hessian(flat_loss)(flat0)
+
+
+def per_sample_blocks(loss_per_sample_fn: Callable[..., torch.Tensor], z: torch.Tensor,
+                      *per_sample_args: torch.Tensor) -> torch.Tensor:
+    """Exact per-sample Hessians ∇²ℓ(z_i): (B, D, D) for a loss that factorises, L(z) = Σ_i ℓ(z_i, args_i).
+
+    z: (B, D); loss_per_sample_fn(z_i: (D,), *args_i) -> scalar; each of per_sample_args has leading size B.
+    Then ∇²L is block diagonal with these blocks, so its spectrum is the union of B small D×D spectra
+    (`per_sample_spectrum`), exact and with multiplicities -- instead of Lanczos on the B·D-dimensional,
+    near-degenerate operator. For a mean over the batch, divide ℓ by B. Losses coupling samples (InfoNCE, VICReg,
+    BatchNorm in the head) do not factorise: use `hessian_eigs` on the whole batch instead.
+    """
+    if z.ndim != 2:
+        raise ValueError(f"z must be a batch (B, D), got shape {tuple(z.shape)}.")
+    return vmap(hessian(loss_per_sample_fn))(z, *per_sample_args)
+
+
+def per_sample_spectrum(loss_per_sample_fn: Callable[..., torch.Tensor], z: torch.Tensor,
+                        *per_sample_args: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues of each per-sample Hessian block, (B, D) ascending; their union is the spectrum of ∇²L."""
+    blocks = per_sample_blocks(loss_per_sample_fn, z, *per_sample_args)
+    return torch.linalg.eigvalsh((blocks + blocks.transpose(-1, -2)) / 2)
+
+
+def hessian_eigs(loss_fn: Callable[[Target], torch.Tensor], x: Target, k: int = 5, method: str = "auto",
+                 which: str = "both", tol: float = 1e-6, max_iter: int | None = None, seed: int = 0,
+                 eigenvectors: bool = False) -> dict:
+    """Extreme Hessian eigenvalues of loss_fn(x) w.r.t. x (a tensor such as z: (B, D), or a module's parameters).
+
+    method: "dense" (exact eigh of `dense_hessian`), "lanczos" (`lanczos` on `hvp_fn`), or "auto": dense when
+    dim ≤ 2000. Returns {"eigenvalues": (p,) ascending, "residuals", "residual_kind", "error_bounds",
+    "converged", "eigenvectors": (dim, p) or None, "n_hvp", "method", "dim"}; k values per requested end.
+
+    >>> out = hessian_eigs(lambda z: (z ** 2).sum(), torch.ones(2, 2, dtype=torch.float64), k=1)
+    >>> out["method"], out["eigenvalues"].tolist()
+    ('dense', [2.0, 2.0])
+    """
+    if method not in _METHODS:
+        raise ValueError(f"method={method!r} is not one of {_METHODS}.")
+    if which not in _WHICH:
+        raise ValueError(f"which={which!r} is not one of {_WHICH}.")
+    if isinstance(x, nn.Module):
+        dim = sum(p.numel() for p in x.parameters() if p.requires_grad)
+    else:
+        dim = x.numel()
+    if method == "auto":
+        method = "dense" if dim <= DENSE_MAX_DIM else "lanczos"
+    if method == "lanczos":
+        res = lanczos(hvp_fn(loss_fn, x), dim, k=k, which=which, max_iter=max_iter, tol=tol, seed=seed,
+                      eigenvectors=eigenvectors)
+        out = {key: getattr(res, key) for key in ("eigenvalues", "residuals", "residual_kind", "error_bounds",
+                                                  "converged", "eigenvectors", "n_hvp")}
+        return {**out, "method": "lanczos", "dim": dim}
+    h = dense_hessian(loss_fn, x).to(torch.float64)
+    values, vectors = torch.linalg.eigh((h + h.T) / 2)
+    idx = _wanted(dim, k, which)
+    values, vectors = values[idx], vectors[:, idx]
+    residuals = (h @ vectors - vectors * values).norm(dim=0)
+    return {
+        "eigenvalues": values, "residuals": residuals, "residual_kind": "explicit", "error_bounds": residuals,
+        "converged": residuals < tol * values.abs().clamp(min=1.0),
+        "eigenvectors": vectors if eigenvectors else None, "n_hvp": 0, "method": "dense", "dim": dim,
+    }
