@@ -64,14 +64,17 @@ def _effective_precision(requested: str, device: torch.device) -> str:
 
 
 class _Images(torch.utils.data.Dataset):
-    def __init__(self, dataset, indices: list[int], preprocess) -> None:
-        self.dataset, self.indices, self.preprocess = dataset, indices, preprocess
+    def __init__(self, dataset, indices: list[int], preprocess, rotation: int = 0) -> None:
+        self.dataset, self.indices, self.preprocess, self.rotation = dataset, indices, preprocess, rotation % 360
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return self.preprocess(self.dataset[self.indices[i]]["image"])
+        image = self.dataset[self.indices[i]]["image"]
+        if self.rotation:
+            image = image.rotate(self.rotation, expand=True)  # exact for multiples of 90°
+        return self.preprocess(image)
 
 
 def _load_cached(path: Path, key: str, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -138,16 +141,23 @@ def extract(
     precision: str = "fp32",
     cache: bool = True,
     num_workers: int = 0,
+    rotation: int = 0,
     state=None,
     progress=None,
 ) -> Features:
-    """Features of every image of `dataset` (a `datasets.Dataset` with ``image``/``label``) → `Features`."""
+    """Features of every image of `dataset` (a `datasets.Dataset` with ``image``/``label``) → `Features`.
+
+    `rotation` (degrees, a multiple of 90) rotates each image before preprocessing (rotation probes).
+    """
+    if rotation % 90:
+        raise ValueError(f"rotation must be a multiple of 90 degrees, got {rotation}.")
     from .distributed import process_state
 
     state = state or process_state()
     device = state.device
     precision = _effective_precision(precision, device)
-    key, description = feature_key(backbone, data_info, split, precision)
+    key, description = feature_key(backbone, data_info, split + (f"-rot{rotation % 360}" if rotation % 360 else ""),
+                                   precision)
     path = cache_root() / "features" / f"{key}.safetensors"
     n = len(dataset)
     labels = torch.as_tensor(dataset["label"], dtype=torch.int64)
@@ -156,7 +166,7 @@ def extract(
         if hit is not None:
             return Features(hit[0], hit[1], key, True, path)
 
-    local = _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split)
+    local = _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation)
     # Cloning outside inference mode turns inference tensors into ordinary ones that autograd accepts.
     feats = _gather_shards(local, n, state).cpu().clone()
     if cache and state.is_main_process:
@@ -165,18 +175,21 @@ def extract(
 
 
 @torch.inference_mode()
-def _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split) -> torch.Tensor:
+def _forward_shard(
+    backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation=0
+) -> torch.Tensor:
     """This process's interleaved shard of the images → (n_local, D) features."""
     device, n = state.device, len(dataset)
     backbone.to(device)
     indices = list(range(state.process_index, n, state.num_processes))
     loader = torch.utils.data.DataLoader(
-        _Images(dataset, indices, backbone.preprocess), batch_size=batch_size, num_workers=num_workers
+        _Images(dataset, indices, backbone.preprocess, rotation), batch_size=batch_size, num_workers=num_workers
     )
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
     chunks = []
-    task = progress.add_task(f"extract {split}", total=n) if progress is not None else None
+    label = f"extract {split}" + (f" rotated {rotation}°" if rotation else "")
+    task = progress.add_task(label, total=n) if progress is not None else None
     for pixels in loader:
         with autocast:
             out = backbone(pixels.to(device, non_blocking=True))

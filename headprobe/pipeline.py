@@ -1,6 +1,7 @@
-"""The study, step by step: recipe → backbone → data → features → probes → results.
+"""The study, step by step: recipe → backbone → data → features → heads → taps → probes → results.
 
-Nothing else lives here: each step calls the module that owns it.
+Nothing else lives here: each step calls the module that owns it. `results.json` is rewritten
+after every finished step, so a failure keeps everything computed before it.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .recipe import Recipe, RecipeError, dump_recipe, load_recipe
 from .runs import RunDir, default_run_dir, new_results
+
+VIEW_PROBES = ("invariance", "view_mi", "augment_r2")
 
 
 class RunError(RuntimeError):
@@ -42,88 +47,15 @@ class Results:
         return f"Results(path={str(self.path)!r}, taps={taps})"
 
 
-def _probe_kwargs(name: str, spec: Any, recipe: Recipe, n_classes: int) -> dict:
-    options = dataclasses.asdict(spec)
-    if name == "linear":
-        options.update(val_fraction=recipe.data.val_fraction, seed=recipe.seed)
-    if name == "knn":
-        options.update(num_classes=n_classes)
-    return options
-
-
-def _train_and_probe_heads(recipe, backbone, data, feats, results, run_dir, state, show, resume, probe_tap):
-    """Views → head training → every head tap probed; fills results["heads"] and results["buffer"]."""
-    import dataclasses
-
-    from .data.augment import augment_spec
-    from .features import extract_views
-    from .train import head_taps, latest_checkpoint, train_heads
-
-    timing = results["timing"]
-    spec = augment_spec(recipe.augment.preset, **recipe.augment.options)
-    t0 = time.perf_counter()
-    with _progress(show) as progress:
-        views = extract_views(
-            backbone, data.train, data_info=data.info, augment=spec, views=recipe.augment.views, seed=recipe.seed,
-            batch_size=recipe.features.batch_size, precision=recipe.features.precision, cache=recipe.features.cache,
-            num_workers=recipe.features.num_workers, state=state, progress=progress,
-        )
-        timing["extract_views_s"] = time.perf_counter() - t0
-        results["protocol"]["views"] = {"augment": dataclasses.asdict(spec) | {"preset": recipe.augment.preset},
-                                        "views": recipe.augment.views, "cache_key": views.key, "hit": views.cached}
-        resume_from = latest_checkpoint(run_dir.path / "checkpoints") if resume else None
-        states, summary = train_heads(
-            recipe.heads, views.features, objective_name=recipe.objective.name,
-            objective_options=recipe.objective.options, train=recipe.train, seed=recipe.seed,
-            checkpoint_dir=(run_dir.path / "checkpoints") if run_dir.writable else None, resume_from=resume_from,
-            log=run_dir.log_metrics, progress=progress,
-        )
-    timing["train_s"] = summary.pop("train_s")
-    results["protocol"]["train"] = dataclasses.asdict(recipe.train) | {
-        "objective": recipe.objective.name, "objective_options": recipe.objective.options, **summary}
-    t0 = time.perf_counter()
-    for head_spec in recipe.heads:
-        name = head_spec.name
-        trained = states.get(name)
-        results["heads"][name] = {
-            "config": dataclasses.asdict(head_spec),
-            "train": {"steps": summary["steps"], "status": trained.status if trained else "untrained (no parameters)",
-                      "final_loss": trained.last_loss if trained else None,
-                      "message": trained.message if trained else ""},
-            "geometry": {},
-        }
-        if trained is None:
-            probe_tap(name, name, 0, feats["train"].features, feats["test"].features)
-            continue
-        train_taps = head_taps(trained.head, feats["train"].features)
-        test_taps = head_taps(trained.head, feats["test"].features)
-        for depth, (tr, te) in enumerate(zip(train_taps, test_taps, strict=True), start=1):
-            tap_name = name if depth == trained.head.depth else f"{name}@{depth}"
-            probe_tap(tap_name, name, depth, tr, te)
-        results["buffer"][name] = buffer_verdict(results["taps"], name)
-        run_dir.write_results(results)
-    timing["head_probe_s"] = time.perf_counter() - t0
-
-
-def buffer_verdict(taps: dict, head: str, tolerance: float = 0.01) -> dict:
-    """Does the head lose class information the backbone keeps? Compares the backbone tap with the head output.
-
-    "buffer": the head output scores lower than the backbone (by more than `tolerance`) on the probes both
-    have; "no loss": within tolerance; the per-metric differences are the evidence.
-    """
-    before, after = taps["backbone"]["metrics"], taps[head]["metrics"]
-    shared = [m for m in before if m in after and m.endswith(".acc")]
-    drops = {m: before[m] - after[m] for m in shared}
-    verdict = "buffer" if drops and max(drops.values()) > tolerance else "no loss"
-    return {"verdict": verdict, "evidence": {"accuracy_drop": drops, "tolerance": tolerance}}
-
-
 def _environment(state) -> dict:
-    import torch
+    import accelerate
+    import transformers
 
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
         "platform": platform.platform(),
         "device": str(state.device),
         "num_processes": state.num_processes,
@@ -137,6 +69,178 @@ def _progress(enabled: bool):
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
         disable=not enabled, transient=False,
     )
+
+
+class _Study:
+    """One run's state; each method is one step of the data flow in DESIGN.md."""
+
+    def __init__(self, recipe: Recipe, run_dir: RunDir, results: dict, state, show: bool, resume: bool) -> None:
+        self.recipe, self.run_dir, self.results, self.state = recipe, run_dir, results, state
+        self.show, self.resume = show, resume
+        self.timing = results["timing"]
+
+    def stage(self, name: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (KeyboardInterrupt, RecipeError):
+            raise
+        except Exception as err:
+            self.results["status"] = "failed"
+            self.results["error"] = {"stage": name, "message": f"{type(err).__name__}: {err}"}
+            self.run_dir.write_results(self.results)
+            raise RunError(name, err, self.run_dir.path if self.state.is_main_process else None) from err
+
+    def _clock(self, key: str, since: float) -> None:
+        self.timing[key] = self.timing.get(key, 0.0) + time.perf_counter() - since
+
+    # --- inputs ---------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        from .backbones import load_backbone
+        from .data import load_data
+
+        recipe, t0 = self.recipe, time.perf_counter()
+        self.backbone = self.stage(
+            f"loading backbone {recipe.backbone.id}", load_backbone, recipe.backbone.id,
+            pooling=recipe.backbone.pooling, resolution=recipe.backbone.resolution, revision=recipe.backbone.revision,
+        )
+        self._clock("load_s", t0)
+        self.results["backbone"] = self.backbone.describe()
+        self.data = self.stage(f"loading data {recipe.data.source}", load_data, recipe.data)
+        self.results["data"] = self.data.info | {"class_names": self.data.class_names}
+        self.run_dir.write_results(self.results)
+
+    def _extract_kwargs(self) -> dict:
+        f = self.recipe.features
+        return {"data_info": self.data.info, "batch_size": f.batch_size, "precision": f.precision,
+                "cache": f.cache, "num_workers": f.num_workers, "state": self.state}
+
+    def extract(self) -> None:
+        from .data.augment import augment_spec
+        from .features import extract, extract_views
+
+        recipe, t0 = self.recipe, time.perf_counter()
+        cache = {}
+        self.feats, self.rotated, self.views = {}, None, None
+        with _progress(self.show) as progress:
+            for split, ds in (("train", self.data.train), ("test", self.data.test)):
+                self.feats[split] = self.stage(f"extracting {split} features", extract, self.backbone, ds,
+                                               split=split, progress=progress, **self._extract_kwargs())
+                cache[split] = {"key": self.feats[split].key, "hit": self.feats[split].cached}
+            if "rotation" in recipe.probes:
+                self.rotated = {}
+                for split, ds in (("train", self.data.train), ("test", self.data.test)):
+                    parts = [self.feats[split].features]
+                    for angle in (90, 180, 270):
+                        out = self.stage(f"extracting {split} features rotated {angle}°", extract, self.backbone,
+                                         ds, split=split, rotation=angle, progress=progress,
+                                         **self._extract_kwargs())
+                        parts.append(out.features)
+                        cache[f"{split}-rot{angle}"] = {"key": out.key, "hit": out.cached}
+                    n = len(parts[0])
+                    self.rotated[split] = (torch.cat(parts), torch.arange(4).repeat_interleave(n))
+            self._clock("extract_s", t0)
+            if recipe.heads or any(p in recipe.probes for p in VIEW_PROBES):
+                t0 = time.perf_counter()
+                spec = augment_spec(recipe.augment.preset, **recipe.augment.options)
+                self.views = self.stage("extracting augmented views", extract_views, self.backbone, self.data.train,
+                                        augment=spec, views=recipe.augment.views, seed=recipe.seed,
+                                        progress=progress, **self._extract_kwargs())
+                self._clock("extract_views_s", t0)
+                self.results["protocol"]["views"] = {
+                    "augment": dataclasses.asdict(spec) | {"preset": recipe.augment.preset},
+                    "views": recipe.augment.views, "cache_key": self.views.key, "hit": self.views.cached}
+        self.results["protocol"]["features"] = {
+            "pooling": recipe.backbone.pooling, "precision": recipe.features.precision, "cache": cache}
+
+    # --- taps and probes ------------------------------------------------------------------------
+
+    def tap_data(self, name: str, transform=None):
+        """The inputs of every probe at one tap; `transform` maps backbone features to this tap."""
+        from .probes.suite import TapData
+
+        def at(x: torch.Tensor) -> torch.Tensor:
+            return x if transform is None else transform(x)
+
+        views = params = None
+        if self.views is not None:
+            n, k, d = self.views.features.shape
+            views = at(self.views.features.reshape(n * k, d)).reshape(n, k, -1)
+            params = self.views.params
+        rot = {}
+        if self.rotated is not None:
+            for split, (x, y) in self.rotated.items():
+                rot[f"rotated_{split}_x"], rot[f"rotated_{split}_y"] = at(x), y
+        return TapData(name, at(self.feats["train"].features), self.feats["train"].labels,
+                       at(self.feats["test"].features), self.feats["test"].labels, self.data.n_classes,
+                       seed=self.recipe.seed, val_fraction=self.recipe.data.val_fraction, views=views,
+                       view_params=params, **rot)
+
+    def probe_tap(self, tap_name: str, head: str | None, depth: int, transform=None) -> None:
+        from .registry import PROBES
+
+        t0 = time.perf_counter()
+        tap = self.results["taps"].setdefault(tap_name, {"head": head, "depth": depth, "metrics": {},
+                                                         "protocol": {}})
+        todo = [name for name in self.recipe.probes if name not in tap["protocol"]]
+        if not todo:
+            return  # finished in the run being resumed
+        data = self.tap_data(tap_name, transform)
+        for name in todo:
+            options = dataclasses.asdict(self.recipe.probes[name])
+            out = self.stage(f"running probe {name!r} on tap {tap_name!r}", PROBES.get(name), data, **options)
+            tap["metrics"].update(out.metrics)
+            tap["protocol"][name] = out.protocol
+            self.run_dir.log_metrics({"stage": "probe", "tap": tap_name, "probe": name, **out.metrics})
+            self.run_dir.write_results(self.results)
+        self._clock("probe_s", t0)
+
+    # --- heads ----------------------------------------------------------------------------------
+
+    def train_heads(self) -> None:
+        from .train import latest_checkpoint, train_heads
+
+        recipe, run_dir = self.recipe, self.run_dir
+        resume_from = latest_checkpoint(run_dir.path / "checkpoints") if self.resume else None
+        with _progress(self.show) as progress:
+            self.states, summary = self.stage(
+                "training heads", train_heads, recipe.heads, self.views.features,
+                objective_name=recipe.objective.name, objective_options=recipe.objective.options,
+                train=recipe.train, seed=recipe.seed,
+                checkpoint_dir=(run_dir.path / "checkpoints") if run_dir.writable else None,
+                resume_from=resume_from, log=run_dir.log_metrics, progress=progress,
+            )
+        self.timing["train_s"] = summary.pop("train_s")
+        self.results["protocol"]["train"] = dataclasses.asdict(recipe.train) | {
+            "objective": recipe.objective.name, "objective_options": recipe.objective.options, **summary}
+        for spec in recipe.heads:
+            trained = self.states.get(spec.name)
+            self.results["heads"][spec.name] = {
+                "config": dataclasses.asdict(spec),
+                "train": {"steps": summary["steps"],
+                          "status": trained.status if trained else "untrained (no parameters)",
+                          "final_loss": trained.last_loss if trained else None,
+                          "message": trained.message if trained else ""},
+                "geometry": {},
+            }
+        self.run_dir.write_results(self.results)
+
+    def probe_heads(self) -> None:
+        from .buffer import buffer_verdict
+        from .train import head_taps
+
+        for spec in self.recipe.heads:
+            trained = self.states.get(spec.name)
+            if trained is None:
+                self.probe_tap(spec.name, spec.name, 0)
+                continue
+            head = trained.head
+            for depth in range(1, head.depth + 1):
+                tap_name = spec.name if depth == head.depth else f"{spec.name}@{depth}"
+                self.probe_tap(tap_name, spec.name, depth,
+                               transform=lambda x, d=depth, h=head: head_taps(h, x)[d - 1])
+            self.results["buffer"][spec.name] = buffer_verdict(self.results["taps"], spec.name)
+            self.run_dir.write_results(self.results)
 
 
 def run(
@@ -185,93 +289,19 @@ def run(
     run_dir.write_config(dump_recipe(recipe))
     results["environment"] = _environment(state)
     set_seed(recipe.seed)
-    timing = results["timing"]
 
-    def stage(name: str, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (KeyboardInterrupt, RecipeError):
-            raise
-        except Exception as err:
-            results["status"] = "failed"
-            results["error"] = {"stage": name, "message": f"{type(err).__name__}: {err}"}
-            run_dir.write_results(results)
-            raise RunError(name, err, run_dir.path if main else None) from err
-
-    from .backbones import load_backbone
-    from .data import load_data
-    from .features import extract
-    from .registry import PROBES
-
-    t0 = time.perf_counter()
-    backbone = stage(
-        f"loading backbone {recipe.backbone.id}",
-        load_backbone,
-        recipe.backbone.id,
-        pooling=recipe.backbone.pooling,
-        resolution=recipe.backbone.resolution,
-        revision=recipe.backbone.revision,
-    )
-    timing["load_s"] = time.perf_counter() - t0
-    results["backbone"] = backbone.describe()
-    data = stage(f"loading data {recipe.data.source}", load_data, recipe.data)
-    results["data"] = data.info | {"class_names": data.class_names}
-    run_dir.write_results(results)
-
-    feats = {}
-    t0 = time.perf_counter()
-    with _progress(main and not quiet) as progress:
-        for split, ds in (("train", data.train), ("test", data.test)):
-            feats[split] = stage(
-                f"extracting {split} features",
-                extract,
-                backbone,
-                ds,
-                data_info=data.info,
-                split=split,
-                batch_size=recipe.features.batch_size,
-                precision=recipe.features.precision,
-                cache=recipe.features.cache,
-                num_workers=recipe.features.num_workers,
-                state=state,
-                progress=progress,
-            )
-    timing["extract_s"] = time.perf_counter() - t0
-    results["protocol"]["features"] = {
-        "pooling": recipe.backbone.pooling,
-        "precision": recipe.features.precision,
-        "cache": {split: {"key": f.key, "hit": f.cached} for split, f in feats.items()},
-    }
-
-    t0 = time.perf_counter()
-    train_y, test_y = feats["train"].labels, feats["test"].labels
-
-    def probe_tap(tap_name: str, head: str | None, depth: int, train_x, test_x) -> None:
-        tap = results["taps"].setdefault(tap_name, {"head": head, "depth": depth, "metrics": {}, "protocol": {}})
-        for name, spec in recipe.probes.items():
-            if name in tap["protocol"]:
-                continue  # finished in the run being resumed
-            kwargs = _probe_kwargs(name, spec, recipe, data.n_classes)
-            result = stage(f"running probe {name!r} on tap {tap_name!r}", PROBES.get(name),
-                           train_x, train_y, test_x, test_y, **kwargs)
-            tap["metrics"].update(result.metrics)
-            tap["protocol"][name] = result.protocol
-            run_dir.log_metrics({"stage": "probe", "tap": tap_name, "probe": name, **result.metrics})
-            run_dir.write_results(results)
-
-    probe_tap("backbone", None, 0, feats["train"].features, feats["test"].features)
-    timing["probe_s"] = time.perf_counter() - t0
-
+    study = _Study(recipe, run_dir, results, state, show=main and not quiet, resume=resume)
+    study.load()
+    study.extract()
+    study.probe_tap("backbone", None, 0)
     if recipe.heads:
-        stage("training heads", _train_and_probe_heads, recipe, backbone, data, feats, results, run_dir, state,
-              main and not quiet, resume, probe_tap)
-        timing["probe_s"] += results["timing"].pop("head_probe_s", 0.0)
+        study.train_heads()
+        study.probe_heads()
 
     results["status"] = "complete"
     run_dir.write_results(results)
-    out_results = Results(results, run_dir.path)
     if main and not quiet:
         from .report.table import print_summary
 
         print_summary(results, run_dir.path)
-    return out_results
+    return Results(results, run_dir.path)

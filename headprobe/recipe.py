@@ -90,7 +90,41 @@ class KnnSpec:
     chunk_size: int = 1024
 
 
-PROBE_SPECS: dict[str, type] = {"linear": LinearProbeSpec, "knn": KnnSpec}
+@dataclass
+class SpectrumSpec:
+    # Condition number on the top-k eigenvalues; null = decided from samples vs dimension.
+    top_k: int | None = None
+
+
+@dataclass
+class InvarianceSpec:
+    uniformity_t: float = 2.0
+
+
+@dataclass
+class ViewMISpec:
+    batch_size: int = 128
+    temperature: float = 0.1
+    pca_dims: int = 32
+
+
+@dataclass
+class AugmentR2Spec:
+    alpha: float = 1.0
+    test_fraction: float = 0.25
+
+
+@dataclass
+class RotationSpec:
+    C_grid: list[float] | None = None
+    mlp_hidden: int = 256
+    mlp_epochs: int = 100
+
+
+PROBE_SPECS: dict[str, type] = {
+    "linear": LinearProbeSpec, "knn": KnnSpec, "spectrum": SpectrumSpec, "invariance": InvarianceSpec,
+    "view_mi": ViewMISpec, "augment_r2": AugmentR2Spec, "rotation": RotationSpec,
+}
 
 
 @dataclass

@@ -118,10 +118,20 @@ DATA_SOURCES.add("hf", "headprobe.data.sources:load_hub",
                  "hf:<dataset id>")
 
 PROBES = Registry("probe")
-PROBES.add("linear", "headprobe.probes.linear:linear_probe",
-           "multinomial L2 logistic regression; C chosen on a validation split of train, scored once on test")
-PROBES.add("knn", "headprobe.probes.knn:knn",
+PROBES.add("linear", "headprobe.probes.suite:linear",
+           "multinomial L2 logistic regression (C chosen on a validation split of train) + label-MI lower bound")
+PROBES.add("knn", "headprobe.probes.suite:knn",
            "DINO weighted k-NN: cosine similarity, top-k votes weighted exp(s/T)")
+PROBES.add("spectrum", "headprobe.probes.suite:spectrum",
+           "RankMe, alpha-ReQ, effective rank and an honest covariance condition number")
+PROBES.add("invariance", "headprobe.probes.suite:invariance",
+           "alignment, uniformity, view cosine and LiDAR over the augmented views")
+PROBES.add("view_mi", "headprobe.probes.suite:view_mi",
+           "MI between two views: InfoNCE (cosine critic, with its log B ceiling) and Gaussian/CCA")
+PROBES.add("augment_r2", "headprobe.probes.suite:augment_r2",
+           "R² of a ridge regression of each augmentation parameter from a view's representation")
+PROBES.add("rotation", "headprobe.probes.suite:rotation",
+           "4-way rotation prediction (0/90/180/270°), linear and MLP: the paper's guillotine measure")
 
 OBJECTIVES = Registry("objective")
 OBJECTIVES.add("info_nce", "headprobe.objectives:info_nce",

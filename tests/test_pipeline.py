@@ -1,5 +1,6 @@
 import importlib
 import json
+import math
 
 import pytest
 
@@ -67,16 +68,27 @@ HEADS_RECIPE = {
 
 
 def test_heads_are_trained_and_every_tap_probed(tiny_recipe, tmp_path):
-    recipe = {**tiny_recipe, **HEADS_RECIPE, "probes": {"knn": {"ks": [5]}}}
+    probes = {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5]}, "spectrum": {}, "invariance": {}, "view_mi": {},
+              "augment_r2": {}, "rotation": {"C_grid": [1.0], "mlp_epochs": 10}}
+    recipe = {**tiny_recipe, **HEADS_RECIPE, "probes": probes}
     results = run(recipe, out=tmp_path / "r", quiet=True)
     taps = results["taps"]
     assert list(taps) == ["backbone", "lin@1", "lin", "relu@1", "relu", "ident"]
     assert (taps["relu@1"]["head"], taps["relu@1"]["depth"], taps["relu"]["depth"]) == ("relu", 1, 2)
-    assert all("knn.k5.acc" in tap["metrics"] for tap in taps.values())
+    expected = {"linear.acc", "mi.label", "knn.k5.acc", "rankme", "alpha_req", "cond", "align", "uniform", "view_cos",
+                "lidar", "mi.infonce", "mi.infonce.ceiling", "mi.gaussian", "aug_r2.mean", "aug_r2.crop_scale",
+                "rotation.acc", "rotation.mlp.acc"}
+    for name, tap in taps.items():
+        assert expected <= set(tap["metrics"]), (name, expected - set(tap["metrics"]))
+    assert taps["backbone"]["metrics"]["mi.infonce.ceiling"] == pytest.approx(math.log(128))
     assert taps["ident"]["metrics"] == taps["backbone"]["metrics"]  # identity head = backbone features
     assert results["heads"]["relu"]["train"]["status"] == "complete"
     assert results["heads"]["relu"]["train"]["steps"] == 8
-    assert results["buffer"]["relu"]["verdict"] in ("buffer", "no loss")
+    verdict = results["buffer"]["relu"]
+    assert verdict["verdict"] in ("buffer", "no-buffer", "mixed")
+    assert {"linear.acc", "rotation.acc", "aug_r2.mean", "mi.label", "align", "view_cos"} <= set(verdict["evidence"])
+    cache = results["protocol"]["features"]["cache"]
+    assert {"train", "test", "train-rot90", "test-rot270"} <= set(cache)
     assert results["protocol"]["views"]["views"] == 2 and results["protocol"]["train"]["objective"] == "vicreg"
     assert {p.name for p in (tmp_path / "r" / "checkpoints").iterdir()} == {"step-4.pt", "step-8.pt"}
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
