@@ -299,3 +299,40 @@ def extract_views(
     if cache and state.is_main_process:
         _save(path, key, description, feats, params, second="params")
     return ViewFeatures(feats, params, key, False)
+
+
+def _resize_crop(pre, image):
+    """The geometric part of a backbone's preprocessing (PIL → PIL), without normalisation."""
+    from torchvision.transforms import v2
+
+    mode = getattr(v2.InterpolationMode, pre.interpolation.upper())
+    size = pre.resize if pre.resize_mode == "shortest" else [pre.resize, pre.resize]
+    return v2.CenterCrop(pre.crop)(v2.Resize(size, interpolation=mode, antialias=True)(image.convert("RGB")))
+
+
+@torch.inference_mode()
+def extract_orbits(backbone, dataset, *, sweeps: list[str], n_images: int, batch_size: int = 64,
+                   progress=None) -> dict[str, torch.Tensor]:
+    """Backbone features along each sweep's orbit of the first `n_images` images → {sweep: (N, T, D)}.
+
+    Orbits are made at the backbone's input size (after resize and crop, before normalisation), so
+    rotation corners and blur sigmas are in input pixels. Orbits are few and cheap, so they are not cached.
+    """
+    from .backbones.base import Preprocess
+    from .probes.orbits import orbit_images
+
+    pre = backbone.preprocess
+    normalise = Preprocess(resize=pre.crop, crop=pre.crop, mean=pre.mean, std=pre.std, interpolation=pre.interpolation)
+    device = next(backbone.parameters(), torch.empty(0)).device
+    images = [_resize_crop(pre, dataset[i]["image"]) for i in range(min(n_images, len(dataset)))]
+    out = {}
+    for sweep in sweeps:
+        frames = [normalise(frame) for image in images for frame in orbit_images(image, sweep)]
+        task = progress.add_task(f"orbits {sweep}", total=len(frames)) if progress is not None else None
+        chunks = []
+        for start in range(0, len(frames), batch_size):
+            chunks.append(backbone(torch.stack(frames[start : start + batch_size]).to(device)).float().cpu())
+            if task is not None:
+                progress.advance(task, len(chunks[-1]))
+        out[sweep] = torch.cat(chunks).reshape(len(images), -1, backbone.dim).clone()
+    return {k: v.clone() for k, v in out.items()}

@@ -121,7 +121,7 @@ class _Study:
 
         recipe, t0 = self.recipe, time.perf_counter()
         cache = {}
-        self.feats, self.rotated, self.views = {}, None, None
+        self.feats, self.rotated, self.views, self.orbits = {}, None, None, None
         with _progress(self.show) as progress:
             for split, ds in (("train", self.data.train), ("test", self.data.test)):
                 self.feats[split] = self.stage(f"extracting {split} features", extract, self.backbone, ds,
@@ -139,6 +139,13 @@ class _Study:
                         cache[f"{split}-rot{angle}"] = {"key": out.key, "hit": out.cached}
                     n = len(parts[0])
                     self.rotated[split] = (torch.cat(parts), torch.arange(4).repeat_interleave(n))
+            if "orbits" in recipe.probes:
+                from .features import extract_orbits
+
+                spec = recipe.probes["orbits"]
+                self.orbits = self.stage("extracting orbits", extract_orbits, self.backbone, self.data.test,
+                                         sweeps=spec.sweeps, n_images=spec.n_images,
+                                         batch_size=recipe.features.batch_size, progress=progress)
             self._clock("extract_s", t0)
             if recipe.heads or any(p in recipe.probes for p in VIEW_PROBES):
                 t0 = time.perf_counter()
@@ -171,10 +178,14 @@ class _Study:
         if self.rotated is not None:
             for split, (x, y) in self.rotated.items():
                 rot[f"rotated_{split}_x"], rot[f"rotated_{split}_y"] = at(x), y
+        orbits = None
+        if self.orbits is not None:
+            orbits = {s: at(t.reshape(-1, t.shape[-1])).reshape(t.shape[0], t.shape[1], -1)
+                      for s, t in self.orbits.items()}
         return TapData(name, at(self.feats["train"].features), self.feats["train"].labels,
                        at(self.feats["test"].features), self.feats["test"].labels, self.data.n_classes,
                        seed=self.recipe.seed, val_fraction=self.recipe.data.val_fraction, views=views,
-                       view_params=params, **rot)
+                       view_params=params, orbits=orbits, **rot)
 
     def probe_tap(self, tap_name: str, head: str | None, depth: int, transform=None) -> None:
         from .registry import PROBES

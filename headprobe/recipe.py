@@ -24,6 +24,7 @@ from .registry import (
     OFFLINE_MODELS,
     POOLINGS,
     PROBES,
+    SCRATCH_MODELS,
     Registry,
     did_you_mean,
 )
@@ -37,12 +38,30 @@ class RecipeError(ValueError):
 
 
 @dataclass
+class LoraSpec:
+    """LoRA adapters for `tune: lora` (peft): rank, scaling alpha, dropout on the adapter input."""
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    # Module names (or name suffixes) to adapt; null: attention q/v for ViT-style models, convolutions for CNNs.
+    target_modules: list[str] | None = None
+
+
+@dataclass
 class BackboneSpec:
     id: str = "offline:dinov2-vits14"
     pooling: str = field(default="cls", metadata={"registry": POOLINGS})
     # Overrides the checkpoint's crop size (resize keeps its ratio); ViTs interpolate positions.
     resolution: int | None = None
     revision: str | None = None
+    # -1: the final features; i: the output of block i (through the final norm for transformers).
+    layer: int = -1
+    # Several blocks, each pooled, concatenated in this order (e.g. [-4, -1]); replaces `layer`.
+    layers: list[int] | None = None
+    # frozen | last:N (last N blocks + final norm) | lora | full
+    tune: str = "frozen"
+    lora: LoraSpec = field(default_factory=LoraSpec)
 
 
 @dataclass
@@ -121,9 +140,16 @@ class RotationSpec:
     mlp_epochs: int = 100
 
 
+@dataclass
+class OrbitSpec:
+    sweeps: list[str] = field(default_factory=lambda: ["rotation45", "rotation360"])
+    n_images: int = 64
+    pca_images: int = 8
+
+
 PROBE_SPECS: dict[str, type] = {
     "linear": LinearProbeSpec, "knn": KnnSpec, "spectrum": SpectrumSpec, "invariance": InvarianceSpec,
-    "view_mi": ViewMISpec, "augment_r2": AugmentR2Spec, "rotation": RotationSpec,
+    "view_mi": ViewMISpec, "augment_r2": AugmentR2Spec, "rotation": RotationSpec, "orbits": OrbitSpec,
 }
 
 
@@ -373,6 +399,7 @@ def _check_names(recipe: Recipe) -> None:
         hint = f" Did you mean {guess!r}?" if guess else ""
         allowed = ", ".join(POOLINGS.names())
         raise RecipeError(f"backbone.pooling = {pooling!r} is not allowed; allowed: {allowed}.{hint}")
+    _check_backbone(recipe.backbone)
     _check_prefixed("data.source", recipe.data.source, DATA_SOURCES)
     src_prefix, src_rest = recipe.data.source.partition(":")[::2]
     if src_prefix in ("imagefolder", "hf") and not src_rest:
@@ -408,6 +435,53 @@ def _check_names(recipe: Recipe) -> None:
         if value < low or (high is not None and value >= high and path.endswith("fraction")):
             bound = f"in [{low}, {high})" if high is not None else f">= {low}"
             raise RecipeError(f"{path} = {value!r} is out of range; it must be {bound}.")
+
+
+# Registered CNN backbones (their loaders reject token poolings too; this catches it before loading).
+_CNN_IDS = ("scratch:resnet18-cifar", "offline:efficientnet-lite0")
+
+
+def _check_backbone(spec: BackboneSpec) -> None:
+    """Source names, layers, tune policy and LoRA options of `backbone`."""
+    prefix, rest = spec.id.partition(":")[::2]
+    if prefix in ("open_clip", "timm") and not rest:
+        raise RecipeError(f"backbone.id = {spec.id!r} needs a model name, e.g. open_clip:ViT-B-32/openai or "
+                          "timm:vit_small_patch14_dinov2.lvd142m.")
+    if prefix == "scratch" and rest not in SCRATCH_MODELS:
+        guess = did_you_mean(rest, SCRATCH_MODELS.names())
+        hint = f" Did you mean 'scratch:{guess}'?" if guess else ""
+        allowed = ", ".join(f"scratch:{n}" for n in SCRATCH_MODELS.names())
+        raise RecipeError(f"backbone.id = {spec.id!r}: unknown scratch backbone; allowed: {allowed}.{hint}")
+    if spec.layers is not None:
+        if not spec.layers:
+            raise RecipeError("backbone.layers is empty; give block indices such as [-4, -1], or null.")
+        if spec.layer != -1:
+            raise RecipeError(f"backbone.layer = {spec.layer} and backbone.layers = {spec.layers} are both set; "
+                              "keep one (layers replaces layer).")
+        if len(set(spec.layers)) != len(spec.layers):
+            raise RecipeError(f"backbone.layers = {spec.layers} names a block twice.")
+    if spec.id in _CNN_IDS and spec.pooling != "mean":
+        raise RecipeError(f"backbone.id = {spec.id!r} is a CNN: it has no class token, so backbone.pooling = "
+                          f"{spec.pooling!r} is undefined; set backbone.pooling: mean (global average pooling).")
+    if spec.pooling == "pooler" and (spec.layers is not None or spec.layer != -1):
+        raise RecipeError("backbone.pooling = 'pooler' is the model's own head on the final layer; it cannot be "
+                          "combined with backbone.layer/layers. Use cls, mean or cls+mean.")
+    kind, sep, n = spec.tune.partition(":")
+    if spec.tune not in ("frozen", "lora", "full") and not (kind == "last" and sep and n.isdigit() and int(n) >= 1):
+        guess = did_you_mean(spec.tune, ["frozen", "lora", "full", "last:1"])
+        hint = f" Did you mean {guess!r}?" if guess else ""
+        raise RecipeError(f"backbone.tune = {spec.tune!r} is not allowed; allowed: frozen, last:N (N >= 1 blocks), "
+                          f"lora, full.{hint}")
+    lora = spec.lora
+    if spec.tune != "lora" and lora != LoraSpec():
+        raise RecipeError(f"backbone.lora is set but backbone.tune = {spec.tune!r}; set backbone.tune: lora "
+                          "or remove backbone.lora.")
+    for key, value, low in (("r", lora.r, 1), ("alpha", lora.alpha, 1e-12), ("dropout", lora.dropout, 0.0)):
+        if value < low or (key == "dropout" and value >= 1):
+            bound = "in [0, 1)" if key == "dropout" else f">= {low:g}"
+            raise RecipeError(f"backbone.lora.{key} = {value!r} is out of range; it must be {bound}.")
+    if lora.target_modules is not None and not lora.target_modules:
+        raise RecipeError("backbone.lora.target_modules is empty; give module names, or null for the defaults.")
 
 
 def _check_heads(recipe: Recipe) -> list[tuple]:

@@ -69,7 +69,8 @@ HEADS_RECIPE = {
 
 def test_heads_are_trained_and_every_tap_probed(tiny_recipe, tmp_path):
     probes = {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5]}, "spectrum": {}, "invariance": {}, "view_mi": {},
-              "augment_r2": {}, "rotation": {"C_grid": [1.0], "mlp_epochs": 10}}
+              "augment_r2": {}, "rotation": {"C_grid": [1.0], "mlp_epochs": 10},
+              "orbits": {"sweeps": ["rotation45", "blur", "hue"], "n_images": 6, "pca_images": 3}}
     recipe = {**tiny_recipe, **HEADS_RECIPE, "probes": probes}
     results = run(recipe, out=tmp_path / "r", quiet=True)
     taps = results["taps"]
@@ -77,7 +78,7 @@ def test_heads_are_trained_and_every_tap_probed(tiny_recipe, tmp_path):
     assert (taps["relu@1"]["head"], taps["relu@1"]["depth"], taps["relu"]["depth"]) == ("relu", 1, 2)
     expected = {"linear.acc", "mi.label", "knn.k5.acc", "rankme", "alpha_req", "cond", "align", "uniform", "view_cos",
                 "lidar", "mi.infonce", "mi.infonce.ceiling", "mi.gaussian", "aug_r2.mean", "aug_r2.crop_scale",
-                "rotation.acc", "rotation.mlp.acc"}
+                "rotation.acc", "rotation.mlp.acc", "rotation45.orbit.spread_rel", "blur.orbit.curvature"}
     for name, tap in taps.items():
         assert expected <= set(tap["metrics"]), (name, expected - set(tap["metrics"]))
     assert taps["backbone"]["metrics"]["mi.infonce.ceiling"] == pytest.approx(math.log(128))
@@ -87,6 +88,9 @@ def test_heads_are_trained_and_every_tap_probed(tiny_recipe, tmp_path):
     verdict = results["buffer"]["relu"]
     assert verdict["verdict"] in ("buffer", "no-buffer", "mixed")
     assert {"linear.acc", "rotation.acc", "aug_r2.mean", "mi.label", "align", "view_cos"} <= set(verdict["evidence"])
+    orbit = taps["relu"]["protocol"]["orbits"]["sweeps"]["rotation45"]
+    assert len(orbit["values"]) == 10 and len(orbit["pca"]) == 3 and len(orbit["pca"][0]) == 10
+    assert "grey" in taps["relu"]["protocol"]["orbits"]["sweeps"]["hue"]["skipped"]  # digits have no hue
     cache = results["protocol"]["features"]["cache"]
     assert {"train", "test", "train-rot90", "test-rot270"} <= set(cache)
     assert results["protocol"]["views"]["views"] == 2 and results["protocol"]["train"]["objective"] == "vicreg"

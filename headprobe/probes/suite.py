@@ -16,7 +16,8 @@ import torch
 @dataclass
 class TapData:
     """What one tap offers. Shapes: train_x (N, D), test_x (M, D), views (N_v, K, D) with
-    view_params (N_v, K, P), rotated_train_x (4N', D) with rotated_train_y in {0,1,2,3}."""
+    view_params (N_v, K, P), rotated_train_x (4N', D) with rotated_train_y in {0,1,2,3},
+    orbits {sweep: (N_o, T, D)} (test images along each augmentation sweep)."""
 
     name: str
     train_x: torch.Tensor
@@ -32,6 +33,7 @@ class TapData:
     rotated_train_y: torch.Tensor | None = None
     rotated_test_x: torch.Tensor | None = None
     rotated_test_y: torch.Tensor | None = None
+    orbits: dict[str, torch.Tensor] | None = None
 
 
 @dataclass
@@ -188,3 +190,25 @@ def _mlp_probe(tap: TapData, hidden: int, epochs: int) -> float:
     with torch.no_grad():
         pred = net((tap.rotated_test_x.float() - mean) / std).argmax(1)
     return (pred == tap.rotated_test_y).float().mean().item()
+
+
+def orbits(tap: TapData, sweeps: list[str] | None = None, n_images: int = 64, pca_images: int = 8) -> ProbeOutput:
+    """Orbit geometry along each augmentation sweep (see `probes.orbits`), raw and scale-free, in the
+    space the head was trained on (unnormalised taps); metrics are prefixed by the sweep name."""
+    from .orbits import orbit_measures, orbit_pca, sweep_values
+
+    if tap.orbits is None:
+        raise MissingInputError("probe 'orbits' needs orbit features; the pipeline extracts them when "
+                                "probes.orbits is in the recipe.")
+    metrics, protocol = {}, {"n_images": n_images, "sweeps": {}}
+    for sweep, traj in tap.orbits.items():
+        try:
+            out = orbit_measures(traj.double(), sweep=sweep)
+        except ValueError as err:  # e.g. a hue sweep on grey images: record why, keep the other sweeps
+            protocol["sweeps"][sweep] = {"skipped": str(err)}
+            continue
+        space = out.pop("space")
+        metrics |= {f"{sweep}.{k}": float(v) for k, v in out.items()}
+        protocol["sweeps"][sweep] = {"values": sweep_values(sweep, traj.shape[1]), "space": space,
+                                     "pca": orbit_pca(traj.double(), n_images=pca_images).round(5).tolist()}
+    return ProbeOutput(metrics, protocol)
