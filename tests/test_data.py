@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -62,3 +64,38 @@ def test_bad_columns_splits_and_paths_are_explained(tmp_path):
         load_data(DataSpec(source=f"imagefolder:{tmp_path / 'missing'}"))
     with pytest.raises(DataSourceError, match="could not be loaded from the local cache or the hub"):
         load_data(DataSpec(source="hf:no-such-org/no-such-dataset"))
+
+
+def _write_idx(path, array):
+    import gzip
+
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_reads_idx_files(tmp_path):
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 30), ("t10k", 20)):
+        _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 28, 28)))
+        _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    data = load_data(DataSpec(source=f"fashion-mnist:{tmp_path}"))
+    assert (len(data.train), len(data.test), data.class_names[9]) == (30, 20, "Ankle boot")
+    assert np.array_equal(np.asarray(data.train[3]["image"]), _read(tmp_path)[3])
+    assert data.train["label"][:12] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
+    with pytest.raises(DataSourceError, match="apt-get install dataset-fashion-mnist"):
+        load_data(DataSpec(source=f"fashion-mnist:{tmp_path / 'empty'}"))
+
+
+def _read(root):
+    from headprobe.data.sources import _read_idx
+
+    return _read_idx(root / "train-images-idx3-ubyte.gz")
+
+
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").exists(),
+                    reason="needs Debian's files: apt-get install dataset-fashion-mnist")
+def test_debian_fashion_mnist():
+    data = load_data(DataSpec(source="fashion-mnist", limit=LimitSpec(train=100, test=50)))
+    assert data.info["n_classes"] == 10 and len(data.train) == 100
+    assert data.train[0]["image"].size == (28, 28)

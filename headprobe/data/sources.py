@@ -94,6 +94,58 @@ def load_hub(ref: str, revision: str | None = None):
     return ds, fingerprint
 
 
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                         "Ankle boot"]
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """An IDX file (the MNIST format: big-endian magic, dims, uint8 payload), gzipped or not."""
+    import gzip
+
+    raw = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def load_fashion_mnist(ref: str = "", revision: str | None = None):
+    """Fashion-MNIST (70,000 28×28 grey images, 10 classes) from Debian's `dataset-fashion-mnist` files
+    (converted once into the headprobe cache), else the hub copy `zalando-datasets/fashion_mnist`."""
+    import datasets
+
+    root = Path(ref).expanduser() if ref else FASHION_MNIST_DIR
+    files = {split: (root / f"{prefix}-images-idx3-ubyte.gz", root / f"{prefix}-labels-idx1-ubyte.gz")
+             for split, prefix in (("train", "train"), ("test", "t10k"))}
+    if not all(p.exists() for pair in files.values() for p in pair):
+        try:
+            ds, fingerprint = load_hub("zalando-datasets/fashion_mnist", revision)
+        except DataSourceError:
+            raise DataSourceError(
+                f"fashion-mnist: the IDX files are not in {root} and the hub copy is not cached; install them "
+                "with `apt-get install dataset-fashion-mnist` (Debian) or point data.source at "
+                "fashion-mnist:<dir with the four *-ubyte.gz files>."
+            ) from None
+        return ds, fingerprint
+    stamp = [(p.name, p.stat().st_size) for pair in files.values() for p in pair]
+    fingerprint = _sha("fashion-mnist", stamp)
+    from ..features import cache_root
+
+    target = cache_root() / "data" / f"fashion-mnist-{fingerprint}"
+    if target.exists():
+        return datasets.load_from_disk(str(target)), fingerprint
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=FASHION_MNIST_CLASSES)})
+    out = {}
+    for split, (images, labels) in files.items():
+        pixels, y = _read_idx(images), _read_idx(labels)
+        out[split] = datasets.Dataset.from_dict({"image": list(pixels), "label": y.tolist()}, features=features)
+    ds = datasets.DatasetDict(out)
+    tmp = target.with_name(target.name + ".tmp")
+    ds.save_to_disk(str(tmp))
+    tmp.rename(target)
+    return datasets.load_from_disk(str(target)), fingerprint
+
+
 def _stratified_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
     """Indices of a class-stratified subset of `size` (sorted); all indices if size ≥ len."""
     from sklearn.model_selection import train_test_split
