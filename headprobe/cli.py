@@ -63,6 +63,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from .registry import FAMILIES, did_you_mean
@@ -77,12 +78,13 @@ def cmd_list(args: argparse.Namespace) -> int:
             continue
         table = Table(title=family, title_justify="left", show_header=False, box=None, padding=(0, 2))
         for entry in registry:
-            table.add_row(f"[bold]{entry.usage}[/]", entry.help)
+            table.add_row(f"[bold]{escape(entry.usage)}[/]", escape(entry.help))
         console.print(table)
     return EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from .report.html import write_report
     from .report.table import print_summary
     from .runs import read_results
 
@@ -90,21 +92,34 @@ def cmd_report(args: argparse.Namespace) -> int:
         results = read_results(args.run_dir)
     except (FileNotFoundError, ValueError) as err:
         return _error(str(err), EXIT_USAGE)
-    print_summary(results, Path(args.run_dir), console=_console())
+    console = _console()
+    print_summary(results, Path(args.run_dir), console=console)
+    try:
+        path = write_report(args.run_dir)
+    except OSError as err:
+        return _error(f"could not write the report into {args.run_dir}: {err}", EXIT_FAILED)
+    console.print(f"report: {path} (figures in {path.parent / 'plots'})")
     return EXIT_OK
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from .report.compare import default_out_dir, run_labels, write_compare
     from .report.table import compare_table
     from .runs import read_results
 
-    runs = {}
-    for run_dir in args.run_dirs:
-        try:
-            runs[Path(run_dir).name or str(run_dir)] = read_results(run_dir)
-        except (FileNotFoundError, ValueError) as err:
-            return _error(str(err), EXIT_USAGE)
-    _console().print(compare_table(runs))
+    try:
+        labels = run_labels(args.run_dirs)
+        runs = {label: read_results(path) for label, path in labels.items()}
+    except (FileNotFoundError, ValueError) as err:
+        return _error(str(err), EXIT_USAGE)
+    console = _console()
+    console.print(compare_table(runs))
+    out = Path(args.out) if args.out else default_out_dir(args.run_dirs)
+    try:
+        written = write_compare(list(labels.values()), out)
+    except OSError as err:
+        return _error(f"could not write the comparison into {out}: {err}", EXIT_FAILED)
+    console.print(f"comparison: {written['csv']} · {written['html']}")
     return EXIT_OK
 
 
@@ -135,12 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("family", nargs="?")
     p.set_defaults(fn=cmd_list)
 
-    p = sub.add_parser("report", help="print the summary of a finished run")
+    p = sub.add_parser("report", help="print a run's summary and rebuild its report.html and plots/")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_report)
 
-    p = sub.add_parser("compare", help="side-by-side table of several runs")
+    p = sub.add_parser("compare", help="side-by-side table of several runs (terminal, compare.csv, compare.html)")
     p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--out", help="folder for compare.csv and compare.html (default: the runs' shared parent "
+                                 "folder, else the current directory)")
     p.set_defaults(fn=cmd_compare)
     return parser
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,7 @@ class _Study:
             self.results["status"] = "failed"
             self.results["error"] = {"stage": name, "message": f"{type(err).__name__}: {err}"}
             self.run_dir.write_results(self.results)
+            _write_report(self.run_dir)
             raise RunError(name, err, self.run_dir.path if self.state.is_main_process else None) from err
 
     def _clock(self, key: str, since: float) -> None:
@@ -254,6 +256,29 @@ class _Study:
             self.run_dir.write_results(self.results)
 
 
+def _orbit_coordinates(taps: dict) -> dict:
+    """{sweep: {tap: (n_images, T, 2) PCA coordinates}} gathered from the orbit probe, for the report."""
+    out: dict = {}
+    for tap_name, tap in taps.items():
+        for sweep, entry in tap.get("protocol", {}).get("orbits", {}).get("sweeps", {}).items():
+            if "pca" in entry:
+                out.setdefault(sweep, {})[tap_name] = entry["pca"]
+    return out
+
+
+def _write_report(run_dir: RunDir) -> None:
+    """report.html + plots/; never fails a run over its report (`headprobe report RUN_DIR` rebuilds it)."""
+    if not run_dir.writable:
+        return
+    from .report.html import write_report
+
+    try:
+        write_report(run_dir.path)
+    except Exception as err:
+        print(f"warning: report.html not written ({type(err).__name__}: {err}); "
+              f"run `headprobe report {run_dir.path}` to retry.", file=sys.stderr)
+
+
 def run(
     recipe_or_path: Recipe | str | Path | dict,
     *,
@@ -309,8 +334,10 @@ def run(
         study.train_heads()
         study.probe_heads()
 
+    results["orbits"] = _orbit_coordinates(results["taps"])
     results["status"] = "complete"
     run_dir.write_results(results)
+    _write_report(run_dir)
     if main and not quiet:
         from .report.table import print_summary
 

@@ -44,13 +44,10 @@ def compare_table(runs: dict[str, dict]) -> Table:
     table.add_column("metric")
     for label in runs:
         table.add_column(label, justify="right")
-    rows: list[tuple[str, str]] = []
-    for results in runs.values():
-        for tap_name, tap in results.get("taps", {}).items():
-            rows += [(tap_name, m) for m in tap.get("metrics", {}) if (tap_name, m) not in rows]
-    for tap_name, metric in rows:
-        cells = [_fmt(r.get("taps", {}).get(tap_name, {}).get("metrics", {}).get(metric)) for r in runs.values()]
-        table.add_row(tap_name, metric, *cells)
+    from .compare import compare_rows
+
+    for row in compare_rows(runs)[1]:
+        table.add_row(row[0], row[1], *(_fmt(v) for v in row[2:]))
     return table
 
 

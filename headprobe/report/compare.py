@@ -1,0 +1,101 @@
+"""Several runs side by side (a depth ablation, an activation sweep): one row per (tap, metric), one column per run.
+
+`write_compare(run_dirs, out_dir)` writes ``compare.csv`` (full precision, empty cell = not measured) and a
+self-contained ``compare.html``; `compare_table` in `table.py` prints the same rows in the terminal.
+
+>>> write_compare(["runs/depth1", "runs/depth2"], "runs")  # doctest: +SKIP
+{'csv': PosixPath('runs/compare.csv'), 'html': PosixPath('runs/compare.html')}
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .html import esc, fmt, page
+
+
+def run_labels(run_dirs: Sequence[str | Path]) -> dict[str, Path]:
+    """label → run directory; the folder name, lengthened with its parents until every label is unique."""
+    paths = [Path(p) for p in run_dirs]
+    depth = 1
+    while True:
+        labels = ["/".join(p.resolve().parts[-depth:]) for p in paths]
+        if len(set(labels)) == len(labels) or depth > max(len(p.resolve().parts) for p in paths):
+            break
+        depth += 1
+    if len(set(labels)) != len(labels):
+        raise ValueError("the same run directory was given twice; pass each run once.")
+    return dict(zip(labels, paths, strict=True))
+
+
+def default_out_dir(run_dirs: Sequence[str | Path]) -> Path:
+    """Where a comparison goes without --out: the runs' shared parent folder (runs/ for runs/a runs/b), else the
+    current directory."""
+    parents = {Path(p).resolve().parent for p in run_dirs}
+    return parents.pop() if len(parents) == 1 else Path.cwd()
+
+
+def compare_rows(runs: Mapping[str, dict]) -> tuple[list[str], list[list]]:
+    """header ["tap", "metric", *labels] and one row per (tap, metric) seen in any run, None where absent."""
+    keys: list[tuple[str, str]] = []
+    for results in runs.values():
+        for tap_name, tap in results.get("taps", {}).items():
+            keys += [(tap_name, m) for m in tap.get("metrics", {}) if (tap_name, m) not in keys]
+    rows = [[tap, metric, *(r.get("taps", {}).get(tap, {}).get("metrics", {}).get(metric) for r in runs.values())]
+            for tap, metric in keys]
+    return ["tap", "metric", *runs], rows
+
+
+def compare_csv(runs: Mapping[str, dict]) -> str:
+    header, rows = compare_rows(runs)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([["" if v is None else v for v in row] for row in rows])
+    return out.getvalue()
+
+
+def _run_summary(label: str, path: Path, results: dict) -> list:
+    recipe = results.get("recipe", {})
+    heads = ", ".join(results.get("heads", {})) or "—"
+    verdicts = ", ".join(f"{h}: {v.get('verdict')}" for h, v in results.get("buffer", {}).items()) or "—"
+    return [label, str(path), results.get("backbone", {}).get("id", "?"), results.get("data", {}).get("source", "?"),
+            heads, (recipe.get("objective") or {}).get("name") or "—", verdicts, results.get("status", "?")]
+
+
+def compare_html(runs: Mapping[str, dict], paths: Mapping[str, Path]) -> str:
+    header, rows = compare_rows(runs)
+    info = [_run_summary(label, paths[label], results) for label, results in runs.items()]
+    info_html = ("<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in (
+        "run", "directory", "backbone", "data", "heads", "objective", "buffer verdicts", "status")) + "</tr></thead>"
+        "<tbody>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in info)
+        + "</tbody></table>")
+    body_rows = []
+    for tap, metric, *values in rows:
+        numbers = [v for v in values if isinstance(v, (int, float))]
+        best = max(numbers) if metric.endswith(".acc") and len(numbers) > 1 else None
+        cells = "".join(f"<td class='num'>{'<b>' if v == best and v is not None else ''}{esc(fmt(v))}"
+                        f"{'</b>' if v == best and v is not None else ''}</td>" for v in values)
+        cls = " class='bb'" if tap == "backbone" else ""
+        body_rows.append(f"<tr{cls}><th>{esc(tap)}</th><td>{esc(metric)}</td>{cells}</tr>")
+    table_html = ("<table class='metrics'><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header)
+                  + f"</tr></thead><tbody>{''.join(body_rows)}</tbody></table>")
+    legend = "<p class='legend'>Bold: the best accuracy in a row. —: the run did not measure it.</p>"
+    head = (f"<h1>headprobe compare</h1><p class='sub'>{len(runs)} runs · {len(rows)} (tap, metric) rows</p>")
+    return page("headprobe compare", head, f"<h2>Runs</h2>{info_html}<h2>Metrics</h2>{legend}{table_html}")
+
+
+def write_compare(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
+    """Read each run's results.json and write out_dir/compare.csv and out_dir/compare.html."""
+    from ..runs import atomic_write_text, read_results
+
+    paths = run_labels(run_dirs)
+    runs = {label: read_results(path) for label, path in paths.items()}
+    out_dir = Path(out_dir)
+    written = {"csv": out_dir / "compare.csv", "html": out_dir / "compare.html"}
+    atomic_write_text(written["csv"], compare_csv(runs))
+    atomic_write_text(written["html"], compare_html(runs, paths))
+    return written

@@ -1,0 +1,148 @@
+"""Geometry and orbit figures: curvature over training, Hessian density, spectra, orbit PCA.
+
+Each takes plain arrays (lists or numpy) and a path, and raises a ValueError with a sentence when the
+data it needs is absent or malformed, so the report can say why a figure is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .canvas import BACKBONE_COLOR, head_colors, new_figure, save, series
+
+
+def plot_lambda_over_training(history: Mapping[str, Sequence[dict]], path: Path,
+                              colors: Mapping[str, str] | None = None) -> Path:
+    """λ_max and λ_min of the loss Hessian against the training step; λ_min on a symmetric-log axis around 0."""
+    if not any(series(recs, "lambda_min")[0] or series(recs, "lambda_max")[0] for recs in history.values()):
+        raise ValueError("no lambda_min / lambda_max in the training records")
+    colors = colors or head_colors(list(history))
+    fig = new_figure(11, 3.8)
+    for k, key in enumerate(("lambda_max", "lambda_min")):
+        ax = fig.add_subplot(1, 2, k + 1)
+        values = []
+        for head, recs in history.items():
+            steps, vals = series(recs, key)
+            values += vals
+            if steps:
+                ax.plot(steps, vals, color=colors[head], label=head, marker=".", linewidth=1.3)
+        nonzero = [abs(v) for v in values if v and math.isfinite(v)]
+        if key == "lambda_min" and nonzero:
+            ax.set_yscale("symlog", linthresh=max(min(nonzero), 1e-12))
+            ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_title(f"λ_{key.split('_')[1]} of the loss Hessian", fontsize=10)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("eigenvalue")
+        if values:
+            ax.legend(fontsize=7)
+    fig.suptitle("Curvature over training (λ_min < 0: the loss has a descent direction)")
+    return save(fig, path)
+
+
+def plot_hessian_density(densities: Mapping[str, Mapping[str, Sequence[float]]], path: Path,
+                         colors: Mapping[str, str] | None = None) -> Path:
+    """densities: head → {"grid": eigenvalues, "density": spectral density on the grid} (e.g. from SLQ)."""
+    if not densities:
+        raise ValueError("no Hessian densities")
+    colors = colors or head_colors(list(densities))
+    fig = new_figure(7.5, 4.2)
+    ax = fig.add_subplot()
+    positive = True
+    for head, d in densities.items():
+        grid, dens = np.asarray(d["grid"], dtype=float), np.asarray(d["density"], dtype=float)
+        if grid.shape != dens.shape:
+            raise ValueError(f"head {head!r}: grid has {grid.size} points but density has {dens.size}")
+        positive &= bool((dens > 0).all())
+        ax.plot(grid, dens, color=colors[head], label=head, linewidth=1.4)
+    if positive:
+        ax.set_yscale("log")
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("eigenvalue λ of the loss Hessian")
+    ax.set_ylabel("spectral density")
+    ax.set_title("Hessian eigenvalue density per head")
+    ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def plot_spectra(spectra: Mapping[str, Sequence[float]], title: str, ylabel: str, path: Path,
+                 colors: Mapping[str, str] | None = None) -> Path:
+    """Eigenvalues sorted in decreasing order against their rank (log–log), one line per entry."""
+    spectra = {k: v for k, v in spectra.items() if len(v)}
+    if not spectra:
+        raise ValueError("no spectra")
+    colors = colors or head_colors(list(spectra))
+    fig = new_figure(7.5, 4.2)
+    ax = fig.add_subplot()
+    for name, values in spectra.items():
+        vals = np.sort(np.abs(np.asarray(values, dtype=float)))[::-1]
+        vals = vals[vals > 0]
+        dashed = "@" in name
+        ax.plot(np.arange(1, len(vals) + 1), vals, color=colors.get(name, BACKBONE_COLOR), label=name,
+                linestyle="--" if dashed else "-", linewidth=1.4)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("rank of the eigenvalue")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def orbit_pca(points, orbit=None) -> tuple[np.ndarray, np.ndarray, list[float] | None]:
+    """Orbit points on their top two principal components.
+
+    points: (N, D) with `orbit` (N,) the image each point belongs to, or trajectories (M images, T steps, D)
+    (e.g. `headprobe.probes.orbits.orbit_pca` output, ids implied). Returns xy (N, 2) or (M·T, 2), the ids, and
+    the fractions of variance on PC1 and PC2 (None when the points are already 2-D and are kept as they are).
+    """
+    x = np.asarray(points, dtype=float)
+    if x.ndim == 3:
+        if orbit is not None:
+            raise ValueError("trajectories (M, T, D) carry their orbit ids; pass orbit=None")
+        orbit, x = np.repeat(np.arange(x.shape[0]), x.shape[1]), x.reshape(-1, x.shape[2])
+    if x.ndim != 2 or len(x) < 2:
+        raise ValueError(f"orbit points must be an (N, D) or (M, T, D) array of 2 or more points, not {x.shape}")
+    ids = np.zeros(len(x), dtype=int) if orbit is None else np.asarray(orbit)
+    if len(ids) != len(x):
+        raise ValueError(f"{len(x)} orbit points but {len(ids)} orbit ids")
+    if x.shape[1] <= 2:
+        return np.pad(x, ((0, 0), (0, 2 - x.shape[1]))), ids, None
+    centred = x - x.mean(0)
+    _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    var = s**2
+    return centred @ vt[:2].T, ids, (var[:2] / var.sum()).tolist() if var.sum() > 0 else None
+
+
+def plot_orbit_pca(orbits: Mapping[str, object], path: Path, title: str = "Augmentation orbits") -> Path:
+    """orbits: tap → trajectories (M, T, D), or {"points": (N, D), "orbit": (N,) image ids}; one panel per tap.
+
+    Trajectories are drawn as lines in sweep order (○ first step); unordered points as dots (× orbit centre)."""
+    if not orbits:
+        raise ValueError("no orbits")
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10"].colors
+    cols = min(3, len(orbits))
+    rows = math.ceil(len(orbits) / cols)
+    fig = new_figure(4.2 * cols, 3.9 * rows + 0.4)
+    for k, (tap, entry) in enumerate(orbits.items()):
+        ordered = not isinstance(entry, Mapping)
+        xy, ids, explained = orbit_pca(entry, None) if ordered else orbit_pca(entry["points"], entry.get("orbit"))
+        ax = fig.add_subplot(rows, cols, k + 1)
+        for n, orbit_id in enumerate(dict.fromkeys(ids.tolist())):
+            mine, color = xy[ids == orbit_id], palette[n % len(palette)]
+            if ordered:
+                ax.plot(mine[:, 0], mine[:, 1], color=color, marker=".", linewidth=1.2, markersize=5)
+                ax.scatter(*mine[0], s=45, facecolors="none", edgecolors=color)
+            else:
+                ax.scatter(mine[:, 0], mine[:, 1], s=10, color=color, alpha=0.7)
+                ax.scatter(*mine.mean(0), s=60, color=color, marker="x")
+        ax.set_xlabel(f"PC1 ({100 * explained[0]:.0f}% of variance)" if explained else "PC1")
+        ax.set_ylabel(f"PC2 ({100 * explained[1]:.0f}% of variance)" if explained else "PC2")
+        ax.set_title(tap, fontsize=10)
+    fig.suptitle(f"{title}: 2-D PCA per tap (colour: one image)")
+    return save(fig, path)

@@ -1,0 +1,381 @@
+"""``report.html``: one self-contained page per run (inline CSS, figures embedded as base64, no scripts, no network).
+
+Sections: recipe, backbone and data with their protocol knobs, every metric at every tap, the buffer
+verdicts with their evidence, training curves, geometry, orbits, timings. Built from ``results.json`` +
+``metrics.jsonl`` alone, so ``headprobe report RUN_DIR`` can rebuild it at any time. A section or figure that
+fails to render is replaced by a note saying why; the page itself is always written.
+
+>>> write_report("runs/quickstart-20250101-120000")  # doctest: +SKIP
+PosixPath('runs/quickstart-20250101-120000/report.html')
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .plots import Plot, metric_names, read_records, render_plots
+
+CSS = """
+:root { --ink:#1d2330; --muted:#5f6b7a; --line:#d9dee5; --soft:#f4f6f9; --bb:#eef0f3; --out:#e7f0fb;
+        --good:#1f7a3f; --bad:#b42318; --warn:#a15c00; }
+* { box-sizing: border-box; }
+body { margin:0; font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;
+       color:var(--ink); background:#fff; }
+main { max-width:1180px; margin:0 auto; padding:24px 28px 64px; }
+header { border-bottom:2px solid var(--ink); padding-bottom:12px; margin-bottom:8px; }
+h1 { font-size:26px; margin:0 0 4px; } h2 { font-size:20px; margin:36px 0 10px; padding-bottom:4px;
+     border-bottom:1px solid var(--line); } h3 { font-size:16px; margin:20px 0 8px; }
+.sub { color:var(--muted); margin:0; } nav { margin:10px 0 0; font-size:14px; }
+nav a { color:var(--ink); margin-right:14px; text-decoration:none; border-bottom:1px dotted var(--muted); }
+table { border-collapse:collapse; margin:6px 0 14px; font-size:13.5px; }
+th, td { border:1px solid var(--line); padding:4px 9px; text-align:left; vertical-align:top; }
+th { background:var(--soft); font-weight:600; }
+td.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+.metrics td.bb, .metrics th.bb { background:var(--bb); }
+.metrics td.out, .metrics th.out { background:var(--out); font-weight:600; }
+.metrics td.knob { color:var(--muted); }
+.metrics tr.bb td, .metrics tr.bb th { background:var(--bb); }
+.delta { display:block; font-size:11.5px; font-weight:400; }
+.up { color:var(--good); } .down { color:var(--bad); }
+.kv th { width:16em; font-weight:500; } .kv td { word-break:break-word; }
+.grid { display:grid; grid-template-columns:repeat(auto-fit,minmax(340px,1fr)); gap:0 28px; }
+pre { background:var(--soft); border:1px solid var(--line); padding:10px 12px; overflow:auto; max-height:26em;
+      font-size:12.5px; line-height:1.4; }
+figure { margin:14px 0 22px; } figure img { max-width:100%; height:auto; border:1px solid var(--line); }
+figcaption { color:var(--muted); font-size:13px; margin-top:4px; }
+.missing, .note { background:#fff8e6; border:1px solid #f0d9a8; padding:8px 12px; color:var(--warn); }
+.error { background:#fdecea; border:1px solid #f5c2bd; padding:8px 12px; color:var(--bad); }
+.badge { display:inline-block; padding:1px 9px; border-radius:10px; font-size:13px; font-weight:600;
+         color:#fff; background:var(--muted); }
+.badge.buffer, .badge.complete { background:var(--good); } .badge.mixed, .badge.running { background:var(--warn); }
+.badge.no-buffer, .badge.failed { background:var(--bad); }
+.card { border:1px solid var(--line); border-radius:6px; padding:4px 16px 8px; margin:12px 0; }
+.bar { display:inline-block; height:9px; background:#8aa4c8; vertical-align:middle; margin-right:6px; }
+.legend { color:var(--muted); font-size:13px; }
+"""
+
+# Reading order: the numbers first, then how they were obtained.
+SECTIONS = (("metrics", "Metrics at every tap"), ("buffer", "Buffer verdicts"), ("training", "Training"),
+            ("geometry", "Geometry"), ("orbits", "Orbits"), ("setup", "Backbone, data and protocol"),
+            ("recipe", "Recipe"), ("timing", "Timings"))
+
+
+def esc(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def fmt(value, plain: bool = False) -> str:
+    """A value as short text: floats to 4 decimals below 10, 2 above, 3 significant digits when tiny or huge
+    (up to 6 significant digits when `plain`, for settings); long lists shortened."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, float) and plain:
+        return f"{value:.6g}"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.3g}"
+        return f"{value:.4f}" if abs(value) < 10 else f"{value:.2f}"
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(fmt(v, plain) for v in value[:8])
+        return f"[{items}, … ({len(value)} values)]" if len(value) > 8 else f"[{items}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {fmt(v, plain)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def flatten(data: dict, prefix: str = "") -> dict:
+    """Nested dicts → one level with dotted keys; lists and scalars are kept as values."""
+    flat = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def kv_table(data: dict, caption: str | None = None) -> str:
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(fmt(v, plain=True))}</td></tr>" for k, v in flatten(data).items())
+    head = f"<h3>{esc(caption)}</h3>" if caption else ""
+    return f"{head}<table class='kv'>{rows}</table>" if rows else f"{head}<p class='legend'>nothing recorded</p>"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence], numeric_from: int = 1, cls: str = "") -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td class='num'>{esc(fmt(c))}</td>" if i >= numeric_from and isinstance(c, (int, float))
+                         else f"<td>{esc(fmt(c))}</td>" for i, c in enumerate(row)) + "</tr>"
+        for row in rows)
+    return f"<table class='{esc(cls)}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def figure(plot: Plot) -> str:
+    if plot.path is None or plot.error:
+        return f"<figure class='missing'>Figure “{esc(plot.title)}” could not be drawn: {esc(plot.error)}</figure>"
+    data = base64.b64encode(Path(plot.path).read_bytes()).decode("ascii")
+    return (f"<figure><img src='data:image/png;base64,{data}' alt='{esc(plot.title)}'>"
+            f"<figcaption>{esc(plot.title)} (plots/{esc(Path(plot.path).name)})</figcaption></figure>")
+
+
+def page(title: str, header: str, body: str) -> str:
+    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{esc(title)}</title><style>{CSS}</style></head>"
+            f"<body><main><header>{header}</header>{body}</main></body></html>\n")
+
+
+def _header(results: dict) -> str:
+    recipe, bb, data = results.get("recipe", {}), results.get("backbone", {}), results.get("data", {})
+    status = results.get("status", "unknown")
+    verdicts = " ".join(f"{esc(h)} <span class='badge {esc(v.get('verdict', ''))}'>{esc(v.get('verdict', '?'))}"
+                        f"</span>" for h, v in results.get("buffer", {}).items() if isinstance(v, dict))
+    error = results.get("error")
+    nav = "".join(f"<a href='#{key}'>{esc(title)}</a>" for key, title in SECTIONS)
+    return (f"<h1>headprobe report: {esc(recipe.get('name', 'run'))}</h1>"
+            f"<p class='sub'>{esc(bb.get('id', '?'))} ({esc(bb.get('dim', '?'))}-d) on {esc(data.get('source', '?'))}"
+            f" · status <span class='badge {esc(status)}'>{esc(status)}</span>"
+            f" · headprobe {esc(results.get('headprobe_version', '?'))}</p>"
+            + f"<p class='sub'>{esc(_context(results))}</p>"
+            + (f"<p class='sub'>buffer verdicts: {verdicts}</p>" if verdicts else "")
+            + (f"<p class='error'>failed while {esc(error.get('stage', '?'))}: {esc(error.get('message', ''))}</p>"
+               if isinstance(error, dict) else "")
+            + f"<nav>{nav}</nav>")
+
+
+def _context(results: dict) -> str:
+    data, recipe = results.get("data", {}), results.get("recipe", {})
+    heads = list(results.get("heads", {})) or [h.get("name", "?") for h in recipe.get("heads") or []]
+    objective = (recipe.get("objective") or {}).get("name")
+    parts = [f"{fmt(data.get('n_train'))} train / {fmt(data.get('n_test'))} test images, "
+             f"{fmt(data.get('n_classes'))} classes", f"pooling {recipe.get('backbone', {}).get('pooling', '?')}"]
+    if heads:
+        parts.append(f"{len(heads)} head{'s' if len(heads) > 1 else ''} ({', '.join(heads)})"
+                     + (f" trained with {objective}" if objective else ""))
+    return " · ".join(parts)
+
+
+def _recipe(results: dict, plots: list[Plot]) -> str:
+    import yaml
+
+    text = yaml.safe_dump(results.get("recipe", {}), sort_keys=False, allow_unicode=True)
+    return f"<p class='legend'>The resolved recipe (defaults and --set overrides applied).</p><pre>{esc(text)}</pre>"
+
+
+def _setup(results: dict, plots: list[Plot]) -> str:
+    data = dict(results.get("data", {}))
+    names = data.pop("class_names", None)
+    if names:
+        data["classes"] = ", ".join(map(str, names[:30])) + (f", … ({len(names)} classes)" if len(names) > 30 else "")
+    parts = [f"<div class='grid'><div>{kv_table(results.get('backbone', {}), 'Backbone')}</div>"
+             f"<div>{kv_table(data, 'Data')}</div></div>"]
+    protocol = results.get("protocol", {})
+    if protocol:
+        parts.append("<div class='grid'>" + "".join(f"<div>{kv_table(v, f'Protocol: {k}')}</div>"
+                                                    for k, v in protocol.items() if isinstance(v, dict)) + "</div>")
+    parts.append(_probe_protocol(results.get("taps", {})))
+    return "".join(parts)
+
+
+def _probe_protocol(taps: dict) -> str:
+    """Each probe's knobs: one value when every tap used the same, otherwise one per tap."""
+    probes: list[str] = []
+    for tap in taps.values():
+        probes += [p for p in tap.get("protocol", {}) if p not in probes]
+    out = []
+    for probe in probes:
+        per_tap = {t: flatten(tap.get("protocol", {}).get(probe, {})) for t, tap in taps.items()}
+        knobs = list(dict.fromkeys(k for knobs in per_tap.values() for k in knobs))
+        rows = []
+        for knob in knobs:
+            values = {t: p.get(knob) for t, p in per_tap.items() if knob in p}
+            same = len({repr(v) for v in values.values()}) == 1
+            shown = (fmt(next(iter(values.values())), plain=True) if same
+                     else "; ".join(f"{t}: {fmt(v, plain=True)}" for t, v in values.items()))
+            rows.append(f"<tr><th>{esc(knob)}</th><td>{esc(shown)}</td></tr>")
+        out.append(f"<h3>Probe protocol: {esc(probe)}</h3><table class='kv'>{''.join(rows)}</table>")
+    return "".join(out)
+
+
+def _metrics(results: dict, plots: list[Plot]) -> str:
+    taps = results.get("taps", {})
+    if not taps:
+        return "<p class='note'>No tap was probed in this run.</p>"
+    groups: dict[str, list[str]] = {}
+    for name, tap in taps.items():
+        groups.setdefault(tap.get("head") or "backbone", []).append(name)
+    top = "".join(f"<th colspan='{len(names)}' class='{'bb' if g == 'backbone' else ''}'>"
+                  f"{esc('before the head' if g == 'backbone' else 'head ' + g)}</th>" for g, names in groups.items())
+    kinds = {t: _tap_kind(t, tap) for t, tap in taps.items()}
+    sub = "".join(f"<th class='{kinds[t]}'>{esc(t)}<span class='delta'>{esc(_tap_label(t, taps[t]))}</span></th>"
+                  for names in groups.values() for t in names)
+    base = taps.get("backbone", {}).get("metrics", {})
+    rows = []
+    for metric in metric_names(taps):
+        knob = metric not in metric_names(taps, plotted_only=True)
+        cells = []
+        for names in groups.values():
+            for t in names:
+                value = taps[t].get("metrics", {}).get(metric)
+                cells.append(f"<td class='num {kinds[t]}{' knob' if knob else ''}'>{esc(fmt(value))}"
+                             f"{_delta(value, base.get(metric)) if kinds[t] != 'bb' and not knob else ''}</td>")
+        rows.append(f"<tr><th>{esc(metric)}</th>{''.join(cells)}</tr>")
+    legend = ("<p class='legend'>Grey column: backbone features (before the head). Blue columns: head outputs "
+              "(after). Other columns: hidden layers (inside). Small numbers: difference from the backbone. "
+              "Greyed rows are protocol values chosen on validation data, not measurements.</p>")
+    body = (f"<table class='metrics'><thead><tr><th rowspan='2'>metric</th>{top}</tr><tr>{sub}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>")
+    return legend + body + "".join(figure(p) for p in plots if p.section == "metrics")
+
+
+def _tap_kind(name: str, tap: dict) -> str:
+    if tap.get("head") is None:
+        return "bb"
+    return "out" if name == tap["head"] else "hidden"
+
+
+def _tap_label(name: str, tap: dict) -> str:
+    if tap.get("head") is None:
+        return "backbone"
+    return "output" if name == tap["head"] else f"layer {tap.get('depth', '?')}"
+
+
+def _delta(value, base) -> str:
+    if not isinstance(value, (int, float)) or not isinstance(base, (int, float)) or isinstance(value, bool):
+        return ""
+    diff = value - base
+    if diff == 0:
+        return "<span class='delta'>±0</span>"
+    cls = "up" if diff > 0 else "down" if diff < 0 else ""
+    return f"<span class='delta {cls}'>{'+' if diff > 0 else ''}{esc(fmt(float(diff)))}</span>"
+
+
+def _buffer(results: dict, plots: list[Plot]) -> str:
+    buffer = results.get("buffer", {})
+    if not buffer:
+        return "<p class='note'>No buffer verdict: this run trained no head.</p>"
+    out = []
+    for head, entry in buffer.items():
+        evidence = entry.get("evidence", {})
+        facts = {k: v for k, v in entry.items() if k not in ("verdict", "evidence")}
+        facts |= {k: v for k, v in evidence.items() if not isinstance(v, dict)}
+        rows = {k: v for k, v in evidence.items() if isinstance(v, dict)}
+        columns = list(dict.fromkeys(c for v in rows.values() for c in v))
+        body = "".join(
+            f"<tr><th>{esc(name)}</th>" + "".join(_evidence_cell(col, v.get(col)) for col in columns) + "</tr>"
+            for name, v in rows.items())
+        table_html = (f"<table><thead><tr><th>evidence</th>{''.join(f'<th>{esc(c)}</th>' for c in columns)}</tr>"
+                      f"</thead><tbody>{body}</tbody></table>") if rows else ""
+        out.append(f"<div class='card'><h3>{esc(head)} <span class='badge {esc(entry.get('verdict', ''))}'>"
+                   f"{esc(entry.get('verdict', '?'))}</span></h3>"
+                   f"<p class='legend'>{esc(', '.join(f'{k} {fmt(v)}' for k, v in facts.items()))}</p>"
+                   f"{table_html}</div>")
+    return "".join(out)
+
+
+def _evidence_cell(column: str, value) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return f"<td>{esc(fmt(value))}</td>"
+    cls = (" up" if value > 0 else " down" if value < 0 else "") if column in ("margin",) else ""
+    return f"<td class='num{cls}'>{esc(fmt(value))}</td>"
+
+
+def _training(results: dict, plots: list[Plot]) -> str:
+    heads = results.get("heads", {})
+    if not heads:
+        return "<p class='note'>This run trained no head.</p>"
+    rows = []
+    for name, head in heads.items():
+        config, train = head.get("config", {}), head.get("train", {})
+        rows.append([name, config.get("type"), config.get("depth"), config.get("width"), config.get("out_dim"),
+                     config.get("act"), train.get("status"), train.get("steps"), train.get("final_loss"),
+                     train.get("message") or ""])
+    header = ["head", "type", "depth", "width", "out_dim", "act", "status", "steps", "final loss", "message"]
+    return (table(header, rows, numeric_from=2) + kv_table(results.get("protocol", {}).get("train", {}),
+                                                           "Training protocol")
+            + "".join(figure(p) for p in plots if p.section == "training"))
+
+
+def _geometry(results: dict, plots: list[Plot]) -> str:
+    parts = []
+    for name, head in results.get("heads", {}).items():
+        geometry = head.get("geometry")
+        if geometry:
+            shown = {k: (f"{len(v)} values (plotted)" if isinstance(v, list) and len(v) > 8 else v)
+                     for k, v in flatten(geometry).items()}
+            parts.append(kv_table(shown, f"Head {name}"))
+    figures = [p for p in plots if p.section == "geometry"]
+    if not parts and not figures:
+        return "<p class='note'>No geometry was recorded in this run.</p>"
+    return "<div class='grid'>" + "".join(f"<div>{p}</div>" for p in parts) + "</div>" + "".join(
+        figure(p) for p in figures)
+
+
+def _orbits(results: dict, plots: list[Plot]) -> str:
+    figures = [p for p in plots if p.section == "orbits"]
+    if not figures:
+        return "<p class='note'>No orbits were recorded in this run.</p>"
+    return "".join(figure(p) for p in figures)
+
+
+def _timing(results: dict, plots: list[Plot]) -> str:
+    timing = {k: v for k, v in results.get("timing", {}).items() if isinstance(v, (int, float))}
+    total = sum(timing.values())
+    rows = "".join(
+        f"<tr><th>{esc(k)}</th><td class='num'>{v:.1f} s</td>"
+        f"<td><span class='bar' style='width:{200 * v / total if total else 0:.0f}px'></span>"
+        f"{100 * v / total if total else 0:.0f}%</td></tr>" for k, v in timing.items())
+    return (f"<table><thead><tr><th>stage</th><th>time</th><th>share</th></tr></thead><tbody>{rows}"
+            f"<tr><th>total</th><td class='num'>{total:.1f} s</td><td></td></tr></tbody></table>"
+            + kv_table(results.get("environment", {}), "Environment"))
+
+
+BUILDERS: dict[str, Callable[[dict, list[Plot]], str]] = {
+    "recipe": _recipe, "setup": _setup, "metrics": _metrics, "buffer": _buffer, "training": _training,
+    "geometry": _geometry, "orbits": _orbits, "timing": _timing,
+}
+
+
+def render_report(results: dict, plots: list[Plot]) -> str:
+    """The page for `results` with the already drawn `plots`; a section that fails shows its error instead."""
+    body = []
+    for key, title in SECTIONS:
+        try:
+            content = BUILDERS[key](results, plots)
+        except Exception as err:  # a malformed field costs one section, never the page
+            content = f"<p class='error'>This section could not be rendered: {esc(type(err).__name__)}: {esc(err)}</p>"
+        body.append(f"<section id='{key}'><h2>{esc(title)}</h2>{content}</section>")
+    failed = [p for p in plots if p.error]
+    if failed:
+        items = "".join(f"<li>{esc(p.title)}: {esc(p.error)}</li>" for p in failed)
+        body.append(f"<section id='notes'><h2>Notes</h2><p>Figures that could not be drawn:</p><ul>{items}</ul>"
+                    "</section>")
+    try:
+        header = _header(results)
+    except Exception as err:
+        header = f"<h1>headprobe report</h1><p class='error'>The header could not be rendered: {esc(err)}</p>"
+    name = results.get("recipe", {}).get("name", "run") if isinstance(results.get("recipe"), dict) else "run"
+    return page(f"headprobe report: {name}", header, "".join(body))
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Regenerate run_dir/plots/*.png and run_dir/report.html from results.json + metrics.jsonl.
+
+    Figures and sections that fail are noted in the page; only a missing/unreadable results.json or an
+    unwritable directory raises (FileNotFoundError, ValueError, OSError).
+    """
+    from ..runs import atomic_write_text, read_results
+
+    run_dir = Path(run_dir)
+    results = read_results(run_dir)
+    plots = render_plots(results, read_records(run_dir), run_dir / "plots")
+    path = run_dir / "report.html"
+    atomic_write_text(path, render_report(results, plots))
+    return path

@@ -1,0 +1,362 @@
+"""Figures of one run, one per question, drawn from ``results.json`` + ``metrics.jsonl`` alone.
+
+Every figure function takes plain data and a path, draws with matplotlib's Agg canvas (no pyplot, no
+global state, no display) and returns the path. `render_plots` draws every figure the run has data
+for, each on its own, so one failing figure is recorded as an error and the others are still drawn;
+`write_plots(run_dir)` is the same for a run directory.
+
+>>> paths = write_plots("runs/quickstart-20250101-120000")  # doctest: +SKIP
+>>> [p.name for p in paths]  # doctest: +SKIP
+['tap_heatmap.png', 'metric_bars.png', 'training_curves.png', ...]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .canvas import BACKBONE_COLOR, head_colors, log_if_wide, new_figure, save, series
+from .geometry_plots import plot_hessian_density, plot_lambda_over_training, plot_orbit_pca, plot_spectra
+
+# Metric-name endings that are protocol knobs or ceilings rather than measurements: kept in tables, not plotted.
+KNOB_SUFFIXES = ("C", "ceiling")
+
+
+@dataclass
+class Plot:
+    """One figure of the report: where it was written, or why it could not be drawn."""
+
+    name: str
+    title: str
+    section: str
+    path: Path | None = None
+    error: str | None = None
+
+
+def read_records(run_dir: str | Path) -> list[dict]:
+    """The records of ``metrics.jsonl``; a torn last line (a run killed mid-write) is skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def train_history(records: Sequence[dict]) -> dict[str, list[dict]]:
+    """head → its training records sorted by step; a step logged twice (a resumed run) keeps the last record."""
+    by_head: dict[str, dict[int, dict]] = {}
+    for record in records:
+        if record.get("stage") == "train" and "head" in record and "step" in record:
+            by_head.setdefault(record["head"], {})[record["step"]] = record
+    return {head: [steps[s] for s in sorted(steps)] for head, steps in by_head.items()}
+
+
+def is_knob(metric: str) -> bool:
+    return metric.rsplit(".", 1)[-1] in KNOB_SUFFIXES
+
+
+def metric_names(taps: Mapping[str, dict], plotted_only: bool = False) -> list[str]:
+    names: list[str] = []
+    for tap in taps.values():
+        names += [m for m in tap.get("metrics", {}) if m not in names and not (plotted_only and is_knob(m))]
+    return names
+
+
+def metric_unit(metric: str) -> str:
+    last = metric.rsplit(".", 1)[-1]
+    if last in ("acc", "val_acc"):
+        return "accuracy (fraction)"
+    if metric.startswith("mi.") or metric.startswith("mi/"):
+        return "nats"
+    if metric in ("rankme", "lidar", "eff_rank"):
+        return "effective rank (dims)"
+    if metric.startswith("aug_r2"):
+        return "R²"
+    return "value"
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def _tap_order(results: dict) -> tuple[list[str], dict[str, str | None]]:
+    taps = results.get("taps", {})
+    return list(taps), {name: tap.get("head") for name, tap in taps.items()}
+
+
+def _heads_of(results: dict) -> list[str]:
+    heads = list(results.get("heads", {}))
+    for tap in results.get("taps", {}).values():
+        if tap.get("head") and tap["head"] not in heads:
+            heads.append(tap["head"])
+    return heads
+
+
+def relative_change(results: dict) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+    """(metrics, taps, values, change): values (M, T) of each plotted metric at each tap (NaN if not measured)
+    and their change relative to the backbone tap in percent, 100·(v − v_backbone)/|v_backbone|."""
+    taps = results["taps"]
+    names, metrics = list(taps), metric_names(taps, plotted_only=True)
+    rows = [[_number(taps[t]["metrics"].get(m)) for t in names] for m in metrics]
+    values = np.array(rows, dtype=float).reshape(len(metrics), len(names))
+    base = values[:, [names.index("backbone")]] if "backbone" in names else np.full((len(metrics), 1), np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        change = 100 * (values - base) / np.abs(base)
+    return metrics, names, values, np.where(np.isfinite(change), change, np.nan)
+
+
+def plot_tap_heatmap(results: dict, path: Path) -> Path:
+    """Metric × tap: colour is the change relative to the backbone tap, the number is the measured value."""
+    metrics, names, values, change = relative_change(results)
+    if not metrics:
+        raise ValueError("no metrics to plot")
+    largest = float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 1.0
+    limit = min(max(largest, 1.0), 100.0)
+    fig = new_figure(max(5.0, 1.1 * len(names) + 2.5), max(2.5, 0.42 * len(metrics) + 1.6))
+    ax = fig.add_subplot()
+    image = ax.imshow(np.ma.masked_invalid(change), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
+    ax.set_yticks(range(len(metrics)), metrics)
+    for i in range(len(metrics)):
+        for j in range(len(names)):
+            if math.isfinite(values[i, j]):
+                strong = math.isfinite(change[i, j]) and abs(change[i, j]) > 0.6 * limit
+                ax.text(j, i, _short(values[i, j]), ha="center", va="center", fontsize=8,
+                        color="white" if strong else "black")
+    saturated = f", saturated beyond ±{limit:.0f}" if largest > limit else ""
+    fig.colorbar(image, ax=ax, label=f"change vs backbone (%{saturated})", shrink=0.9)
+    ax.set_title("Every metric at every tap (numbers: measured value)")
+    return save(fig, path)
+
+
+def _short(value: float) -> str:
+    return f"{value:.3g}" if abs(value) >= 1000 or (value != 0 and abs(value) < 0.01) else f"{value:.3f}"
+
+
+def plot_metric_bars(results: dict, path: Path) -> Path:
+    """One panel per metric: the backbone bar (dashed reference line) next to every head tap."""
+    taps = results["taps"]
+    names, owner = _tap_order(results)
+    metrics = metric_names(taps, plotted_only=True)
+    if not metrics:
+        raise ValueError("no metrics to plot")
+    colors = head_colors(_heads_of(results))
+    cols = min(3, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    fig = new_figure(4.2 * cols, 2.9 * rows + 0.4)
+    for k, metric in enumerate(metrics):
+        ax = fig.add_subplot(rows, cols, k + 1)
+        vals = [_number(taps[t]["metrics"].get(metric)) for t in names]
+        bar_colors = [colors.get(owner[t], BACKBONE_COLOR) if owner[t] else BACKBONE_COLOR for t in names]
+        bars = ax.bar(range(len(names)), np.nan_to_num(vals), color=bar_colors)
+        for bar, tap in zip(bars, names, strict=True):
+            if owner[tap] and tap != owner[tap]:
+                bar.set_alpha(0.5)
+                bar.set_hatch("//")
+        base = taps.get("backbone", {}).get("metrics", {}).get(metric)
+        if isinstance(base, (int, float)):
+            ax.axhline(base, color=BACKBONE_COLOR, linestyle="--", linewidth=1)
+        finite = [v for v in vals if math.isfinite(v)]
+        if finite and min(finite) > 0 and max(finite) / min(finite) > 1e3:
+            ax.set_yscale("log")
+        ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=8)
+        ax.set_title(metric, fontsize=10)
+        ax.set_ylabel(metric_unit(metric), fontsize=8)
+    fig.suptitle("Backbone (grey, dashed line) vs each head; hatched bars are hidden layers")
+    return save(fig, path)
+
+
+def plot_training_curves(history: Mapping[str, Sequence[dict]], out_dims: Mapping[str, int], path: Path,
+                         colors: Mapping[str, str] | None = None) -> Path:
+    """Loss, output spread (with its 1/√d no-collapse level) and RankMe against the training step, per head."""
+    if not history:
+        raise ValueError("no training records")
+    colors = colors or head_colors(list(history))
+    fig = new_figure(13, 3.8)
+    panels = [("loss", "training loss", "objective value"),
+              ("out_std", "spread of L2-normalised outputs", "mean per-dim std"),
+              ("rankme", "RankMe of the head output (batch)", "effective rank (dims)")]
+    for k, (key, title, ylabel) in enumerate(panels):
+        ax = fig.add_subplot(1, 3, k + 1)
+        for head, recs in history.items():
+            steps, vals = series(recs, key)
+            if steps:
+                ax.plot(steps, vals, color=colors[head], label=head, linewidth=1.4)
+        if key == "out_std":
+            for d in sorted({out_dims[h] for h in history if out_dims.get(h)}):
+                ax.axhline(1 / math.sqrt(d), color="black", linestyle=":", linewidth=1, label=f"1/√d, d={d}")
+        if key == "loss":
+            log_if_wide(ax, [v for recs in history.values() for v in series(recs, key)[1]])
+        if key == "out_std":
+            refs = [1 / math.sqrt(out_dims[h]) for h in history if out_dims.get(h)]
+            ax.set_ylim(0, max([ax.get_ylim()[1], *(1.15 * r for r in refs)]))
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    fig.suptitle("Training and collapse (out_std → 0 or RankMe → 1 means collapse)")
+    return save(fig, path)
+
+
+def plot_series_panels(history: Mapping[str, Sequence[dict]], keys: Sequence[str], title: str, path: Path,
+                       labels: Mapping[str, str] | None = None, colors: Mapping[str, str] | None = None) -> Path:
+    """One panel per record key (e.g. the objective's terms, grad_norm, lr) against the step, per head."""
+    keys = [k for k in keys if any(series(recs, k)[0] for recs in history.values())]
+    if not keys:
+        raise ValueError(f"no training records hold {', '.join(keys) or 'these keys'}")
+    colors = colors or head_colors(list(history))
+    cols = min(3, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig = new_figure(4.4 * cols, 3.2 * rows + 0.4)
+    for k, key in enumerate(keys):
+        ax = fig.add_subplot(rows, cols, k + 1)
+        for head, recs in history.items():
+            steps, vals = series(recs, key)
+            if steps:
+                ax.plot(steps, vals, color=colors[head], label=head, linewidth=1.3)
+        log_if_wide(ax, [v for recs in history.values() for v in series(recs, key)[1]])
+        ax.set_title(key, fontsize=10)
+        ax.set_xlabel("training step")
+        ax.set_ylabel((labels or {}).get(key, "value"), fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    return save(fig, path)
+
+
+def head_out_dims(results: dict) -> dict[str, int]:
+    """Output width of each trained head, from its recorded config (the rule `ProjectionHead` applies)."""
+    dims = {}
+    for name, head in results.get("heads", {}).items():
+        config = head.get("config", {})
+        if config.get("type") == "identity":
+            dims[name] = results.get("backbone", {}).get("dim")
+        else:
+            dims[name] = config.get("out_dim") or config.get("width")
+    return {k: v for k, v in dims.items() if isinstance(v, int) and v > 0}
+
+
+def _term_keys(history: Mapping[str, Sequence[dict]], objective: str | None) -> list[str]:
+    keys: list[str] = []
+    for recs in history.values():
+        for record in recs:
+            keys += [k for k in record if k not in keys and objective and k.startswith(f"{objective}.")]
+    return keys
+
+
+def _geometry(results: dict, key: str) -> dict:
+    return {head: h["geometry"][key] for head, h in results.get("heads", {}).items()
+            if isinstance(h.get("geometry"), dict) and h["geometry"].get(key) is not None}
+
+
+def _tap_spectra(results: dict) -> dict[str, list[float]]:
+    spectra = {}
+    for name, tap in results.get("taps", {}).items():
+        values = tap.get("protocol", {}).get("spectrum", {}).get("eigenvalues_top")
+        if values:
+            spectra[name] = values
+    return spectra
+
+
+def plan_plots(results: dict, records: Sequence[dict]) -> list[tuple[Plot, Callable[[Path], Path]]]:
+    """Every figure the data supports, as (Plot, draw(path)); figures without data are left out."""
+    history = train_history(records)
+    objective = results.get("protocol", {}).get("train", {}).get("objective") or results.get("recipe", {}).get(
+        "objective", {}).get("name")
+    plan: list[tuple[Plot, Callable[[Path], Path]]] = []
+    colors = head_colors(list(dict.fromkeys(_heads_of(results) + list(history))))
+
+    def add(name, title, section, draw):
+        plan.append((Plot(name, title, section), draw))
+
+    if metric_names(results.get("taps", {}), plotted_only=True):
+        add("tap_heatmap", "Every metric at every tap", "metrics", lambda p: plot_tap_heatmap(results, p))
+        add("metric_bars", "Backbone vs each head tap, per metric", "metrics", lambda p: plot_metric_bars(results, p))
+    if history:
+        add("training_curves", "Loss and collapse curves", "training",
+            lambda p: plot_training_curves(history, head_out_dims(results), p, colors))
+        terms = _term_keys(history, objective)
+        if terms:
+            add("objective_terms", f"Terms of the {objective} objective", "training",
+                lambda p: plot_series_panels(history, terms, f"Terms of the {objective} objective", p,
+                                             colors=colors))
+        add("optimisation", "Optimisation: gradient norm, learning rate, relative update", "training",
+            lambda p: plot_series_panels(history, ["grad_norm", "lr", "rel_update"], "Optimisation", p,
+                                         {"grad_norm": "‖∇‖ (L2)", "lr": "learning rate",
+                                          "rel_update": "lr·‖∇‖ / ‖w‖"}, colors))
+    if any("lambda_min" in r or "lambda_max" in r for recs in history.values() for r in recs):
+        add("lambda_over_training", "λ_min and λ_max over training", "geometry",
+            lambda p: plot_lambda_over_training(history, p, colors))
+    densities = _geometry(results, "hessian_density")
+    if densities:
+        add("hessian_density", "Hessian eigenvalue density", "geometry",
+            lambda p: plot_hessian_density(densities, p, colors))
+    pullback = _geometry(results, "pullback_spectrum")
+    if pullback:
+        add("pullback_spectrum", "Pull-back metric spectrum", "geometry",
+            lambda p: plot_spectra(pullback, "Pull-back metric spectrum per head", "eigenvalue of JᵀJ", p,
+                                           colors))
+    spectra = _tap_spectra(results)
+    if spectra:
+        _, owner = _tap_order(results)
+        tap_colors = {t: colors.get(owner.get(t), BACKBONE_COLOR) for t in spectra}
+        add("feature_spectra", "Feature covariance spectrum at each tap", "geometry",
+            lambda p: plot_spectra(spectra, "Covariance spectrum of the features at each tap",
+                                   "eigenvalue (variance)", p, tap_colors))
+    for sweep, taps in orbit_sets(results.get("orbits")).items():
+        title = f"Orbits of the {sweep} sweep" if sweep else "Augmentation orbits"
+        name = "orbit_pca_" + re.sub(r"[^A-Za-z0-9_.-]", "_", sweep) if sweep else "orbit_pca"
+        add(name, f"{title}, 2-D PCA per tap", "orbits",
+            lambda p, taps=taps, title=title: plot_orbit_pca(taps, p, title))
+    return plan
+
+
+def orbit_sets(orbits) -> dict[str, dict]:
+    """results["orbits"] as sweep → {tap: entry}: either {tap: entry} (one set, sweep "") or {sweep: {tap: entry}}.
+
+    An entry is trajectories (M, T, D) as a nested list, or {"points": (N, D), "orbit": (N,)}."""
+    if not isinstance(orbits, Mapping) or not orbits:
+        return {}
+    nested = all(isinstance(v, Mapping) and "points" not in v for v in orbits.values())
+    sets = {str(sweep): dict(taps) for sweep, taps in orbits.items()} if nested else {"": dict(orbits)}
+    return {sweep: taps for sweep, taps in sets.items() if taps}
+
+
+def render_plots(results: dict, records: Sequence[dict], out_dir: str | Path) -> list[Plot]:
+    """Draw every planned figure into out_dir/<name>.png; a figure that fails keeps its error, the rest go on."""
+    out_dir = Path(out_dir)
+    try:
+        plan = plan_plots(results, records)
+    except Exception as err:  # malformed results: the page still comes, saying why it has no figures
+        return [Plot("figures", "all figures", "metrics", error=f"{type(err).__name__}: {err}")]
+    done = []
+    for plot, draw in plan:
+        path = out_dir / f"{plot.name}.png"
+        try:
+            plot.path = draw(path)
+        except Exception as err:  # one broken figure must not cost the report its other figures
+            plot.error = f"{type(err).__name__}: {err}"
+            path.unlink(missing_ok=True)  # never leave an earlier run's figure under this name
+        done.append(plot)
+    return done
+
+
+def write_plots(run_dir: str | Path) -> list[Path]:
+    """Regenerate run_dir/plots/*.png from results.json + metrics.jsonl; returns the files written."""
+    from ..runs import read_results
+
+    run_dir = Path(run_dir)
+    plots = render_plots(read_results(run_dir), read_records(run_dir), run_dir / "plots")
+    return [p.path for p in plots if p.path is not None]

@@ -1,0 +1,63 @@
+import csv
+
+import pytest
+from report_run import results_dict, write_run
+
+from headprobe.cli import main
+from headprobe.report.compare import compare_rows, run_labels, write_compare
+
+
+def _ablation_pair(root):
+    """depth2: the fixture run; depth3: one more hidden tap (mlp@2), no linear head, another mlp accuracy."""
+    a = results_dict()
+    b = results_dict()
+    b["taps"] = {"backbone": b["taps"]["backbone"], "mlp@1": b["taps"]["mlp@1"],
+                 "mlp@2": {"head": "mlp", "depth": 2, "metrics": {"linear.acc": 0.88}}, "mlp": b["taps"]["mlp"]}
+    b["taps"]["mlp"]["metrics"] = {**b["taps"]["mlp"]["metrics"], "linear.acc": 0.77}
+    return write_run(root / "depth2", a, records=[]), write_run(root / "depth3", b, records=[])
+
+
+def _read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_compare_writes_one_row_per_tap_and_metric_and_one_column_per_run(tmp_path):
+    a, b = _ablation_pair(tmp_path)
+    written = write_compare([a, b], tmp_path / "out")
+    rows = _read_csv(written["csv"])
+    metrics = list(results_dict()["taps"]["backbone"]["metrics"])
+    assert rows[0] == ["tap", "metric", "depth2", "depth3"]
+    expected_keys = ([("backbone", m) for m in metrics] + [("mlp@1", m) for m in metrics]
+                     + [("mlp", m) for m in metrics] + [("lin", m) for m in metrics] + [("mlp@2", "linear.acc")])
+    assert [tuple(r[:2]) for r in rows[1:]] == expected_keys
+    by_key = {tuple(r[:2]): r[2:] for r in rows[1:]}
+    assert by_key[("mlp", "linear.acc")] == ["0.81", "0.77"]
+    assert by_key[("lin", "linear.acc")] == ["0.94", ""] and by_key[("mlp@2", "linear.acc")] == ["", "0.88"]
+    assert float(by_key[("backbone", "mi.infonce.ceiling")][0]) == pytest.approx(5.545177444479562)
+    text = written["html"].read_text()
+    assert "<b>0.8100</b>" in text and "<b>0.7700</b>" not in text  # the best accuracy of a row in bold
+    assert "<b>0.9400</b>" not in text  # ... when there is something to compare it with
+    assert "http" not in text and "<script" not in text
+    assert compare_rows({"x": results_dict()})[0] == ["tap", "metric", "x"]
+
+
+def test_run_labels_are_unique(tmp_path):
+    runs = [tmp_path / "sweep1" / "relu", tmp_path / "sweep2" / "relu", tmp_path / "sweep2" / "gelu"]
+    assert list(run_labels(runs)) == ["sweep1/relu", "sweep2/relu", "sweep2/gelu"]
+    assert list(run_labels(runs[1:])) == ["relu", "gelu"]
+    with pytest.raises(ValueError, match="given twice"):
+        run_labels([runs[0], runs[0]])
+
+
+def test_compare_command_prints_and_writes_next_to_the_runs_or_into_out(tmp_path, capsys):
+    a, b = _ablation_pair(tmp_path / "runs")
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "depth2" in out and "depth3" in out and "mlp@2" in out and "compare.csv" in out
+    assert _read_csv(tmp_path / "runs" / "compare.csv")[0] == ["tap", "metric", "depth2", "depth3"]
+    assert (tmp_path / "runs" / "compare.html").is_file()
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "elsewhere")]) == 0
+    assert (tmp_path / "elsewhere" / "compare.csv").read_text() == (tmp_path / "runs" / "compare.csv").read_text()
+    assert main(["compare", str(a), str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err

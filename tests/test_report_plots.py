@@ -1,0 +1,127 @@
+import math
+
+import numpy as np
+import pytest
+from report_run import results_dict, train_records, write_run
+
+from headprobe.heads import ProjectionHead
+from headprobe.report.geometry_plots import orbit_pca
+from headprobe.report.plots import (
+    head_out_dims,
+    plan_plots,
+    read_records,
+    relative_change,
+    render_plots,
+    train_history,
+    write_plots,
+)
+
+ALL_FIGURES = {"tap_heatmap", "metric_bars", "training_curves", "objective_terms", "optimisation",
+               "lambda_over_training", "hessian_density", "pullback_spectrum", "feature_spectra", "orbit_pca"}
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory):
+    run_dir = write_run(tmp_path_factory.mktemp("run") / "r")
+    return run_dir, write_plots(run_dir)
+
+
+def test_every_figure_the_data_supports_is_drawn_as_a_png(drawn):
+    from PIL import Image
+
+    run_dir, paths = drawn
+    assert {p.stem for p in paths} == ALL_FIGURES
+    assert sorted(paths) == sorted((run_dir / "plots").glob("*.png"))
+    for path in paths:
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.width >= 600 and image.height >= 250
+
+
+def test_relative_change_is_percent_of_the_backbone_value():
+    results = results_dict()
+    del results["taps"]["lin"]["metrics"]["align"]
+    metrics, taps, values, change = relative_change(results)
+    assert "linear.C" not in metrics and "mi.infonce.ceiling" not in metrics  # knobs and ceilings are not plotted
+    assert taps == ["backbone", "mlp@1", "mlp", "lin"]
+    i, j = metrics.index("linear.acc"), taps.index("mlp")
+    assert values[i, j] == 0.81 and change[i, j] == pytest.approx(100 * (0.81 - 0.95) / 0.95)
+    assert np.all(change[:, 0] == 0)
+    assert math.isnan(values[metrics.index("align"), taps.index("lin")])
+    assert math.isnan(change[metrics.index("align"), taps.index("lin")])
+
+
+def test_figures_without_their_data_are_left_out():
+    results = results_dict()
+    bare = {**results, "orbits": None, "heads": {h: {**v, "geometry": {}} for h, v in results["heads"].items()},
+            "taps": {t: {**v, "protocol": {}} for t, v in results["taps"].items()}}
+    assert [p.name for p, _ in plan_plots(bare, [])] == ["tap_heatmap", "metric_bars"]
+    no_lambda = [{k: v for k, v in r.items() if not k.startswith("lambda")} for r in train_records()]
+    names = [p.name for p, _ in plan_plots(bare, no_lambda)]
+    assert names == ["tap_heatmap", "metric_bars", "training_curves", "objective_terms", "optimisation"]
+    assert plan_plots({"taps": {}}, []) == []
+
+
+def test_orbit_trajectories_per_sweep_get_one_figure_each(tmp_path):
+    rng = np.random.default_rng(0)
+    traj = {tap: rng.normal(size=(4, 12, 2)).tolist() for tap in ("backbone", "mlp")}  # (M images, T steps, 2)
+    results = {"taps": {}, "orbits": {"rotation360": traj, "hue": {"backbone": rng.normal(size=(3, 5, 7)).tolist()}}}
+    plots = render_plots(results, [], tmp_path)
+    assert [(p.name, p.error) for p in plots] == [("orbit_pca_rotation360", None), ("orbit_pca_hue", None)]
+    assert all(p.path.is_file() for p in plots)
+    flat = {"taps": {}, "orbits": {"backbone": {"points": [[0.0, 1.0], [1.0, 0.0]], "orbit": [0, 0]}}}
+    assert [p.name for p, _ in plan_plots(flat, [])] == ["orbit_pca"]
+
+
+def test_a_broken_figure_is_recorded_and_the_others_still_drawn(tmp_path):
+    results = {"taps": {"backbone": {"head": None, "depth": 0, "metrics": {"linear.acc": 0.9}},
+                        "h": {"head": "h", "depth": 1, "metrics": {"linear.acc": 0.8}}},
+               "heads": {"h": {"geometry": {"hessian_density": {"grid": [0.0, 1.0, 2.0], "density": [1.0, 2.0]}}}}}
+    stale = tmp_path / "hessian_density.png"
+    stale.write_bytes(b"an earlier run's figure")
+    plots = {p.name: p for p in render_plots(results, [], tmp_path)}
+    assert plots["hessian_density"].path is None and "3 points but density has 2" in plots["hessian_density"].error
+    assert not stale.exists()
+    assert plots["tap_heatmap"].path.is_file() and plots["metric_bars"].path.is_file()
+    assert render_plots({"taps": ["not", "a", "dict"]}, [], tmp_path)[0].error.startswith("AttributeError")
+
+
+def test_records_keep_the_last_of_a_repeated_step_and_skip_a_torn_line(tmp_path):
+    records = train_records(steps=8, every=4)
+    resumed = {**records[-1], "loss": -1.0}  # step 8 of "lin" logged again after a resume
+    write_run(tmp_path, records=[*records, resumed], torn_line=True)
+    read = read_records(tmp_path)
+    assert len(read) == 4 + len(records) + 1  # 4 probe records, the torn line dropped
+    history = train_history(read)
+    assert list(history) == ["mlp", "lin"]
+    assert [r["step"] for r in history["lin"]] == [4, 8] and history["lin"][-1]["loss"] == -1.0
+
+
+def test_orbit_pca_matches_the_covariance_eigendecomposition():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 6)) * np.array([5.0, 2.0, 1.0, 0.5, 0.1, 0.1])
+    xy, ids, explained = orbit_pca(x, np.arange(40) // 8)
+    eigvals, eigvecs = np.linalg.eigh(np.cov(x.T))
+    top = eigvecs[:, ::-1][:, :2]
+    assert explained == pytest.approx((eigvals[::-1][:2] / eigvals.sum()).tolist(), rel=1e-9)
+    assert np.allclose(np.abs(xy), np.abs((x - x.mean(0)) @ top))
+    assert ids.tolist() == (np.arange(40) // 8).tolist()
+    traj_xy, traj_ids, _ = orbit_pca(x.reshape(5, 8, 6))  # (M images, T steps, D): ids from the first axis
+    assert np.allclose(traj_xy, xy) and traj_ids.tolist() == ids.tolist()
+    flat, _, none = orbit_pca([[1.0, 2.0], [3.0, 4.0]])
+    assert flat.tolist() == [[1.0, 2.0], [3.0, 4.0]] and none is None
+    with pytest.raises(ValueError, match="3 orbit points but 2 orbit ids"):
+        orbit_pca(np.zeros((3, 4)), [0, 1])
+
+
+@pytest.mark.parametrize("config", [
+    {"type": "mlp", "depth": 2, "width": 64, "out_dim": None},
+    {"type": "mlp", "depth": 3, "width": 64, "out_dim": 16},
+    {"type": "linear", "depth": 1, "width": 32, "out_dim": None},
+    {"type": "identity", "depth": 2, "width": 64, "out_dim": None},
+])
+def test_head_out_dims_follow_the_projection_head_rule(config):
+    results = {"backbone": {"dim": 24}, "heads": {"h": {"config": config}}}
+    head = ProjectionHead(24, kind=config["type"], depth=config["depth"], width=config["width"],
+                          out_dim=config["out_dim"])
+    assert head_out_dims(results) == {"h": head.out_dim}
+
