@@ -1,5 +1,7 @@
-"""Loss geometry: Hessian spectra w.r.t. parameters or representations (Lanczos, SLQ, exact blocks)."""
+"""Loss geometry: Hessian spectra w.r.t. parameters or representations (Lanczos, SLQ, exact blocks), the pull-back
+metric and effective Hessian of a head, and curvature snapshots for tracking collapse during training."""
 
+from headprobe.geometry.effective import effective_hessian, whitening
 from headprobe.geometry.hessian import (
     HessianVectorProduct,
     LanczosResult,
@@ -15,12 +17,20 @@ from headprobe.geometry.hessian import (
     slq_density,
     smoothed_density,
 )
+from headprobe.geometry.pullback import augmentation_degeneracy, batchnorm_mode, head_jacobian, pullback_metric
+from headprobe.geometry.tracking import collapse_start, curvature_snapshot, symmetric_simsiam
 
 __all__ = [
     "HessianVectorProduct",
     "LanczosResult",
     "PowerIterationResult",
+    "augmentation_degeneracy",
+    "batchnorm_mode",
+    "collapse_start",
+    "curvature_snapshot",
     "dense_hessian",
+    "effective_hessian",
+    "head_jacobian",
     "hessian_eigs",
     "hutchinson_trace",
     "hvp_fn",
@@ -28,6 +38,9 @@ __all__ = [
     "per_sample_blocks",
     "per_sample_spectrum",
     "power_iteration",
+    "pullback_metric",
     "slq_density",
     "smoothed_density",
+    "symmetric_simsiam",
+    "whitening",
 ]

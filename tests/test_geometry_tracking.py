@@ -1,0 +1,192 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from headprobe.geometry import batchnorm_mode, collapse_start, curvature_snapshot, dense_hessian, symmetric_simsiam
+from headprobe.heads import Predictor, ProjectionHead
+from headprobe.objectives import simsiam, vicreg
+from headprobe.probes.spectrum import rankme
+
+F64 = torch.float64
+B, D = 4, 8
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def views(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + seed)
+    base = torch.randn(B, D, generator=g, dtype=F64)
+    return (base + 0.3 * torch.randn(B, D, generator=g, dtype=F64),
+            base + 0.3 * torch.randn(B, D, generator=g, dtype=F64))
+
+
+def collapsed_head(act: str, kind: str = "mlp", bn: bool = False, seed: int = 0) -> ProjectionHead:
+    torch.manual_seed(seed)
+    return collapse_start(ProjectionHead(D, kind=kind, depth=2, width=16, out_dim=8, act=act, bn_hidden=bn).to(F64))
+
+
+def dense_extremes(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, objective, modules) -> torch.Tensor:
+    with batchnorm_mode(modules, "batch"):
+        h = dense_hessian(lambda z: objective(head(z[:B]), head(z[B:])), torch.cat([z1, z2]))
+    return torch.linalg.eigvalsh(h.detach())
+
+
+def assert_matches_dense(out: dict, exact: torch.Tensor, tol: float) -> None:
+    scale = float(exact.abs().max())
+    assert out["converged"]
+    assert abs(out["lambda_min"] - float(exact[0])) < tol * scale
+    assert abs(out["lambda_max"] - float(exact[-1])) < tol * scale
+    assert out["residual_min"] < tol * max(out["scale"], abs(out["lambda_min"]))
+
+
+def test_lanczos_extremes_match_the_dense_hessian_at_a_collapsed_start_vicreg():
+    z1, z2 = views()
+    head = collapsed_head("gelu", bn=True)
+
+    def objective(h1, h2):
+        return vicreg(h1, h2)
+
+    out = curvature_snapshot(head, z1, z2, objective, tol=1e-6)
+    exact = dense_extremes(head, z1, z2, lambda a, b: vicreg(a, b).loss, head)
+    assert out["dim"] == 2 * B * D == 64
+    assert_matches_dense(out, exact, 1e-6)
+    assert out["n_hvp"] == out["n_iter"] + 1  # one product for the scale
+    assert out["n_iter"] < 64
+    with batchnorm_mode(head, "batch"), torch.no_grad():
+        assert out["loss"] == pytest.approx(vicreg(head(z1), head(z2)).loss.item(), rel=1e-12)
+
+
+def test_lanczos_extremes_match_the_dense_hessian_for_simsiam_with_its_predictor():
+    """k = 2 from each end; the predictor's BatchNorm runs on batch statistics like the head's."""
+    z1, z2 = views(1)
+    head = collapsed_head("gelu", bn=True)
+    torch.manual_seed(1)
+    predictor = Predictor(8, 4).to(F64)
+    objective = symmetric_simsiam(predictor)
+    out = curvature_snapshot(head, z1, z2, objective, k=2, tol=1e-6, predictor=predictor)
+    exact = dense_extremes(head, z1, z2, objective, [head, predictor])
+    assert_matches_dense(out, exact, 1e-6)
+    torch.testing.assert_close(torch.tensor(out["eigenvalues"], dtype=F64), torch.cat([exact[:2], exact[-2:]]),
+                               rtol=0, atol=1e-6 * float(exact.abs().max()))
+
+
+def test_few_iterations_still_bracket_the_spectrum_and_say_they_did_not_converge():
+    z1, z2 = views(2)
+    head = collapsed_head("tanh")
+    exact = dense_extremes(head, z1, z2, lambda a, b: vicreg(a, b).loss, head)
+    out = curvature_snapshot(head, z1, z2, vicreg, tol=1e-12, max_iter=6)
+    assert not out["converged"] and out["n_iter"] == 6
+    assert float(exact[0]) - 1e-12 <= out["lambda_min"] <= out["lambda_max"] <= float(exact[-1]) + 1e-12
+
+
+def test_hessian_with_respect_to_head_parameters_matches_dense():
+    z1, z2 = views(3)
+    head = collapsed_head("gelu")
+    out = curvature_snapshot(head, z1, z2, vicreg, wrt="head", tol=1e-6, max_iter=200)
+    with batchnorm_mode(head, "batch"):
+        exact = torch.linalg.eigvalsh(dense_hessian(lambda m: vicreg(m(z1), m(z2)).loss, head).detach())
+    assert out["dim"] == sum(p.numel() for p in head.parameters())
+    assert_matches_dense(out, exact, 1e-6)
+
+
+def test_a_snapshot_leaves_the_training_state_untouched():
+    z1, z2 = views()
+    head = collapsed_head("relu", bn=True)
+    torch.manual_seed(5)
+    predictor = Predictor(8, 4).to(F64)
+    loss = simsiam(predictor(head(z1)), predictor(head(z2)), head(z1), head(z2)).loss
+    loss.backward()
+    state = {k: v.clone() for k, v in [*head.state_dict().items(), *predictor.state_dict().items()]}
+    params = [*head.parameters(), *predictor.parameters()]
+    grads = [p.grad.clone() for p in params]
+    rng = torch.get_rng_state()
+    curvature_snapshot(head, z1, z2, lambda a, b: simsiam(predictor(a), predictor(b), a, b), predictor=predictor)
+    after = dict([*head.state_dict().items(), *predictor.state_dict().items()])
+    assert all(torch.equal(v, after[k]) for k, v in state.items())
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, params, strict=True))
+    assert torch.equal(rng, torch.get_rng_state())
+    assert head.training and predictor.training
+
+
+def test_stop_gradient_freezes_the_targets_and_symmetric_simsiam_keeps_the_value():
+    z1, z2 = views(4)
+    head = collapsed_head("gelu")
+    torch.manual_seed(2)
+    predictor = nn.Linear(8, 8).to(F64)
+    with_stop = lambda a, b: simsiam(predictor(a), predictor(b), a, b).loss  # noqa: E731
+    without = symmetric_simsiam(predictor)
+    with torch.no_grad():
+        h1, h2 = head(z1), head(z2)
+        assert without(h1, h2).item() == pytest.approx(with_stop(h1, h2).item(), rel=1e-12)
+    frozen = dense_hessian(lambda z: with_stop(head(z[:B]), head(z[B:])), torch.cat([z1, z2])).detach()
+    full = dense_hessian(lambda z: without(head(z[:B]), head(z[B:])), torch.cat([z1, z2])).detach()
+    cross = slice(0, B * D), slice(B * D, 2 * B * D)
+    assert frozen[cross].abs().max() == 0 and full[cross].abs().max() > 1e-3 * full.abs().max()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_under_a_loss_convex_in_h_only_smooth_heads_and_batchnorm_give_negative_curvature(seed):
+    """Claim 4's mechanism: with ∇²_h L ⪰ 0 (alignment only), H_eff = JᵀAJ + M; linear and ReLU heads have M = 0,
+    so λ_min ≥ 0 (up to round-off); smooth heads, and BatchNorm on batch statistics, add an indefinite M-term."""
+    z1, z2 = views(seed)
+
+    def align(h1, h2):
+        return vicreg(h1, h2, var_weight=0.0, cov_weight=0.0)
+
+    ratios = {}
+    for name, (kind, act, bn) in {"linear": ("linear", "relu", False), "relu": ("mlp", "relu", False),
+                                  "swish": ("mlp", "swish", False), "gelu": ("mlp", "gelu", False),
+                                  "relu+bn": ("mlp", "relu", True)}.items():
+        out = curvature_snapshot(collapsed_head(act, kind, bn, seed), z1, z2, align, tol=1e-10, max_iter=64)
+        assert out["converged"], name
+        ratios[name] = (out["lambda_min"] / out["lambda_max"], out["negative_curvature"])
+    for name in ("linear", "relu"):
+        assert ratios[name][0] > -1e-10 and not ratios[name][1], (name, ratios)
+    for name in ("swish", "gelu", "relu+bn"):
+        assert ratios[name][0] < -1e-4 and ratios[name][1], (name, ratios)
+
+
+def test_output_statistics_and_an_exactly_collapsed_head():
+    z1, z2 = views()
+    head = collapsed_head("gelu")
+    out = curvature_snapshot(head, z1, z2, vicreg)
+    h1 = head(z1).detach()
+    assert out["out_std"] == pytest.approx(float(nn.functional.normalize(h1, dim=1).std(0).mean()), rel=1e-12)
+    assert out["out_std_uniform"] == pytest.approx(1 / math.sqrt(8))
+    assert out["rankme"] == pytest.approx(rankme(h1), rel=1e-12)
+    assert out["cov_numerical_rank"] == B - 1 and out["cov_condition_scope"] == "top_k"
+    assert len(out["cov_top_eigenvalues"]) == B
+    dead = collapse_start(ProjectionHead(D, kind="linear", depth=2, width=16, out_dim=8).to(F64), 0.0)
+    flat = curvature_snapshot(dead, z1, z2, lambda a, b: (a - b).square().sum())
+    assert flat["lambda_min"] == flat["lambda_max"] == 0.0 and not flat["negative_curvature"]
+    assert flat["out_std"] is None and flat["rankme"] is None and flat["cov_effective_rank"] is None
+
+
+def test_collapse_start_scales_weights_like_init_scale():
+    torch.manual_seed(3)
+    scaled = ProjectionHead(D, depth=2, width=16, act="swish", init_scale=0.1)
+    torch.manual_seed(3)
+    plain = collapse_start(ProjectionHead(D, depth=2, width=16, act="swish"), 0.1)
+    for (name, a), b in zip(scaled.state_dict().items(), plain.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="finite"):
+        collapse_start(plain, float("nan"))
+
+
+def test_snapshot_checks_its_arguments():
+    z1, z2 = views()
+    head = collapsed_head("gelu")
+    with pytest.raises(ValueError, match="wrt"):
+        curvature_snapshot(head, z1, z2, vicreg, wrt="backbone")
+    with pytest.raises(ValueError, match="two views"):
+        curvature_snapshot(head, z1, z2[:3], vicreg)
+    with pytest.raises(ValueError, match="floating-point batch"):
+        curvature_snapshot(head, z1[0], z2, vicreg)
