@@ -221,7 +221,7 @@ class _Study:
                 objective_name=recipe.objective.name, objective_options=recipe.objective.options,
                 train=recipe.train, seed=recipe.seed,
                 checkpoint_dir=(run_dir.path / "checkpoints") if run_dir.writable else None,
-                resume_from=resume_from, log=run_dir.log_metrics, progress=progress,
+                resume_from=resume_from, log=run_dir.log_metrics, progress=progress, track=recipe.geometry,
             )
         self.timing["train_s"] = summary.pop("train_s")
         self.results["protocol"]["train"] = dataclasses.asdict(recipe.train) | {
@@ -237,6 +237,21 @@ class _Study:
                 "geometry": {},
             }
         self.run_dir.write_results(self.results)
+
+    def analyse_geometry(self) -> None:
+        from .geometry.analyse import analyse_head
+        from .registry import OBJECTIVES
+
+        t0 = time.perf_counter()
+        objective = OBJECTIVES.get(self.recipe.objective.name)
+        for name, trained in self.states.items():
+            geometry = self.stage(f"analysing the geometry of head {name!r}", analyse_head, trained.head,
+                                  trained.predictor, objective, self.recipe.objective.options,
+                                  self.feats["train"].features, self.views.features, rows=self.recipe.geometry.rows,
+                                  seed=self.recipe.seed)
+            self.results["heads"][name]["geometry"] = geometry
+            self.run_dir.write_results(self.results)
+        self._clock("geometry_s", t0)
 
     def probe_heads(self) -> None:
         from .buffer import buffer_verdict
@@ -332,6 +347,8 @@ def run(
     study.probe_tap("backbone", None, 0)
     if recipe.heads:
         study.train_heads()
+        if recipe.geometry.final:
+            study.analyse_geometry()
         study.probe_heads()
 
     results["orbits"] = _orbit_coordinates(results["taps"])

@@ -205,6 +205,19 @@ class TrainSpec:
 
 
 @dataclass
+class GeometrySpec:
+    """The paper's geometric objects per head: at the end of training, and tracked during it."""
+
+    # Pull-back metric, augmentation degeneracy, effective Hessian (G/M terms), curvature and SLQ density.
+    final: bool = False
+    rows: int = 256
+    # Every N steps log λ_min/λ_max of the loss Hessian w.r.t. the representation batch (Lanczos); null = off.
+    track_every: int | None = None
+    track_rows: int = 64
+    track_max_iter: int = 20
+
+
+@dataclass
 class Recipe:
     name: str = "run"
     seed: int = 0
@@ -219,6 +232,7 @@ class Recipe:
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
     augment: AugmentRecipe = field(default_factory=AugmentRecipe)
     train: TrainSpec = field(default_factory=TrainSpec)
+    geometry: GeometrySpec = field(default_factory=GeometrySpec)
 
     def to_dict(self) -> dict:
         return _to_plain(self)
@@ -529,6 +543,11 @@ def _check_heads(recipe: Recipe) -> list[tuple]:
                ("train.warmup_steps", train.warmup_steps, 0, None)]
     if train.steps is not None:
         ranges.append(("train.steps", train.steps, 1, None))
+    geo = recipe.geometry
+    ranges += [("geometry.rows", geo.rows, 2, None), ("geometry.track_rows", geo.track_rows, 2, None),
+               ("geometry.track_max_iter", geo.track_max_iter, 2, None)]
+    if geo.track_every is not None:
+        ranges.append(("geometry.track_every", geo.track_every, 1, None))
     if train.checkpoint_every is not None:
         ranges.append(("train.checkpoint_every", train.checkpoint_every, 1, None))
     return ranges

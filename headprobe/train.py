@@ -149,6 +149,22 @@ def _grad_stats(state: HeadState) -> dict[str, float]:
     return {"grad_norm": g, "lr": lr, "rel_update": lr * g / max(w, 1e-12)}
 
 
+def _track(state: HeadState, objective, options: dict, z1, z2, track, step: int, per_epoch: int, seed: int,
+           log) -> None:
+    from .geometry.analyse import objective_closure
+    from .geometry.tracking import curvature_snapshot
+
+    rows = min(track.track_rows, len(z1))
+    snap = curvature_snapshot(state.head, z1[:rows], z2[:rows], objective_closure(objective, options, state.predictor),
+                              predictor=state.predictor, max_iter=track.track_max_iter, seed=seed)
+    snap.pop("cov_top_eigenvalues", None)
+    record = {"stage": "geometry", "head": state.name, "step": step + 1, "epoch": step // per_epoch,
+              **{k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in snap.items()}}
+    state.history.append(record)
+    if log is not None:
+        log(record)
+
+
 def save_checkpoint(path: Path, step: int, states: dict[str, HeadState]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -173,11 +189,14 @@ def train_heads(
     resume_from: Path | None = None,
     log=None,
     progress=None,
+    track=None,
 ) -> tuple[dict[str, HeadState], dict]:
     """Train every head in `specs` on `views` (N, K, D); returns the head states and a training summary.
 
     `log(record)` receives one record per head every `train.log_every` steps. A head whose loss
     becomes NaN/inf stops with a message, keeps its last good weights, and the others go on.
+    `track` (a `GeometrySpec`) with `track_every` set logs curvature snapshots ("stage": "geometry"):
+    λ_min/λ_max of the loss Hessian w.r.t. the current representation batch, taken before the step.
     """
     from .registry import OBJECTIVES
 
@@ -207,6 +226,8 @@ def train_heads(
             if state.status != "training":
                 continue
             state.modules().train()
+            if track is not None and track.track_every and (step + 1) % track.track_every == 0:
+                _track(state, objective, objective_options, z1, z2, track, step, per_epoch, seed, log)
             terms, h1 = _objective_loss(objective, objective_options, state, z1, z2)
             if not torch.isfinite(terms.loss):
                 state.status = "stopped"

@@ -229,3 +229,17 @@ def test_lanczos_needs_fewer_products_than_power_iteration_for_lambda_min():
     print(f"20 + 20 power iteration: λ_min ≈ {bottom20.eigenvalue:.4f} (exact -0.02), residual {bottom20.residual:.3f}")
     assert bottom20.n_hvp == 20 and not bottom20.converged
     assert bottom20.eigenvalue > 0 and bottom20.residual > 0.05
+
+
+def test_dense_path_works_for_swish_heads():
+    """forward-over-reverse has no formula for SiLU's backward in torch 2.14; the dense path must still work."""
+    torch.manual_seed(0)
+    head = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.SiLU(), torch.nn.Linear(4, 2)).double()
+    z = torch.randn(5, 3, dtype=torch.float64)
+
+    def loss(zz):
+        return head(zz).pow(2).sum()
+
+    dense = hessian_eigs(loss, z, k=2, method="dense")
+    lanczos_ = hessian_eigs(loss, z, k=2, method="lanczos", tol=1e-10)
+    torch.testing.assert_close(dense["eigenvalues"].detach(), lanczos_["eigenvalues"], atol=1e-8, rtol=1e-6)

@@ -100,3 +100,23 @@ def test_heads_are_trained_and_every_tap_probed(tiny_recipe, tmp_path):
     again = run(recipe, out=tmp_path / "again", quiet=True)
     assert again["protocol"]["views"]["hit"] is True
     assert {t: v["metrics"] for t, v in again["taps"].items()} == {t: v["metrics"] for t, v in taps.items()}
+
+
+def test_geometry_is_tracked_and_analysed_per_head(tiny_recipe, tmp_path):
+    recipe = {**tiny_recipe, "probes": {"knn": {"ks": [5]}},
+              "heads": [{"name": "swish", "act": "swish", "width": 16, "predictor": 8, "init_scale": 0.1}],
+              "objective": {"name": "simsiam"}, "augment": {"preset": "crop-flip", "views": 2},
+              "train": {"epochs": 2, "batch_size": 50, "log_every": 2},
+              "geometry": {"final": True, "rows": 32, "track_every": 3, "track_rows": 16, "track_max_iter": 10}}
+    results = run(recipe, out=tmp_path / "g", quiet=True)
+    geometry = results["heads"]["swish"]["geometry"]
+    assert {"pullback", "augmentation", "effective_hessian", "curvature", "hessian_density"} <= set(geometry)
+    assert geometry["effective_hessian"]["consistency"] < 1e-8  # G + M reproduces the dense Hessian
+    assert geometry["curvature"]["n_hvp"] > 0 and "residual_min" in geometry["curvature"]
+    density = geometry["hessian_density"]
+    assert len(density["grid"]) == len(density["density"]) == 200
+    lines = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
+    tracked = [line for line in lines if line["stage"] == "geometry"]
+    assert [line["step"] for line in tracked] == [3, 6]
+    assert all(line["lambda_min"] <= line["lambda_max"] for line in tracked)
+    assert (tmp_path / "g" / "report.html").exists()

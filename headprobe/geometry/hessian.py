@@ -483,7 +483,14 @@ def hessian_eigs(loss_fn: Callable[[Target], torch.Tensor], x: Target, k: int = 
         out = {key: getattr(res, key) for key in ("eigenvalues", "residuals", "residual_kind", "error_bounds",
                                                   "converged", "eigenvectors", "n_hvp")}
         return {**out, "method": "lanczos", "dim": dim}
-    h = dense_hessian(loss_fn, x).to(torch.float64)
+    try:
+        h = dense_hessian(loss_fn, x).to(torch.float64)
+    except RuntimeError:
+        # Forward-over-reverse lacks formulas for some ops (SiLU's backward in torch 2.14): build the same
+        # matrix from double-backward products instead, one row H e_i at a time.
+        hvp = hvp_fn(loss_fn, x)
+        h = torch.stack([hvp(e) for e in torch.eye(hvp.dim, dtype=hvp.dtype, device=hvp.device)]).to(torch.float64)
+        h = (h + h.T) / 2
     values, vectors = torch.linalg.eigh((h + h.T) / 2)
     idx = _wanted(dim, k, which)
     values, vectors = values[idx], vectors[:, idx]

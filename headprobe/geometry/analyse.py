@@ -1,0 +1,84 @@
+"""Per-head geometry at the end of a run: the paper's objects evaluated on the trained head.
+
+Everything is computed on a float64 copy of the head (BatchNorm on running statistics for the
+per-sample quantities), on small batches, with the estimator, its iteration count and residual
+recorded next to each number.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from .effective import effective_hessian
+from .hessian import hvp_fn, slq_density, smoothed_density
+from .pullback import augmentation_degeneracy, pullback_metric
+from .tracking import curvature_snapshot
+
+
+def objective_closure(objective, options: dict, predictor=None):
+    """(h1, h2) → LossTerms, applying the predictor first when there is one (SimSiam)."""
+    if predictor is None:
+        return lambda h1, h2: objective(h1, h2, **options)
+    return lambda h1, h2: objective(predictor(h1), predictor(h2), h1, h2, **options)
+
+
+def _summary(d: dict, drop: tuple[str, ...] = ()) -> dict:
+    out = {}
+    for key, value in d.items():
+        if key in drop:
+            continue
+        if isinstance(value, torch.Tensor):
+            value = value.tolist() if value.numel() <= 64 else value[:64].tolist()
+        out[key] = value
+    return out
+
+
+def analyse_head(head, predictor, objective, options: dict, features: torch.Tensor, views: torch.Tensor,
+                 *, rows: int = 256, seed: int = 0, density_vectors: int = 4, density_steps: int = 40) -> dict:
+    """features: (N, D) clean training features; views: (N, K, D) cached view features → geometry dict.
+
+    Keys: "pullback" (spectrum of G = JᵀJ, rank, conditioning on its support, variation across samples),
+    "augmentation" (gain of J along augmentation tangents vs random directions), "effective_hessian"
+    (G- and M-terms on a tiny batch, ‖M‖/‖H‖, whitening of the top-r subspace), "curvature" (λ_min/λ_max
+    of the loss Hessian w.r.t. the representation batch, Lanczos with residuals), "hessian_density" (SLQ).
+    """
+    t0 = time.perf_counter()
+    g = torch.Generator().manual_seed(seed)
+    n, k, d = views.shape
+    idx = torch.randperm(n, generator=g)[: min(rows, n)]
+    h64 = copy.deepcopy(head).double().eval()
+    p64 = copy.deepcopy(predictor).double().eval() if predictor is not None else None
+    fn = objective_closure(objective, options, p64)
+    out: dict = {}
+    out["pullback"] = _summary(pullback_metric(h64, features[idx].double()), drop=("eigenvalues_std",))
+    out["pullback_spectrum"] = out["pullback"].get("eigenvalues", [])
+    out["augmentation"] = _summary(augmentation_degeneracy(h64, views[idx, 0].double(), z_views=views[idx].double()))
+    # The dense effective Hessian is (B·D)²: keep B·D near 1,500.
+    b = max(2, min(8, 1500 // d))
+    za, zb = views[idx[:b], 0].double(), views[idx[:b], 1].double()
+    eff = effective_hessian(h64, torch.cat([za, zb]), lambda h: fn(h[:b], h[b:]))
+    out["effective_hessian"] = _summary(eff, drop=("eigenvalues_H", "eigenvalues_G", "eigenvalues_M"))
+    out["effective_hessian"]["batch"] = b
+    z1, z2 = views[idx[:64], 0].double(), views[idx[:64], 1].double()
+    out["curvature"] = _summary(curvature_snapshot(h64, z1, z2, fn, predictor=p64, max_iter=60, seed=seed),
+                                drop=("cov_top_eigenvalues",))
+    with torch.enable_grad():
+        stacked = torch.cat([z1, z2]).requires_grad_(False)
+
+        def loss(z: torch.Tensor) -> torch.Tensor:
+            terms = fn(h64(z[: len(z1)]), h64(z[len(z1):]))
+            return getattr(terms, "loss", terms)
+
+        hvp = hvp_fn(loss, stacked)
+        nodes, weights = slq_density(hvp, hvp.dim, n_vectors=density_vectors, n_steps=density_steps, seed=seed)
+    span = float(nodes.max() - nodes.min()) or 1.0
+    grid = torch.linspace(float(nodes.min()) - 0.05 * span, float(nodes.max()) + 0.05 * span, 200)
+    density = smoothed_density(nodes, weights, grid, sigma=span / 100)
+    out["hessian_density"] = {"grid": grid.tolist(), "density": density.tolist(), "estimator": "SLQ",
+                              "n_vectors": density_vectors, "n_steps": density_steps, "n_hvp": hvp.calls,
+                              "wrt": "representation batch [z1; z2]", "batch": len(z1)}
+    out["time_s"] = time.perf_counter() - t0
+    return out
