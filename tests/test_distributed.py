@@ -23,8 +23,11 @@ run(json.loads(sys.argv[1]), out=sys.argv[2], quiet=True)
 def test_two_processes_equal_one(tiny_recipe, tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
+    probes = {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5]}, "invariance": {}}
     recipe = json.dumps({**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 101, "test": 37}},
-                         "features": {"batch_size": 16}})
+                         "features": {"batch_size": 16}, "probes": probes,
+                         "heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 3},
+                         "train": {"epochs": 2, "batch_size": 32}})
     torchrun = str(Path(sys.executable).parent / "torchrun")
     runs = {}
     for name, launcher in (("one", [sys.executable]), ("two", [torchrun, "--nproc_per_node", "2"])):
@@ -34,7 +37,16 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         runs[name] = json.loads((tmp_path / name / "results.json").read_text())
     assert runs["two"]["environment"]["num_processes"] == 2
-    assert runs["one"]["taps"]["backbone"]["metrics"] == runs["two"]["taps"]["backbone"]["metrics"]
+    assert list(runs["two"]["taps"]) == ["backbone", "relu@1", "relu"]
+    for tap, values in runs["one"]["taps"].items():
+        for metric, value in values["metrics"].items():
+            # Features agree to ~1e-6; L-BFGS probes amplify that slightly in continuous metrics.
+            assert runs["two"]["taps"][tap]["metrics"][metric] == pytest.approx(value, rel=1e-3, abs=1e-6), metric
+    views = runs["one"]["protocol"]["views"]["cache_key"]
+    one = load_file(tmp_path / "cache-one" / "views" / f"{views}.safetensors")
+    two = load_file(tmp_path / "cache-two" / "views" / f"{views}.safetensors")
+    assert torch.equal(one["params"], two["params"])
+    torch.testing.assert_close(one["features"], two["features"], atol=1e-5, rtol=1e-5)
     for split in ("train", "test"):
         key = runs["one"]["protocol"]["features"]["cache"][split]["key"]
         one = load_file(tmp_path / "cache-one" / "features" / f"{key}.safetensors")

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+
 from torch import nn
 
 from ..registry import BACKBONES, UnknownNameError, split_prefixed
-from .base import Backbone, BackboneNotFoundError, Preprocess
+from .base import Backbone, BackboneNotFoundError, Preprocess, seeded
+from .tuning import apply_tuning, load_adapter, save_adapter
+
+
+def call_with_options(factory: Callable, id: str, options: dict):
+    """Call a family's loader with the options it takes; `None` means "not set"; any other unknown option is
+    an error naming the ones it takes (`seed` is passed where taken, ignored elsewhere)."""
+    params = inspect.signature(factory).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return factory(**{k: v for k, v in options.items() if v is not None})
+    taken = [name for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    given = {k: v for k, v in options.items() if v is not None and (k in taken or k != "seed")}
+    unknown = [k for k in given if k not in taken]
+    if unknown:
+        raise ValueError(f"backbone {id} does not take option(s) {', '.join(unknown)}; it takes: "
+                         f"{', '.join(t for t in taken if t != 'seed')}.")
+    return factory(**given)
 
 
 def load_backbone(
@@ -14,9 +33,16 @@ def load_backbone(
     module: nn.Module | None = None,
     preprocess: Preprocess | None = None,
     dim: int | None = None,
+    seed: int = 0,
     **options,
 ) -> Backbone:
-    """Resolve a backbone id (``hf:<id or dir>``, ``offline:<name>``) to a frozen `Backbone`.
+    """Resolve a backbone id to a frozen `Backbone`: ``hf:<id or dir>``, ``open_clip:<arch>[/<tag or file>]``,
+    ``timm:<name>[/<file> or /random]``, ``offline:<name>``, ``scratch:<name>``.
+
+    Options: ``pooling`` (cls, mean, cls+mean, pooler), ``layer`` (-1: final features; i: block i) or
+    ``layers`` (a list, concatenated), ``resolution``, ``revision`` (hf). Randomly initialised weights
+    (scratch, open_clip without tag, timm ``/random``) depend on ``seed`` only. Options left at ``None``
+    are ignored; an option a family does not take is an error.
 
     Or wrap your own module: ``load_backbone(module=net, preprocess=Preprocess(...), dim=512)``,
     where ``net(pixels: (B, 3, H, W)) -> (B, dim)``.
@@ -36,7 +62,30 @@ def load_backbone(
         prefix, ref = split_prefixed(id, BACKBONES)
     except UnknownNameError as err:
         raise ValueError(f"backbone id {id!r}: {err}") from None
-    return BACKBONES.get(prefix)(ref, **options).freeze()
+    with seeded(seed):
+        backbone = call_with_options(_bind(BACKBONES.get(prefix), ref), id, {**options, "seed": seed})
+    return backbone.freeze()
 
 
-__all__ = ["Backbone", "BackboneNotFoundError", "Preprocess", "load_backbone"]
+def _bind(loader: Callable, ref: str) -> Callable:
+    """`loader(ref, **kw)` with the keyword parameters of `loader`, so `call_with_options` can read them."""
+
+    def bound(**kw):
+        return loader(ref, **kw)
+
+    bound.__signature__ = inspect.Signature(
+        [p for p in inspect.signature(loader).parameters.values()
+         if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD)]
+    )
+    return bound
+
+
+__all__ = [
+    "Backbone",
+    "BackboneNotFoundError",
+    "Preprocess",
+    "apply_tuning",
+    "load_adapter",
+    "load_backbone",
+    "save_adapter",
+]

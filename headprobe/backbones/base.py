@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -95,6 +96,17 @@ def weights_fingerprint(module: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Random initialisation inside the block depends on `seed` only; the global CPU random state is restored."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        yield
+
+
 class BackboneNotFoundError(FileNotFoundError):
     """A backbone whose weights cannot be found; the message says where we looked and what to run."""
 
@@ -117,6 +129,7 @@ class Backbone(nn.Module):
         blocks: list[nn.Module] | None = None,
         description: str = "",
         options: dict | None = None,
+        norm: list[nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.model = model
@@ -125,8 +138,11 @@ class Backbone(nn.Module):
         self.dim = dim
         self.preprocess = preprocess
         self.blocks = list(blocks or [])
+        # What follows the last block before the features (final norm, a CNN's head conv): `last:N` tunes it too.
+        self.norm = [m for m in (norm or []) if m is not None]
         self.description = description
         self.options = dict(options or {})
+        self.tuning: dict = {"policy": "frozen"}
         self._fingerprint: str | None = None
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -137,8 +153,13 @@ class Backbone(nn.Module):
         return sum(p.numel() for p in self.model.parameters())
 
     @property
+    def trainable(self) -> int:
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    @property
     def fingerprint(self) -> str:
-        if self._fingerprint is None:
+        """Cached while nothing is trainable; a tuned backbone is hashed afresh, as its weights move."""
+        if self._fingerprint is None or self.trainable:
             self._fingerprint = weights_fingerprint(self.model)
         return self._fingerprint
 
@@ -148,14 +169,34 @@ class Backbone(nn.Module):
             p.requires_grad_(False)
         return self
 
+    def train(self, mode: bool = True) -> Backbone:
+        """Train mode for what is tuned only: any sub-module holding weights, none of them trainable, stays in
+        eval mode, so frozen batch-norm statistics and frozen blocks' dropout do not change."""
+        super().train(mode)
+        if mode:
+            _freeze_modes(self.model)
+        return self
+
     def describe(self) -> dict:
         """What `results.json` records under `backbone`."""
         return {
             "id": self.id,
             "dim": self.dim,
             "params": self.params,
+            "trainable": self.trainable,
             "fingerprint": self.fingerprint,
             "description": self.description,
             "options": self.options,
+            "tuning": dict(self.tuning),
             "preprocess": self.preprocess.to_dict(),
         }
+
+
+def _freeze_modes(module: nn.Module) -> None:
+    """Put every sub-tree that holds weights or buffers but no trainable parameter in eval mode."""
+    for child in module.children():
+        tensors = [*child.parameters(), *child.buffers()]
+        if tensors and not any(p.requires_grad for p in child.parameters()):
+            child.eval()
+        else:
+            _freeze_modes(child)

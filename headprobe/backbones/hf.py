@@ -8,8 +8,10 @@ weights and preprocessing travel together.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from torch import nn
 
 from ..registry import POOLINGS
 from .base import IMAGENET_MEAN, IMAGENET_STD, Backbone, BackboneNotFoundError, Preprocess
+from .blocks import block_outputs
+from .pooling import FINAL, POOL_WIDTH, check_pooling, pooled_output, resolve_layers
 
 # PIL resampling codes used by transformers' image processors.
 _RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
@@ -27,6 +31,32 @@ _NO_CLS_TOKEN = {"siglip_vision_model", "siglip2_vision_model"}
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+@contextlib.contextmanager
+def _hub_cache_only() -> Iterator[None]:
+    # huggingface_hub reads HF_HUB_OFFLINE once, at import; its module constant is what its calls check.
+    import huggingface_hub.constants as constants
+
+    saved, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = saved
+
+
+def cache_first(load: Callable):
+    """`load()` from the local Hugging Face cache only; if that fails and HF_HUB_OFFLINE is not set, from the hub.
+
+    For libraries (timm, open_clip) that download through huggingface_hub without a `local_files_only` switch.
+    """
+    try:
+        with _hub_cache_only():
+            return load()
+    except (OSError, RuntimeError):
+        if _offline():
+            raise
+    return load()
 
 
 def _from_pretrained(loader, ref: str, revision: str | None):
@@ -101,17 +131,45 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-def encode_tokens(
-    model: nn.Module, pixels: torch.Tensor, *, pool, n_prefix: int, interpolate: bool
+def _final_norm(model: nn.Module) -> nn.Module | None:
+    """The norm that follows the last block (DINOv2/ViT `layernorm`, CLIP/SigLIP `post_layernorm`)."""
+    for name in ("layernorm", "post_layernorm", "norm"):
+        norm = getattr(model, name, None)
+        if isinstance(norm, nn.Module):
+            return norm
+    return None
+
+
+def _has_pooler(model: nn.Module) -> bool:
+    """Whether the model computes a `pooler_output` of its own (a head, or CLIP's post-normed class token)."""
+    if model.config.model_type in ("siglip_vision_model", "siglip2_vision_model"):
+        return getattr(model, "head", None) is not None
+    if model.config.model_type.startswith(("dinov2", "clip_vision")):
+        return True
+    return getattr(model, "pooler", None) is not None
+
+
+def encode_hidden(
+    model: nn.Module, pixels: torch.Tensor, *, pool, picks: list[int], n_prefix: int, interpolate: bool
 ) -> torch.Tensor:
-    """pixels: (B, 3, H, W) → pooled (B, D') from the last hidden state (post-norm applied)."""
+    """pixels: (B, 3, H, W) → (B, D'): each picked block's output through the final norm, pooled, concatenated.
+
+    The outputs are `hidden_states[i + 1]` of block i, kept by forward hooks so that no other layer is held
+    in memory. The final norm is applied to every layer (DINOv2's intermediate-layer convention), so layer -1
+    equals `last_hidden_state` of models that normalise it (DINOv2, ViT, SigLIP) and CLIP's post-layernormed
+    tokens.
+    """
     kwargs = {"interpolate_pos_encoding": True} if interpolate else {}
-    tokens = model(pixel_values=pixels, **kwargs).last_hidden_state
-    # CLIP-style towers normalise only the pooled token; apply that norm to every token.
-    post = getattr(model, "post_layernorm", None)
-    if post is not None:
-        tokens = post(tokens)
-    return pool(tokens, n_prefix)
+    if pool is pooled_output:
+        return pool(model(pixel_values=pixels, **kwargs))
+    blocks = _blocks(model)
+    if not blocks:  # a model whose blocks are unknown: only its final features (layer -1) are allowed
+        return pool(model(pixel_values=pixels, **kwargs).last_hidden_state, n_prefix)
+    wanted = [len(blocks) - 1 if p == FINAL else p for p in picks]
+    with block_outputs(blocks, wanted) as outs:
+        model(pixel_values=pixels, **kwargs)
+    norm = _final_norm(model)
+    return torch.cat([pool(norm(outs[i]) if norm is not None else outs[i], n_prefix) for i in wanted], dim=-1)
 
 
 def wrap_vit(
@@ -123,14 +181,21 @@ def wrap_vit(
     resolution: int | None,
     description: str,
     options: dict,
+    layer: int = FINAL,
+    layers: list[int] | None = None,
+    has_pooler: bool | None = None,
 ) -> Backbone:
-    """Wrap a transformers ViT-family model (DINOv2, ViT, CLIP/SigLIP vision) as a `Backbone`."""
-    from .pooling import POOL_WIDTH
+    """Wrap a transformers ViT-family model (DINOv2, ViT, CLIP/SigLIP vision) as a `Backbone`.
 
+    `has_pooler`: whether `pooling: pooler` may be used (default: the model has a pooled output of its own).
+    """
     config = model.config
     n_prefix = 0 if config.model_type in _NO_CLS_TOKEN else 1 + int(getattr(config, "num_register_tokens", 0) or 0)
-    if pooling in ("cls", "cls+mean") and n_prefix == 0:
-        raise ValueError(f"{id} has no class token, so pooling {pooling!r} is undefined; use pooling: mean.")
+    blocks = _blocks(model)
+    picks = resolve_layers(id, layer, layers, len(blocks))
+    has_pooler = _has_pooler(model) if has_pooler is None else has_pooler
+    check_pooling(id, pooling, tokens=True, has_cls=n_prefix > 0, has_pooler=has_pooler,
+                  final_only=picks == [FINAL])
     if resolution is not None:
         preprocess = preprocess.with_resolution(resolution)
     native = getattr(config, "image_size", preprocess.crop)
@@ -139,25 +204,43 @@ def wrap_vit(
         raise ValueError(f"{id}: image size {preprocess.crop} is not a multiple of the patch size {patch}.")
     accepts = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
     interpolate = accepts and preprocess.crop != native and config.model_type != "dinov2"
-    encode = partial(encode_tokens, pool=POOLINGS.get(pooling), n_prefix=n_prefix, interpolate=interpolate)
+    encode = partial(encode_hidden, pool=POOLINGS.get(pooling), picks=picks, n_prefix=n_prefix, interpolate=interpolate)
     model.eval()
     return Backbone(
         model,
         encode,
         id=id,
-        dim=config.hidden_size * POOL_WIDTH[pooling],
+        dim=config.hidden_size * POOL_WIDTH[pooling] * len(picks),
         preprocess=preprocess,
-        blocks=_blocks(model),
+        blocks=blocks,
         description=description,
-        options=options,
+        options={**options, "layer": layer, "layers": layers},
+        norm=[_final_norm(model)],
     )
 
 
-def load_hf(ref: str, *, pooling: str = "cls", resolution: int | None = None, revision: str | None = None) -> Backbone:
+def load_hf(
+    ref: str,
+    *,
+    pooling: str = "cls",
+    resolution: int | None = None,
+    revision: str | None = None,
+    layer: int = FINAL,
+    layers: list[int] | None = None,
+) -> Backbone:
     """Load `hf:<ref>`; `ref` is a hub id or a local directory saved with `save_pretrained`."""
     from transformers import AutoModel
 
-    model = _vision_tower(_from_pretrained(AutoModel.from_pretrained, ref, revision))
+    loaded, info = _from_pretrained(partial(AutoModel.from_pretrained, output_loading_info=True), ref, revision)
+    missing = sorted(info.get("missing_keys") or [])
+    # A pooling head absent from the checkpoint is built randomly by transformers: never use it as features.
+    random_head = [k for k in missing if k.startswith(("pooler.", "head.")) or ".pooler." in k or ".head." in k]
+    if len(random_head) < len(missing):
+        others = [k for k in missing if k not in random_head]
+        raise ValueError(f"hf:{ref}: the checkpoint has no weights for {', '.join(others[:5])}"
+                         f"{' ...' if len(others) > 5 else ''} ({len(others)} tensors), which transformers would "
+                         "initialise randomly; check that the directory or hub id holds the full image encoder.")
+    model = _vision_tower(loaded)
     preprocess, source = _preprocess_from_processor(ref, revision, model.config)
     return wrap_vit(
         model,
@@ -167,4 +250,7 @@ def load_hf(ref: str, *, pooling: str = "cls", resolution: int | None = None, re
         resolution=resolution,
         description=f"{type(model).__name__} via transformers; preprocessing: {source}",
         options={"pooling": pooling, "resolution": resolution, "revision": revision},
+        layer=layer,
+        layers=layers,
+        has_pooler=_has_pooler(model) and not random_head,
     )
