@@ -102,9 +102,10 @@ class _Study:
         from .data import load_data
 
         recipe, t0 = self.recipe, time.perf_counter()
+        spec = recipe.backbone
         self.backbone = self.stage(
-            f"loading backbone {recipe.backbone.id}", load_backbone, recipe.backbone.id,
-            pooling=recipe.backbone.pooling, resolution=recipe.backbone.resolution, revision=recipe.backbone.revision,
+            f"loading backbone {spec.id}", load_backbone, spec.id, pooling=spec.pooling, resolution=spec.resolution,
+            revision=spec.revision, layer=spec.layer, layers=spec.layers, seed=recipe.seed,
         )
         self._clock("load_s", t0)
         self.results["backbone"] = self.backbone.describe()
@@ -160,7 +161,8 @@ class _Study:
                     "augment": dataclasses.asdict(spec) | {"preset": recipe.augment.preset},
                     "views": recipe.augment.views, "cache_key": self.views.key, "hit": self.views.cached}
         self.results["protocol"]["features"] = {
-            "pooling": recipe.backbone.pooling, "precision": recipe.features.precision, "cache": cache}
+            "pooling": recipe.backbone.pooling, "layer": recipe.backbone.layer, "layers": recipe.backbone.layers,
+            "resolution": self.backbone.preprocess.crop, "precision": recipe.features.precision, "cache": cache}
 
     # --- taps and probes ------------------------------------------------------------------------
 
