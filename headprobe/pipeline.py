@@ -89,7 +89,8 @@ class _Study:
             self.results["status"] = "failed"
             self.results["error"] = {"stage": name, "message": f"{type(err).__name__}: {err}"}
             self.run_dir.write_results(self.results)
-            _write_report(self.run_dir)
+            if self.recipe.report:
+                _write_report(self.run_dir)
             raise RunError(name, err, self.run_dir.path if self.state.is_main_process else None) from err
 
     def _clock(self, key: str, since: float) -> None:
@@ -356,7 +357,8 @@ def run(
     results["orbits"] = _orbit_coordinates(results["taps"])
     results["status"] = "complete"
     run_dir.write_results(results)
-    _write_report(run_dir)
+    if recipe.report:
+        _write_report(run_dir)
     if main and not quiet:
         from .report.table import print_summary
 

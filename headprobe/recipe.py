@@ -233,6 +233,8 @@ class Recipe:
     augment: AugmentRecipe = field(default_factory=AugmentRecipe)
     train: TrainSpec = field(default_factory=TrainSpec)
     geometry: GeometrySpec = field(default_factory=GeometrySpec)
+    # Write report.html and plots/ at the end of the run (`headprobe report RUN_DIR` makes them later too).
+    report: bool = True
 
     def to_dict(self) -> dict:
         return _to_plain(self)
@@ -267,7 +269,8 @@ def load_recipe(source: str | Path | dict, overrides: list[str] | None = None) -
 
 
 def apply_override(data: dict, item: str) -> None:
-    """Apply one ``a.b.c=value`` (value parsed as YAML) to a nested dict in place."""
+    """Apply one ``a.b.c=value`` (value parsed as YAML) to a nested dict in place; ``heads.0.act=swish``
+    indexes a list."""
     key, sep, raw = item.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
         raise RecipeError(
@@ -279,16 +282,24 @@ def apply_override(data: dict, item: str) -> None:
     except yaml.YAMLError as err:
         raise RecipeError(f"override {item!r}: the value is not valid YAML ({err}).") from None
     parts = key.split(".")
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            where = ".".join(parts[: i + 1])
-            raise RecipeError(f"override {item!r}: {where} is {child!r}, not a section with keys.")
-        node = child
-    node[parts[-1]] = value
+    node: Any = data
+    for i, part in enumerate(parts):
+        where = ".".join(parts[: i + 1])
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise RecipeError(f"override {item!r}: {where} is not an index of a list of {len(node)} items "
+                                  f"(use 0 to {len(node) - 1}).")
+            part = int(part)
+        elif not isinstance(node, dict):
+            parent = ".".join(parts[:i])
+            raise RecipeError(f"override {item!r}: {parent} is {node!r}, not a section with keys.")
+        if last:
+            node[part] = value
+            return
+        if isinstance(node, dict) and node.get(part) is None:
+            node[part] = {}
+        node = node[part]
 
 
 def _build(cls: type, data: Any, path: str) -> Any:

@@ -39,4 +39,5 @@ def tiny_recipe(tiny_dinov2) -> dict:
         "data": {"source": "sklearn-digits", "limit": {"train": 200, "test": 80}},
         "features": {"batch_size": 50},
         "probes": {"linear": {"C_grid": [0.01, 0.1, 1.0]}, "knn": {"ks": [5, 20]}},
+        "report": False,  # report.html is tested on its own (tests/test_report_*.py) and in test_cli
     }

@@ -14,8 +14,9 @@ def _write(tmp_path, recipe):
 
 
 def test_run_report_compare_end_to_end(tiny_recipe, tmp_path, capsys):
-    path = _write(tmp_path, tiny_recipe)
+    path = _write(tmp_path, {**tiny_recipe, "report": True})
     assert main(["run", str(path), "--out", str(tmp_path / "a"), "--set", "probes.knn.ks=[3]"]) == 0
+    assert (tmp_path / "a" / "report.html").exists() and any((tmp_path / "a" / "plots").glob("*.png"))
     assert main(["run", str(path), "--out", str(tmp_path / "b"), "--set", "backbone.pooling=mean"]) == 0
     out = capsys.readouterr().out
     assert "linear.acc" in out and "knn.k3.acc" in out

@@ -1,4 +1,4 @@
-"""The offline default end to end with the real pretrained weights (on a subset, to stay quick)."""
+"""The offline default end to end with the real pretrained weights (on a subset, with small heads, to stay quick)."""
 
 import json
 
@@ -17,7 +17,9 @@ def test_quickstart_subset_with_real_weights(tmp_path, capsys):
         find_onnx()
     except FileNotFoundError as err:
         pytest.skip(str(err))
-    overrides = ["data.limit.train=300", "data.limit.test=150", "probes.knn.ks=[10,20]"]
+    overrides = ["data.limit.train=200", "data.limit.test=100", "probes.knn.ks=[10,20]", "augment.views=2",
+                 "train.epochs=3", "train.batch_size=100", "probes.orbits.n_images=8", "report=false"]
+    overrides += [f"heads.{i}.width=64" for i in range(3)]
     args = ["run", "recipes/quickstart.yaml", "--out", str(tmp_path / "qs")]
     for item in overrides:
         args += ["--set", item]
@@ -28,4 +30,7 @@ def test_quickstart_subset_with_real_weights(tmp_path, capsys):
     assert results["backbone"]["params"] == 22_056_192
     assert metrics["linear.acc"] > 0.9, metrics
     assert metrics["knn.k10.acc"] > 0.5, metrics  # chance is 0.1
-    assert "linear.acc" in capsys.readouterr().out
+    assert set(results["taps"]) == {"backbone", "lin@1", "lin", "mlp_relu@1", "mlp_relu", "mlp_swish@1", "mlp_swish"}
+    assert {v["verdict"] for v in results["buffer"].values()} <= {"buffer", "no-buffer", "mixed"}
+    out = capsys.readouterr().out
+    assert "linear.acc" in out and "buffer verdicts" in out

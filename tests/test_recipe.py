@@ -77,3 +77,10 @@ def test_every_shipped_recipe_validates():
     assert recipes
     for path in recipes:
         load_recipe(path)
+
+
+def test_overrides_index_lists():
+    recipe = load_recipe({"heads": [{"name": "a"}, {"name": "b"}]}, ["heads.1.act=swish", "heads.0.width=64"])
+    assert (recipe.heads[0].width, recipe.heads[1].act) == (64, "swish")
+    with pytest.raises(RecipeError, match=r"heads.2 is not an index of a list of 2 items \(use 0 to 1\)"):
+        load_recipe({"heads": [{"name": "a"}, {"name": "b"}]}, ["heads.2.act=swish"])

@@ -146,11 +146,25 @@ def _short(value: float) -> str:
     return f"{value:.3g}" if abs(value) >= 1000 or (value != 0 and abs(value) < 0.01) else f"{value:.3f}"
 
 
+# The questions a reader asks first; the heat-map and the HTML table hold every metric.
+HEADLINE = ("linear.acc", "knn.k20.acc", "mi.label", "rotation.acc", "aug_r2.mean", "align", "view_cos",
+            "uniform", "mi.infonce", "lidar", "rankme", "alpha_req")
+MAX_PANELS = 12
+
+
+def _headline(metrics: list[str]) -> list[str]:
+    """At most MAX_PANELS metrics: the headline ones present, then the others in order (one panel each is slow)."""
+    chosen = [m for m in HEADLINE if m in metrics]
+    chosen += [m for m in metrics if m not in chosen and ".orbit.spread_rel" in m]
+    chosen += [m for m in metrics if m not in chosen]
+    return chosen[:MAX_PANELS]
+
+
 def plot_metric_bars(results: dict, path: Path) -> Path:
-    """One panel per metric: the backbone bar (dashed reference line) next to every head tap."""
+    """One panel per headline metric: the backbone bar (dashed reference line) next to every head tap."""
     taps = results["taps"]
     names, owner = _tap_order(results)
-    metrics = metric_names(taps, plotted_only=True)
+    metrics = _headline(metric_names(taps, plotted_only=True))
     if not metrics:
         raise ValueError("no metrics to plot")
     colors = head_colors(_heads_of(results))

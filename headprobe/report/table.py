@@ -29,7 +29,7 @@ def summary_table(results: dict) -> Table:
     )
     taps = results.get("taps", {})
     table = Table(title=title, title_justify="left")
-    table.add_column("metric")
+    table.add_column("metric", no_wrap=True)
     for name in taps:
         table.add_column(name, justify="right")
     for metric in _metric_names(taps):
@@ -53,7 +53,19 @@ def compare_table(runs: dict[str, dict]) -> Table:
 
 def print_summary(results: dict, run_dir: Path | None = None, console: Console | None = None) -> None:
     console = console or Console()
-    console.print(summary_table(results))
+    table = summary_table(results)
+    if not console.is_terminal:
+        # Logs and pipes have no width to respect: print the whole table rather than ellipses.
+        from rich.measure import Measurement
+
+        needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        console.width = max(console.width, needed)
+    console.print(table)
+    verdicts = results.get("buffer", {})
+    if verdicts:
+        console.print("buffer verdicts: " + ", ".join(
+            f"{head} → {v.get('verdict')} ({v.get('support', 0)} for, {v.get('against', 0)} against)"
+            for head, v in verdicts.items()))
     timing = results.get("timing", {})
     if timing:
         console.print("timing: " + ", ".join(f"{k} {v:.1f}s" for k, v in timing.items()))
