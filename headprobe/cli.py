@@ -31,15 +31,20 @@ def _error(message: str, code: int) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .pipeline import RunError, run
+    from .pipeline import RunError, run, run_sweep
     from .recipe import RecipeError, load_recipe
 
     try:
-        load_recipe(args.recipe, args.set)
+        recipe = load_recipe(args.recipe, args.set)
     except RecipeError as err:
         return _error(str(err), EXIT_USAGE)
     try:
-        run(args.recipe, out=args.out, overrides=args.set, resume=args.resume, quiet=not _is_main_process())
+        if recipe.sweep:
+            if args.resume:
+                return _error("--resume continues one run; resume each run of a sweep by its own --out.", EXIT_USAGE)
+            run_sweep(args.recipe, out=args.out, overrides=args.set, quiet=not _is_main_process())
+        else:
+            run(args.recipe, out=args.out, overrides=args.set, resume=args.resume, quiet=not _is_main_process())
     except RecipeError as err:
         return _error(str(err), EXIT_USAGE)
     except RunError as err:

@@ -241,6 +241,56 @@ class _Study:
             }
         self.run_dir.write_results(self.results)
 
+    # --- tuned backbone (backbone.tune != frozen) ---------------------------------------------------
+
+    def train_tuned(self) -> None:
+        """Score the untuned backbone as tap "backbone_untuned", tune it together with the heads on views made on
+        the fly (`headprobe.train_tuned`), save what tuning changed, and extract every feature again from the tuned
+        backbone, so that "backbone" and the head taps are scored on it."""
+        from .backbones import apply_tuning
+        from .data.augment import augment_spec
+        from .train import latest_checkpoint
+        from .train_tuned import save_tuned_backbone, train_tuned
+
+        recipe, run_dir, spec = self.recipe, self.run_dir, self.recipe.backbone
+        self.probe_tap("backbone_untuned", None, 0)
+        protocol = self.results["protocol"]
+        protocol["features_untuned"], protocol["views_untuned"] = protocol["features"], protocol.get("views")
+        lora = dataclasses.asdict(spec.lora) if spec.tune == "lora" else {}
+        record = self.stage(f"tuning the backbone ({spec.tune})", apply_tuning, self.backbone, spec.tune,
+                            seed=recipe.seed, **lora)
+        checkpoints = run_dir.path / "checkpoints"
+        with _progress(self.show) as progress:
+            states, summary = self.stage(
+                "training the tuned backbone and heads", train_tuned, self.backbone, recipe.heads, self.data.train,
+                augment=augment_spec(recipe.augment.preset, **recipe.augment.options), views=recipe.augment.views,
+                objective_name=recipe.objective.name, objective_options=recipe.objective.options, train=recipe.train,
+                seed=recipe.seed, precision=recipe.features.precision, num_workers=recipe.features.num_workers,
+                checkpoint_dir=checkpoints if run_dir.writable else None,
+                resume_from=latest_checkpoint(checkpoints) if self.resume else None, log=run_dir.log_metrics,
+                progress=progress, track=recipe.geometry, state=self.state,
+            )
+        # Identity heads trained the backbone too, but have no layers to probe or analyse.
+        self.states = {name: s for name, s in states.items() if list(s.modules().parameters())}
+        self.timing["train_s"] = summary.pop("train_s")
+        self.results["backbone_tuned"] = self.backbone.describe()
+        if run_dir.writable:
+            saved = self.stage("saving the tuned backbone", save_tuned_backbone, self.backbone, checkpoints)
+            self.results["backbone_tuned"]["saved"] = str(saved.relative_to(run_dir.path))
+        protocol["train"] = dataclasses.asdict(recipe.train) | {
+            "objective": recipe.objective.name, "objective_options": recipe.objective.options, **summary,
+            "tuning": record}
+        for head in recipe.heads:
+            trained = states[head.name]
+            self.results["heads"][head.name] = {
+                "config": dataclasses.asdict(head),
+                "train": {"steps": summary["steps"], "status": trained.status, "final_loss": trained.last_loss,
+                          "message": trained.message, "with_backbone": spec.tune},
+                "geometry": {},
+            }
+        self.run_dir.write_results(self.results)
+        self.extract()
+
     def analyse_geometry(self) -> None:
         from .geometry.analyse import analyse_head
         from .registry import OBJECTIVES
@@ -347,9 +397,12 @@ def run(
     study = _Study(recipe, run_dir, results, state, show=main and not quiet, resume=resume)
     study.load()
     study.extract()
+    if recipe.backbone.tune != "frozen":  # tuned path: see _Study.train_tuned
+        study.train_tuned()
     study.probe_tap("backbone", None, 0)
     if recipe.heads:
-        study.train_heads()
+        if recipe.backbone.tune == "frozen":
+            study.train_heads()
         if recipe.geometry.final:
             study.analyse_geometry()
         study.probe_heads()
@@ -364,3 +417,34 @@ def run(
 
         print_summary(results, run_dir.path)
     return Results(results, run_dir.path)
+
+
+def run_sweep(
+    recipe_path: str | Path | dict, *, out: str | Path | None = None, overrides: list[str] | None = None,
+    quiet: bool = False,
+) -> list[Results]:
+    """Run every combination of the recipe's `sweep:` into OUT/<label>/ and compare them (OUT/compare.csv/.html).
+
+    >>> run_sweep("recipes/paper_depth_ablation.yaml")  # doctest: +SKIP
+    """
+    from .recipe import expand_sweep
+
+    combos = expand_sweep(recipe_path, overrides)
+    recipe = load_recipe(recipe_path, overrides)
+    root = Path(out) if out is not None else default_run_dir(recipe.name)
+    results = [run(recipe_path, out=root / label, overrides=items, quiet=quiet) for label, items in combos]
+    from .distributed import process_state
+
+    if process_state().is_main_process:
+        from .report.compare import write_compare
+
+        write_compare([r.path for r in results], root)
+        if not quiet:
+            from rich.console import Console
+
+            from .report.table import compare_table
+            from .runs import read_results
+
+            Console().print(compare_table({r.path.name: read_results(r.path) for r in results}))
+            print(f"comparison: {root / 'compare.html'}")
+    return results

@@ -235,6 +235,8 @@ class Recipe:
     geometry: GeometrySpec = field(default_factory=GeometrySpec)
     # Write report.html and plots/ at the end of the run (`headprobe report RUN_DIR` makes them later too).
     report: bool = True
+    # {override key: [values]}: one run per combination, then a comparison (e.g. {heads.0.act: [relu, swish]}).
+    sweep: dict[str, list[Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return _to_plain(self)
@@ -266,6 +268,33 @@ def load_recipe(source: str | Path | dict, overrides: list[str] | None = None) -
     recipe = _build(Recipe, data, "")
     _check_names(recipe)
     return recipe
+
+
+def expand_sweep(source: str | Path | dict, overrides: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """A recipe with `sweep: {key: [values], ...}` → [(label, overrides)], one per combination (cartesian
+    product, keys in order). Every combination is validated here, before anything runs. A recipe without a
+    sweep gives one entry with label ""."""
+    import itertools
+
+    recipe = load_recipe(source, overrides)
+    if not recipe.sweep:
+        return [("", list(overrides or []))]
+    for key, values in recipe.sweep.items():
+        if not isinstance(values, list) or not values:
+            raise RecipeError(f"sweep.{key} must be a non-empty list of values, got {values!r}.")
+    keys = list(recipe.sweep)
+    out = []
+    for combo in itertools.product(*(recipe.sweep[k] for k in keys)):
+        items = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+                 for k, v in zip(keys, combo, strict=True)]
+        label = "-".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, combo, strict=True))
+        expanded = list(overrides or []) + items + ["sweep={}"]
+        try:
+            load_recipe(source, expanded)
+        except RecipeError as err:
+            raise RecipeError(f"sweep combination {label}: {err}") from None
+        out.append((label.replace("/", "_"), expanded))
+    return out
 
 
 def apply_override(data: dict, item: str) -> None:

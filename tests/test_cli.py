@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from headprobe.cli import main
@@ -63,3 +64,19 @@ def test_list_names_every_family(capsys):
 def test_module_entry_point():
     done = subprocess.run([sys.executable, "-m", "headprobe", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and "headprobe 0.1.0" in done.stdout
+
+
+def test_sweep_expands_into_runs_and_a_comparison(tiny_recipe, tmp_path, capsys):
+    from headprobe.recipe import RecipeError, expand_sweep
+
+    recipe = {**tiny_recipe, "probes": {"knn": {"ks": [5]}}, "sweep": {"backbone.pooling": ["cls", "mean"]}}
+    assert [label for label, _ in expand_sweep(recipe)] == ["pooling=cls", "pooling=mean"]
+    with pytest.raises(RecipeError, match="sweep combination pooling=maen: backbone.pooling = 'maen'"):
+        expand_sweep({**recipe, "sweep": {"backbone.pooling": ["cls", "maen"]}})
+    path = _write(tmp_path, recipe)
+    assert main(["run", str(path), "--out", str(tmp_path / "sw")]) == 0
+    assert {p.name for p in (tmp_path / "sw").iterdir()} >= {"pooling=cls", "pooling=mean", "compare.csv",
+                                                             "compare.html"}
+    cls = json.loads((tmp_path / "sw" / "pooling=cls" / "results.json").read_text())
+    assert cls["recipe"]["backbone"]["pooling"] == "cls" and cls["recipe"]["sweep"] == {}
+    assert "knn.k5.acc" in (tmp_path / "sw" / "compare.csv").read_text()
