@@ -231,6 +231,19 @@ class _Views(torch.utils.data.Dataset):
         return torch.cat([self.normalise(pixels).flatten(), params])
 
 
+def view_transforms(preprocess, augment):
+    """(augmentation at the backbone's crop size, normalisation applied to its output view without a second
+    resize) — how the cached path and the tuned path (`headprobe.train_tuned`) both turn an image into a view."""
+    import dataclasses
+
+    from .backbones.base import Preprocess
+
+    crop = preprocess.crop
+    normalise = Preprocess(resize=crop, crop=crop, mean=preprocess.mean, std=preprocess.std,
+                           interpolation=preprocess.interpolation)
+    return dataclasses.replace(augment, size=crop), normalise
+
+
 def extract_views(
     backbone,
     dataset,
@@ -254,14 +267,13 @@ def extract_views(
     """
     import dataclasses
 
-    from .backbones.base import Preprocess
     from .distributed import process_state
 
     state = state or process_state()
     device = state.device
     precision = _effective_precision(precision, device)
     crop = backbone.preprocess.crop
-    spec = dataclasses.replace(augment, size=crop)
+    spec, normalise = view_transforms(backbone.preprocess, augment)
     key, description = feature_key(backbone, data_info, "train-views", precision)
     description |= {"augment": dataclasses.asdict(spec), "views": views, "seed": seed}
     key = hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:24]
@@ -272,8 +284,6 @@ def extract_views(
         if hit is not None:
             return ViewFeatures(hit[0], hit[1], key, True)
 
-    pre = backbone.preprocess
-    normalise = Preprocess(resize=crop, crop=crop, mean=pre.mean, std=pre.std, interpolation=pre.interpolation)
     total = n * views
     items = list(range(state.process_index, total, state.num_processes))
     loader = torch.utils.data.DataLoader(

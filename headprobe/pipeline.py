@@ -78,6 +78,7 @@ class _Study:
     def __init__(self, recipe: Recipe, run_dir: RunDir, results: dict, state, show: bool, resume: bool) -> None:
         self.recipe, self.run_dir, self.results, self.state = recipe, run_dir, results, state
         self.show, self.resume = show, resume
+        self.tuned = False  # set once the backbone has been tuned (backbone.tune != frozen)
         self.timing = results["timing"]
 
     def stage(self, name: str, fn, *args, **kwargs):
@@ -151,7 +152,10 @@ class _Study:
                                          sweeps=spec.sweeps, n_images=spec.n_images,
                                          batch_size=recipe.features.batch_size, progress=progress)
             self._clock("extract_s", t0)
-            if recipe.heads or any(p in recipe.probes for p in VIEW_PROBES):
+            # Views feed the view probes, frozen-path head training, and the geometry of trained heads; the
+            # tuned path makes its own views on the fly, so the untuned backbone needs them only for probes.
+            heads_need = recipe.heads and (recipe.backbone.tune == "frozen" or (self.tuned and recipe.geometry.final))
+            if heads_need or any(p in recipe.probes for p in VIEW_PROBES):
                 t0 = time.perf_counter()
                 spec = augment_spec(recipe.augment.preset, **recipe.augment.options)
                 self.views = self.stage("extracting augmented views", extract_views, self.backbone, self.data.train,
@@ -289,6 +293,7 @@ class _Study:
                 "geometry": {},
             }
         self.run_dir.write_results(self.results)
+        self.tuned = True
         self.extract()
 
     def analyse_geometry(self) -> None:

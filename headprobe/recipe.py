@@ -453,7 +453,7 @@ def _check_names(recipe: Recipe) -> None:
         hint = f" Did you mean {guess!r}?" if guess else ""
         allowed = ", ".join(POOLINGS.names())
         raise RecipeError(f"backbone.pooling = {pooling!r} is not allowed; allowed: {allowed}.{hint}")
-    _check_backbone(recipe.backbone)
+    _check_backbone(recipe.backbone, has_heads=bool(recipe.heads))
     _check_prefixed("data.source", recipe.data.source, DATA_SOURCES)
     src_prefix, src_rest = recipe.data.source.partition(":")[::2]
     if src_prefix in ("imagefolder", "hf") and not src_rest:
@@ -495,7 +495,7 @@ def _check_names(recipe: Recipe) -> None:
 _CNN_IDS = ("scratch:resnet18-cifar", "offline:efficientnet-lite0")
 
 
-def _check_backbone(spec: BackboneSpec) -> None:
+def _check_backbone(spec: BackboneSpec, has_heads: bool = True) -> None:
     """Source names, layers, tune policy and LoRA options of `backbone`."""
     prefix, rest = spec.id.partition(":")[::2]
     if prefix in ("open_clip", "timm") and not rest:
@@ -526,6 +526,10 @@ def _check_backbone(spec: BackboneSpec) -> None:
         hint = f" Did you mean {guess!r}?" if guess else ""
         raise RecipeError(f"backbone.tune = {spec.tune!r} is not allowed; allowed: frozen, last:N (N >= 1 blocks), "
                           f"lora, full.{hint}")
+    if spec.tune != "frozen" and not has_heads:
+        raise RecipeError(f"backbone.tune = {spec.tune!r} trains the backbone through projection heads, but the "
+                          "recipe has none; add a `heads:` section (an identity head trains with no projector) "
+                          "or set backbone.tune: frozen.")
     lora = spec.lora
     if spec.tune != "lora" and lora != LoraSpec():
         raise RecipeError(f"backbone.lora is set but backbone.tune = {spec.tune!r}; set backbone.tune: lora "

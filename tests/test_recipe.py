@@ -84,3 +84,9 @@ def test_overrides_index_lists():
     assert (recipe.heads[0].width, recipe.heads[1].act) == (64, "swish")
     with pytest.raises(RecipeError, match=r"heads.2 is not an index of a list of 2 items \(use 0 to 1\)"):
         load_recipe({"heads": [{"name": "a"}, {"name": "b"}]}, ["heads.2.act=swish"])
+
+
+def test_tuning_needs_a_head():
+    with pytest.raises(RecipeError, match="backbone.tune = 'lora' trains the backbone through projection heads"):
+        load_recipe({"backbone": {"tune": "lora"}})
+    assert load_recipe({"backbone": {"tune": "last:2"}, "heads": [{"name": "h"}]}).backbone.tune == "last:2"
