@@ -1,0 +1,39 @@
+"""Every offline recipe runs end to end in a reduced form (tiny backbone, few images, one epoch)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from headprobe.pipeline import run, run_sweep
+
+RECIPES = sorted(p for p in (Path(__file__).parents[1] / "recipes").glob("*.yaml")
+                 if p.name == "quickstart.yaml" or p.name.startswith("offline_"))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_offline_recipe_runs_reduced(path, tiny_dinov2, tmp_path):
+    recipe = yaml.safe_load(path.read_text())
+    if recipe["data"]["source"].startswith("fashion-mnist") and not Path("/usr/share/datasets/fashion-mnist").exists():
+        pytest.skip("needs Debian's files: apt-get install dataset-fashion-mnist")
+    reductions = [f"backbone.id=hf:{tiny_dinov2}", "backbone.resolution=null", "data.limit.train=64",
+                  "data.limit.test=32", "train.epochs=1", "train.batch_size=32", "augment.views=2", "report=false"]
+    reductions += [f"heads.{i}.width=16" for i in range(len(recipe.get("heads", [])))]
+    if "orbits" in recipe.get("probes", {}):
+        reductions.append("probes.orbits.n_images=4")
+    if "rotation" in recipe.get("probes", {}):
+        reductions.append("probes.rotation.mlp_epochs=5")
+    if "geometry" in recipe:
+        reductions += ["geometry.rows=16", "geometry.track_rows=8", "geometry.track_max_iter=5"]
+    if recipe.get("sweep"):
+        results = run_sweep(path, out=tmp_path / "run", overrides=reductions, quiet=True)
+        assert len(results) == len(next(iter(recipe["sweep"].values())))
+        assert (tmp_path / "run" / "compare.csv").exists()
+    else:
+        results = [run(path, out=tmp_path / "run", overrides=reductions, quiet=True)]
+    for result in results:
+        data = json.loads((result.path / "results.json").read_text())
+        assert data["status"] == "complete"
+        assert set(data["taps"]) >= {"backbone"} | {h["name"] for h in recipe.get("heads", [])}
+        assert all(h["train"]["status"] == "complete" for h in data["heads"].values())
