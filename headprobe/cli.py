@@ -128,6 +128,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_geometry(args: argparse.Namespace) -> int:
+    from .analyse import analyse_run
+    from .pipeline import RunError
+
+    try:
+        results = analyse_run(args.run_dir, rows=args.rows, quiet=not _is_main_process())
+    except (FileNotFoundError, ValueError) as err:
+        return _error(str(err), EXIT_USAGE)
+    except RunError as err:
+        return _error(str(err), EXIT_FAILED)
+    console = _console()
+    for head, entry in results["heads"].items():
+        geo = entry.get("geometry", {})
+        if geo:
+            curv, eff = geo.get("curvature", {}), geo.get("effective_hessian", {})
+            console.print(f"{head}: λ_min {curv.get('lambda_min', float('nan')):.3g}, "
+                          f"λ_max {curv.get('lambda_max', float('nan')):.3g}, "
+                          f"‖M‖/‖H‖ {eff.get('m_ratio', float('nan')):.3g}, "
+                          f"G variation {geo.get('pullback', {}).get('variation', float('nan')):.3g}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -158,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="print a run's summary and rebuild its report.html and plots/")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("geometry", help="evaluate the heads' geometry of a finished run, without retraining")
+    p.add_argument("run_dir")
+    p.add_argument("--rows", type=int, default=None, help="training samples to evaluate on (default: the recipe's)")
+    p.set_defaults(fn=cmd_geometry)
 
     p = sub.add_parser("compare", help="side-by-side table of several runs (terminal, compare.csv, compare.html)")
     p.add_argument("run_dirs", nargs="+")

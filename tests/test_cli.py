@@ -80,3 +80,19 @@ def test_sweep_expands_into_runs_and_a_comparison(tiny_recipe, tmp_path, capsys)
     cls = json.loads((tmp_path / "sw" / "pooling=cls" / "results.json").read_text())
     assert cls["recipe"]["backbone"]["pooling"] == "cls" and cls["recipe"]["sweep"] == {}
     assert "knn.k5.acc" in (tmp_path / "sw" / "compare.csv").read_text()
+
+
+def test_geometry_of_a_finished_run_without_retraining(tiny_recipe, tmp_path, capsys):
+    recipe = {**tiny_recipe, "probes": {"knn": {"ks": [5]}}, "heads": [{"name": "relu", "width": 16}],
+              "augment": {"preset": "crop-flip", "views": 2}, "train": {"epochs": 1, "batch_size": 50}}
+    path = _write(tmp_path, recipe)
+    assert main(["run", str(path), "--out", str(tmp_path / "r")]) == 0
+    before = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert before["heads"]["relu"]["geometry"] == {}
+    assert main(["geometry", str(tmp_path / "r"), "--rows", "16"]) == 0
+    assert "relu: λ_min" in capsys.readouterr().out
+    after = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert after["heads"]["relu"]["geometry"]["effective_hessian"]["consistency"] < 1e-8
+    assert after["geometry_from"] == "checkpoints/step-4.pt"
+    assert after["taps"] == before["taps"]
+    assert main(["geometry", str(tmp_path / "nothing")]) == 2

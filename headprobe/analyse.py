@@ -1,0 +1,59 @@
+"""Geometry of a finished run's heads, without retraining: `headprobe geometry RUN_DIR`.
+
+Rebuilds the backbone, data and cached view features from the run's `config.yaml` (cache hits
+when the run's cache is still there), loads each head from the last checkpoint, evaluates the
+per-head geometry (`geometry.analyse.analyse_head`) and writes it into `results.json`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+
+def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = False) -> dict:
+    """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results."""
+    from .distributed import process_state
+    from .pipeline import _Study, _write_report
+    from .recipe import load_recipe
+    from .runs import RunDir, read_results
+    from .train import build_head, latest_checkpoint
+
+    run = RunDir(run_dir)
+    results = read_results(run.path)
+    config = run.path / "config.yaml"
+    if not config.is_file():
+        raise FileNotFoundError(f"{config} is missing; pass a run directory written by `headprobe run`.")
+    recipe = load_recipe(config)
+    if not recipe.heads:
+        raise ValueError(f"the run in {run.path} trained no heads; there is no head geometry to analyse.")
+    if recipe.backbone.tune != "frozen":
+        raise ValueError(f"the run in {run.path} tuned its backbone ({recipe.backbone.tune}); re-analysing it needs "
+                         "the tuned weights, so set geometry.final: true in the recipe and run it again.")
+    checkpoint = latest_checkpoint(run.path / "checkpoints")
+    if checkpoint is None:
+        raise FileNotFoundError(f"{run.path / 'checkpoints'} holds no step-*.pt; the heads' weights are needed.")
+    saved = torch.load(checkpoint, weights_only=False)["heads"]
+    if rows is not None:
+        recipe.geometry.rows = rows
+    study = _Study(recipe, run, results, process_state(), show=not quiet, resume=False)
+    study.load()
+    study.extract()
+    states = {}
+    for spec in recipe.heads:
+        if spec.name not in saved:
+            continue  # the identity head has no weights and no geometry
+        head, predictor = build_head(spec, study.backbone.dim, recipe.seed)
+        head.load_state_dict(saved[spec.name]["head"])
+        if predictor is not None:
+            predictor.load_state_dict(saved[spec.name]["predictor"])
+        states[spec.name] = SimpleNamespace(head=head.eval(), predictor=predictor.eval() if predictor else None)
+    study.states = states
+    study.analyse_geometry()
+    results["geometry_from"] = str(checkpoint.relative_to(run.path))
+    run.write_results(results)
+    if recipe.report:
+        _write_report(run)
+    return results
