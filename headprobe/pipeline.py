@@ -231,6 +231,12 @@ class _Study:
                 resume_from=resume_from, log=run_dir.log_metrics, progress=progress, track=recipe.geometry,
             )
         self.timing["train_s"] = summary.pop("train_s")
+        track_s = summary.pop("track_s")
+        if track_s:
+            # Curvature tracking runs inside the training loop: report its share of training time.
+            self.timing["track_s"] = track_s
+            self.results.setdefault("timing_ratios", {})["track_over_train"] = track_s / max(self.timing["train_s"],
+                                                                                               1e-9)
         self.results["protocol"]["train"] = dataclasses.asdict(recipe.train) | {
             "objective": recipe.objective.name, "objective_options": recipe.objective.options, **summary}
         for spec in recipe.heads:
@@ -412,6 +418,11 @@ def run(
             study.analyse_geometry()
         study.probe_heads()
 
+    timing = results["timing"]
+    extracted = timing.get("extract_s", 0.0) + timing.get("extract_views_s", 0.0)
+    if extracted > 0:
+        # Probes work on cached features: all of them together should cost less than extracting those.
+        results.setdefault("timing_ratios", {})["probe_over_extract"] = timing.get("probe_s", 0.0) / extracted
     results["orbits"] = _orbit_coordinates(results["taps"])
     results["status"] = "complete"
     run_dir.write_results(results)

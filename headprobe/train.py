@@ -275,7 +275,9 @@ def train_heads(
     if checkpoint_dir is not None:
         save_checkpoint(checkpoint_dir / f"step-{total}.pt", total, states)
     return states, {"steps": total, "steps_per_epoch": per_epoch, "start_step": start,
-                    "train_s": time.perf_counter() - t0}
+                    "train_s": time.perf_counter() - t0,
+                    "track_s": sum(r.get("time_s", 0.0) for st in states.values() for r in st.history
+                                   if r.get("stage") == "geometry")}
 
 
 @torch.no_grad()

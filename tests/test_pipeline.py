@@ -119,4 +119,6 @@ def test_geometry_is_tracked_and_analysed_per_head(tiny_recipe, tmp_path):
     tracked = [line for line in lines if line["stage"] == "geometry"]
     assert [line["step"] for line in tracked] == [3, 6]
     assert all(line["lambda_min"] <= line["lambda_max"] for line in tracked)
+    assert 0 < results["timing_ratios"]["track_over_train"] and results["timing"]["track_s"] > 0
+    assert results["timing_ratios"]["probe_over_extract"] > 0
     assert not (tmp_path / "g" / "report.html").exists()  # report: false

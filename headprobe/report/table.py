@@ -69,6 +69,9 @@ def print_summary(results: dict, run_dir: Path | None = None, console: Console |
     timing = results.get("timing", {})
     if timing:
         console.print("timing: " + ", ".join(f"{k} {v:.1f}s" for k, v in timing.items()))
+    ratios = results.get("timing_ratios", {})
+    if ratios:
+        console.print("cost ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
     if results.get("status") != "complete":
         console.print(f"[yellow]status: {results.get('status')}[/] {results.get('error', {}).get('message', '')}")
     if run_dir is not None:
