@@ -199,6 +199,8 @@ class TrainSpec:
     momentum: float = 0.9
     schedule: Literal["cosine", "constant"] = "cosine"
     warmup_steps: int = 0
+    # Accumulate the gradients of N consecutive batches per optimiser update (batch statistics stay per batch).
+    grad_accum: int = 1
     log_every: int = 10
     # Save heads, optimisers and the step every N steps (and always at the end); null = only at the end.
     checkpoint_every: int | None = None
@@ -584,7 +586,7 @@ def _check_heads(recipe: Recipe) -> list[tuple]:
     ranges += [("augment.views", recipe.augment.views, 2, None), ("train.epochs", train.epochs, 1, None),
                ("train.batch_size", train.batch_size, 2, None), ("train.lr", train.lr, 0.0, None),
                ("train.weight_decay", train.weight_decay, 0.0, None), ("train.log_every", train.log_every, 1, None),
-               ("train.warmup_steps", train.warmup_steps, 0, None)]
+               ("train.warmup_steps", train.warmup_steps, 0, None), ("train.grad_accum", train.grad_accum, 1, None)]
     if train.steps is not None:
         ranges.append(("train.steps", train.steps, 1, None))
     geo = recipe.geometry

@@ -203,16 +203,20 @@ def _loop(states, views, objective, objective_options, train, seed, start, total
                     if state.predictor is not None:
                         state.predictor.load_state_dict(state.last_good["predictor"])
                 continue
-            state.optimizer.zero_grad(set_to_none=True)
-            terms.loss.backward()
+            accum = train.grad_accum
+            update = (step + 1) % accum == 0 or step == total - 1
+            if step % accum == 0:
+                state.optimizer.zero_grad(set_to_none=True)
+            (terms.loss / accum).backward()
             if logging:
                 record = {"stage": "train", "head": state.name, "step": step + 1, "epoch": step // per_epoch,
                           "loss": terms.loss.item(), **terms.terms, **_collapse_stats(h1), **_grad_stats(state)}
                 state.history.append(record)
                 if log is not None:
                     log(record)
-            state.optimizer.step()
-            state.scheduler.step()
+            if update:
+                state.optimizer.step()
+                state.scheduler.step()
             state.last_loss = terms.loss.item()
             if logging:
                 state.last_good = {"step": step + 1, "head": copy.deepcopy(state.head.state_dict()),
@@ -256,7 +260,7 @@ def train_heads(
     per_epoch = n // train.batch_size
     total = train.steps if train.steps is not None else train.epochs * per_epoch
     objective = OBJECTIVES.get(objective_name)
-    states = make_states(specs, dim, train, total, seed)
+    states = make_states(specs, dim, train, -(-total // train.grad_accum), seed)
     start = 0
     if resume_from is not None:
         saved = torch.load(resume_from, weights_only=False)

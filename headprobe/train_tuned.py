@@ -295,7 +295,7 @@ def train_tuned(
     groups += [{"params": [p for m in pair if m is not None for p in m.parameters()], "name": name}
                for name, pair in heads.items()]
     optimizer = _optimizer([g for g in groups if g["params"]], train)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(train, total))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(train, -(-total // train.grad_accum)))
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     states = {name: HeadState(name, head, predictor, optimizer, scheduler) for name, (head, predictor) in heads.items()}
 
@@ -341,15 +341,20 @@ def train_tuned(
                 _restore(backbone, states, good)
                 stopped_at = step + 1
                 break
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
+            accum = train.grad_accum
+            update = (step + 1) % accum == 0 or step == total - 1
+            if step % accum == 0:
+                optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss / accum).backward()
+            if update:
+                scaler.unscale_(optimizer)
             if logging:
                 _log_step(states, out, backbone_params, optimizer, loss, step, per_epoch, device, world,
                           log if state.is_main_process else None)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
+            if update:
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
             for name, (terms, _) in out.items():
                 states[name].last_loss = terms.loss.item()
             if logging:

@@ -84,3 +84,26 @@ def test_a_nan_loss_stops_only_that_head(views, monkeypatch):
 def test_batch_larger_than_data_is_explained(views):
     with pytest.raises(ValueError, match="train.batch_size = 64 is larger than the 48 training images"):
         _train(HEADS, views, train=dataclasses.replace(TRAIN, batch_size=64))
+
+
+def test_gradient_accumulation_equals_the_summed_gradient(views):
+    """Two accumulated batches give one update with the mean of their gradients (linear head: no batch statistics
+    inside the head; VICReg's statistics stay per batch)."""
+    spec = [HeadSpec(name="lin", type="linear", width=8)]
+    train = dataclasses.replace(TRAIN, steps=2, grad_accum=2, optimizer="sgd", momentum=0.0, weight_decay=0.0,
+                                schedule="constant", lr=0.1)
+    accumulated, _ = _train(spec, views, train=train)
+    head, _ = train_module.build_head(spec[0], 12, seed=0)
+    grads = []
+    for step in range(2):
+        idx, v1, v2 = batch_for_step(step, 48, 4, 16, 0)
+        head.zero_grad()
+        from headprobe.objectives import vicreg
+
+        vicreg(head(views[idx, v1]), head(views[idx, v2])).loss.backward()
+        grads.append([p.grad.clone() for p in head.parameters()])
+    with torch.no_grad():
+        for p, g1, g2 in zip(head.parameters(), *grads, strict=True):
+            p -= 0.1 * (g1 + g2) / 2
+    for ours, ref in zip(accumulated["lin"].head.parameters(), head.parameters(), strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
