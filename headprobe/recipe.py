@@ -126,6 +126,10 @@ class ViewMISpec:
     batch_size: int = 128
     temperature: float = 0.1
     pca_dims: int = 32
+    # InfoNCE critic: the fixed cosine/temperature one, or a separable MLP critic trained on half the pairs
+    # and evaluated on the other half.
+    critic: Literal["cosine", "separable"] = "cosine"
+    critic_steps: int = 400
 
 
 @dataclass

@@ -122,3 +122,12 @@ def test_geometry_is_tracked_and_analysed_per_head(tiny_recipe, tmp_path):
     assert 0 < results["timing_ratios"]["track_over_train"] and results["timing"]["track_s"] > 0
     assert results["timing_ratios"]["probe_over_extract"] > 0
     assert not (tmp_path / "g" / "report.html").exists()  # report: false
+
+
+def test_view_mi_with_a_trained_critic(tiny_recipe, tmp_path):
+    recipe = {**tiny_recipe, "probes": {"view_mi": {"critic": "separable", "critic_steps": 20, "batch_size": 32}},
+              "augment": {"preset": "crop-flip", "views": 2}}
+    results = run(recipe, out=tmp_path / "mi", quiet=True)
+    metrics, protocol = results.metrics(), results["taps"]["backbone"]["protocol"]["view_mi"]
+    assert metrics["mi.infonce"] <= metrics["mi.infonce.ceiling"] == pytest.approx(math.log(32))
+    assert protocol["infonce"]["critic"] == "separable" and protocol["infonce"]["n_train"] > 0

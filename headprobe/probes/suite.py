@@ -99,16 +99,18 @@ def invariance(tap: TapData, uniformity_t: float = 2.0) -> ProbeOutput:
                                  "views": views.shape[1], "uniformity_t": uniformity_t})
 
 
-def view_mi(tap: TapData, batch_size: int = 128, temperature: float = 0.1, pca_dims: int = 32) -> ProbeOutput:
-    """MI between two views of an image: InfoNCE with the cosine critic (ceiling log B) and the Gaussian
-    (CCA) closed form on the top `pca_dims` principal components, fitted on the views themselves."""
+def view_mi(tap: TapData, batch_size: int = 128, temperature: float = 0.1, pca_dims: int = 32,
+            critic: str = "cosine", critic_steps: int = 400) -> ProbeOutput:
+    """MI between two views of an image: InfoNCE (ceiling log B) with the fixed cosine critic or a trained
+    separable critic (held-out pairs), and the Gaussian (CCA) closed form on the top `pca_dims` principal
+    components, fitted on the views themselves."""
     from .information import gaussian_mi, mutual_information
 
     views = _need_views(tap, "view_mi")
     z1, z2 = views[:, 0].double(), views[:, 1].double()
     batch = min(batch_size, len(z1))
-    nce = mutual_information(z1, z2, method="infonce", critic="cosine", batch_size=batch, temperature=temperature,
-                             seed=tap.seed)
+    options = {"temperature": temperature} if critic == "cosine" else {"steps": critic_steps}
+    nce = mutual_information(z1, z2, method="infonce", critic=critic, batch_size=batch, seed=tap.seed, **options)
     both = torch.cat([z1, z2])
     k = min(pca_dims, both.shape[1], len(z1) // 10 or 1)
     mean = both.mean(0)
