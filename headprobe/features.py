@@ -166,6 +166,8 @@ def extract(
         if hit is not None:
             return Features(hit[0], hit[1], key, True, path)
 
+    # Moved outside inference mode: parameters created inside it could never require grad again (tuning).
+    backbone.to(state.device)
     local = _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation)
     # Cloning outside inference mode turns inference tensors into ordinary ones that autograd accepts.
     feats = _gather_shards(local, n, state).cpu().clone()
@@ -180,7 +182,6 @@ def _forward_shard(
 ) -> torch.Tensor:
     """This process's interleaved shard of the images → (n_local, D) features."""
     device, n = state.device, len(dataset)
-    backbone.to(device)
     indices = list(range(state.process_index, n, state.num_processes))
     loader = torch.utils.data.DataLoader(
         _Images(dataset, indices, backbone.preprocess, rotation), batch_size=batch_size, num_workers=num_workers

@@ -6,12 +6,15 @@ from headprobe.backbones import load_backbone
 from headprobe.recipe import RecipeError, load_recipe
 
 
+HEAD = {"heads": [{"name": "h"}]}  # tuning trains the backbone through a head
+
+
 def test_tuning_and_layer_keys_are_read():
-    recipe = load_recipe({}, ["backbone.id=scratch:vit-tiny", "backbone.tune=lora", "backbone.lora.r=4",
+    recipe = load_recipe(HEAD, ["backbone.id=scratch:vit-tiny", "backbone.tune=lora", "backbone.lora.r=4",
                               "backbone.layers=[-2, -1]", "backbone.lora.target_modules=[qkv]"])
     spec = recipe.backbone
     assert (spec.tune, spec.lora.r, spec.lora.alpha, spec.layers, spec.layer) == ("lora", 4, 16.0, [-2, -1], -1)
-    assert load_recipe({}, ["backbone.tune=last:2"]).backbone.tune == "last:2"
+    assert load_recipe(HEAD, ["backbone.tune=last:2"]).backbone.tune == "last:2"
 
 
 @pytest.mark.parametrize(
@@ -32,7 +35,7 @@ def test_tuning_and_layer_keys_are_read():
 )
 def test_bad_backbone_keys_fail_before_loading(override, message):
     with pytest.raises(RecipeError, match=message):
-        load_recipe({}, override)
+        load_recipe(HEAD, override)
 
 
 def test_options_a_family_does_not_take_are_errors_and_none_means_unset():
