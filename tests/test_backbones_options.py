@@ -5,7 +5,6 @@ import pytest
 from headprobe.backbones import load_backbone
 from headprobe.recipe import RecipeError, load_recipe
 
-
 HEAD = {"heads": [{"name": "h"}]}  # tuning trains the backbone through a head
 
 
