@@ -38,3 +38,17 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# Benchmarks (benchmarks/README.md): every script, then the Markdown table of the README's Performance section.
+# One thread by default: on a machine whose cores are shared, a thread pool that waits for a busy core measures the
+# other jobs, not the code. `make bench BENCH_ARGS=` keeps the libraries' own thread counts (a dedicated machine, a
+# GPU); `make bench BENCH_ARGS="--quick --threads 1"` is the one-minute-per-script check.
+BENCH_ARGS ?= --threads 1
+BENCHMARKS := cache multihead knn linear hessian extract
+.PHONY: bench
+
+bench: $(STAMP)
+	status=0; for name in $(BENCHMARKS); do \
+		HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/bench_$$name.py $(BENCH_ARGS) || status=1; \
+	done; \
+	$(PY) benchmarks/summary.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick) && exit $$status

@@ -1,0 +1,162 @@
+"""k-NN probe: headprobe `knn` against scikit-learn's brute-force cosine `KNeighborsClassifier`.
+
+Synthetic clustered features (only the probe is measured): N train, M queries, D dims, 10 classes, k = 20, the
+unweighted vote (`weighting="uniform"`), which is what sklearn's classifier computes. Checks: speed, identical
+predictions, and peak memory for several chunk sizes (each measured in its own process).
+
+    python benchmarks/bench_knn.py [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+from _common import (
+    Report,
+    device,
+    interleaved,
+    mib,
+    parse_args,
+    peak_rss_bytes,
+    reset_peak_rss,
+    rss_bytes,
+    worker_code,
+)
+
+K = 20
+CLASSES = 10
+SPEED_TARGET = 5.0
+
+
+def make_data(n: int, m: int, d: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Gaussian classes around random centres, noisy enough that about a fifth of the queries are misclassified."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(CLASSES, d, generator=g)
+    y = torch.randint(CLASSES, (n,), generator=g)
+    yq = torch.randint(CLASSES, (m,), generator=g)
+    x = 0.12 * centres[y] + torch.randn(n, d, generator=g)
+    q = 0.12 * centres[yq] + torch.randn(m, d, generator=g)
+    return x, y, q, yq
+
+
+def headprobe_knn(x: torch.Tensor, y: torch.Tensor, q: torch.Tensor, yq: torch.Tensor, chunk_size: int = 1024):
+    from headprobe.probes.knn import knn
+
+    return knn(x, y, q, yq, ks=(K,), weighting="uniform", chunk_size=chunk_size, device=device())
+
+
+def sklearn_knn(x: torch.Tensor, y: torch.Tensor, q: torch.Tensor):
+    from sklearn.neighbors import KNeighborsClassifier
+
+    clf = KNeighborsClassifier(n_neighbors=K, algorithm="brute", metric="cosine")
+    return clf.fit(x.numpy(), y.numpy()).predict(q.numpy())
+
+
+def explain_mismatches(x: torch.Tensor, y: torch.Tensor, q: torch.Tensor, mismatched: torch.Tensor) -> int:
+    """How many disagreeing queries sit on a float32 tie: the k-th and (k+1)-th neighbour (float64 cosine) closer
+    than float32 resolves, or two classes with the same number of votes among the k nearest."""
+    xn = torch.nn.functional.normalize(x.double(), dim=1)
+    explained = 0
+    for i in mismatched.tolist():
+        s = torch.nn.functional.normalize(q[i : i + 1].double(), dim=1) @ xn.T
+        top = s.topk(K + 1, dim=1)
+        near_tie = float(top.values[0, K - 1] - top.values[0, K]) < 1e-6
+        votes = torch.bincount(y[top.indices[0, :K]], minlength=CLASSES)
+        vote_tie = int((votes == votes.max()).sum()) > 1
+        explained += near_tie or vote_tie
+    return explained
+
+
+def memory_worker(kind: str, chunk: int, n: int, m: int, d: int) -> None:
+    """Run one k-NN in this fresh process and print its peak memory above the inputs as JSON."""
+    x, y, q, yq = make_data(n, m, d)
+    # A tiny run first, so that imports and thread pools are not counted as the probe's memory.
+    if kind == "headprobe":
+        headprobe_knn(x[:100], y[:100], q[:10], yq[:10])
+    else:
+        sklearn_knn(x[:100], y[:100], q[:10])
+    dev = device()
+    if dev.type == "cuda" and kind == "headprobe":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        headprobe_knn(x, y, q, yq, chunk)
+        peak, counter = torch.cuda.max_memory_allocated() - base, "torch.cuda.max_memory_allocated"
+    else:
+        base = rss_bytes()
+        counter = "peak RSS (VmHWM after resetting it via /proc/self/clear_refs)"
+        if not reset_peak_rss():
+            counter = "peak RSS (ru_maxrss; could not be reset, so it includes start-up)"
+        if kind == "headprobe":
+            headprobe_knn(x, y, q, yq, chunk)
+        else:
+            sklearn_knn(x, y, q)
+        peak = peak_rss_bytes() - base
+    print(json.dumps({"peak_bytes": peak, "counter": counter}))
+
+
+def measure_memory(kind: str, chunk: int, n: int, m: int, d: int) -> dict:
+    code = worker_code("bench_knn", f"memory_worker({kind!r}, {chunk}, {n}, {m}, {d})")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    n, m, d = (5_000, 1_000, 384) if args.quick else (50_000, 10_000, 384)
+    chunks = [256, 1024, 4096]
+    m_memory = max(chunks)
+    report = Report("knn", args, {"n_train": n, "n_queries": m, "dim": d, "k": K, "classes": CLASSES,
+                                  "weighting": "uniform", "chunk_size": 1024, "memory_chunk_sizes": chunks,
+                                  "memory_queries": m_memory})
+    x, y, q, yq = make_data(n, m, d)
+    headprobe_knn(x[:1000], y[:1000], q[:100], yq[:100])  # warm-up: imports, thread pools
+    sklearn_knn(x[:1000], y[:1000], q[:100])
+    times, results = interleaved({"headprobe": lambda: headprobe_knn(x, y, q, yq),
+                                  "sklearn": lambda: sklearn_knn(x, y, q)}, args.repeats)
+    t_hp = report.timing("headprobe knn", times["headprobe"], queries_per_s=m / min(times["headprobe"]))
+    t_sk = report.timing("sklearn KNeighborsClassifier brute cosine", times["sklearn"])
+    ratio = t_sk / t_hp
+    report.check(f"k-NN (N={n:,}, D={d}, {m:,} queries, k={K})",
+                 "sklearn KNeighborsClassifier(brute, cosine)", f">= {SPEED_TARGET:g}x faster",
+                 f"{ratio:.2f}x faster", ratio >= SPEED_TARGET, ratio=ratio)
+
+    ours = results["headprobe"].predictions[K]
+    theirs = torch.as_tensor(results["sklearn"])
+    mismatched = (ours != theirs).nonzero().flatten()
+    explained = explain_mismatches(x, y, q, mismatched) if len(mismatched) else 0
+    report.check("k-NN predictions, unweighted vote", "sklearn predictions", "identical",
+                 f"{m - len(mismatched):,}/{m:,} identical"
+                 + (f" ({explained} of {len(mismatched)} differences at float32 ties)" if len(mismatched) else ""),
+                 len(mismatched) == explained, mismatches=len(mismatched), explained_by_ties=explained,
+                 accuracy=results["headprobe"].metrics[f"knn.k{K}.acc"])
+
+    memory = {}
+    for chunk in chunks:
+        memory[chunk] = measure_memory("headprobe", chunk, n, m_memory, d)
+        print(f"   peak memory, chunk {chunk}: {mib(memory[chunk]['peak_bytes'])} MiB", flush=True)
+    sk_memory = measure_memory("sklearn", 0, n, m_memory, d)
+    print(f"   peak memory, sklearn: {mib(sk_memory['peak_bytes'])} MiB", flush=True)
+    # What the chunked loop must hold: the normalised bank (N x D) and one chunk's similarities (chunk x N),
+    # float32; the bound allows a second chunk-sized temporary and 64 MiB of allocator slack.
+    bound = {c: 4 * (n * d + 2 * c * n) + 64 * 2**20 for c in chunks}
+    within = all(memory[c]["peak_bytes"] <= bound[c] for c in chunks)
+    report.extra["memory"] = {
+        "counter": memory[chunks[0]]["counter"],
+        "queries": m_memory,
+        "headprobe_peak_mib": {c: mib(memory[c]["peak_bytes"]) for c in chunks},
+        "bound_mib": {c: mib(bound[c]) for c in chunks},
+        "sklearn_peak_mib": mib(sk_memory["peak_bytes"]),
+    }
+    measured = ", ".join(f"chunk {c}: {mib(memory[c]['peak_bytes']):.0f} MiB" for c in chunks)
+    report.check("k-NN peak memory above the inputs", f"sklearn: {mib(sk_memory['peak_bytes']):.0f} MiB",
+                 "bounded by the chunk size: <= 4(ND + 2cN) B + 64 MiB", measured, within)
+    report.note(f"memory counter: {memory[chunks[0]]['counter']}; each chunk size in its own process, "
+                f"{m_memory:,} queries.")
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
