@@ -229,6 +229,7 @@ class _Study:
                 train=recipe.train, seed=recipe.seed,
                 checkpoint_dir=(run_dir.path / "checkpoints") if run_dir.writable else None,
                 resume_from=resume_from, log=run_dir.log_metrics, progress=progress, track=recipe.geometry,
+                device=self.state.device,
             )
         self.timing["train_s"] = summary.pop("train_s")
         track_s = summary.pop("track_s")

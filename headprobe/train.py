@@ -16,6 +16,7 @@ cross-process BatchNorm (which torch does not offer on CPU).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import math
 import time
@@ -114,11 +115,17 @@ def make_states(specs, in_dim: int, train, total_steps: int, seed: int) -> dict[
     return states
 
 
+@functools.lru_cache(maxsize=2)
+def _epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The image order of one epoch, drawn once per epoch rather than at every step (O(N) each)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(_seed_of(seed, "epoch", epoch)))
+
+
 def batch_for_step(step: int, n: int, views: int, batch_size: int, seed: int) -> tuple[torch.Tensor, ...]:
     """(image indices (B,), first views (B,), second views (B,)) of one step; two distinct views per image."""
     per_epoch = n // batch_size
     epoch, b = divmod(step, per_epoch)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(_seed_of(seed, "epoch", epoch)))
+    perm = _epoch_permutation(n, seed, epoch)
     idx = perm[b * batch_size : (b + 1) * batch_size]
     g = torch.Generator().manual_seed(_seed_of(seed, "views", step))
     v1 = torch.randint(views, (len(idx),), generator=g)
@@ -241,6 +248,7 @@ def train_heads(
     log=None,
     progress=None,
     track=None,
+    device: torch.device | str | None = None,
 ) -> tuple[dict[str, HeadState], dict]:
     """Train every head in `specs` on `views` (N, K, D); returns the head states and a training summary.
 
@@ -261,6 +269,11 @@ def train_heads(
     total = train.steps if train.steps is not None else train.epochs * per_epoch
     objective = OBJECTIVES.get(objective_name)
     states = make_states(specs, dim, train, -(-total // train.grad_accum), seed)
+    if device is not None:
+        # Train where the process's accelerator is; the heads come back to the CPU, where the features live.
+        views = views.to(device)
+        for state in states.values():
+            state.modules().to(device)
     start = 0
     if resume_from is not None:
         saved = torch.load(resume_from, weights_only=False)
@@ -275,7 +288,7 @@ def train_heads(
     for state in states.values():
         if state.status == "training":
             state.status = "complete"
-        state.modules().eval()
+        state.modules().eval().cpu()
     if checkpoint_dir is not None:
         save_checkpoint(checkpoint_dir / f"step-{total}.pt", total, states)
     return states, {"steps": total, "steps_per_epoch": per_epoch, "start_step": start,
