@@ -97,15 +97,18 @@ def fit_logistic(
             )
         # The softmax only sees logit differences, so class 0's column is folded into the binary weights.
         W, b = (W0[:, 1:] - W0[:, :1], b0[1:] - b0[:1]) if binary else (W0.clone(), b0.clone())
-    W.requires_grad_(True)
+    # The solver's variable is Wᵀ, (K, D): autograd then forms its gradient as gᵀx, which CPU BLAS runs several
+    # times faster than the xᵀg of a (D, K) layout (22.7 vs 3.3 ms at 8000 × 768 × 10). L-BFGS only takes dot
+    # products of the flattened variables, so the layout does not change the iterates.
+    Wt = W.T.contiguous().requires_grad_(True)
     b.requires_grad_(True)
 
     def logits() -> torch.Tensor:
-        z = x @ W + b
+        z = F.linear(x, Wt, b)
         return torch.cat([torch.zeros_like(z), z], dim=1) if binary else z
 
     optimizer = torch.optim.LBFGS(
-        [W, b],
+        [Wt, b],
         lr=1.0,
         max_iter=max_iter,
         tolerance_grad=tol,
@@ -119,12 +122,12 @@ def fit_logistic(
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
-        loss = F.cross_entropy(logits(), y) + W.pow(2).sum() / (2 * C * n)
+        loss = F.cross_entropy(logits(), y) + Wt.pow(2).sum() / (2 * C * n)
         loss.backward()
         return loss
 
     optimizer.step(closure)
-    W, b = W.detach(), b.detach()
+    W, b = Wt.detach().T.contiguous(), b.detach()
     if binary:
         return torch.cat([torch.zeros_like(W), W], dim=1), torch.cat([torch.zeros_like(b), b])
     # The loss is invariant to adding a constant to every intercept; pin the one sklearn reports.
