@@ -63,6 +63,12 @@ def _effective_precision(requested: str, device: torch.device) -> str:
     return requested if device.type == "cuda" else "fp32"
 
 
+def _autocast(device: torch.device, precision: str):
+    """Autocast to bf16/fp16 for an effective precision from `_effective_precision`; a no-op for fp32."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+
 class _Images(torch.utils.data.Dataset):
     def __init__(self, dataset, indices: list[int], preprocess, rotation: int = 0) -> None:
         self.dataset, self.indices, self.preprocess, self.rotation = dataset, indices, preprocess, rotation % 360
@@ -186,8 +192,7 @@ def _forward_shard(
     loader = torch.utils.data.DataLoader(
         _Images(dataset, indices, backbone.preprocess, rotation), batch_size=batch_size, num_workers=num_workers
     )
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+    autocast = _autocast(device, precision)
     chunks = []
     label = f"extract {split}" + (f" rotated {rotation}°" if rotation else "")
     task = progress.add_task(label, total=n) if progress is not None else None
@@ -237,12 +242,17 @@ def view_transforms(preprocess, augment):
     resize) — how the cached path and the tuned path (`headprobe.train_tuned`) both turn an image into a view."""
     import dataclasses
 
+
+    return dataclasses.replace(augment, size=preprocess.crop), normalise_only(preprocess)
+
+
+def normalise_only(preprocess):
+    """The backbone's normalisation for an image already at its crop size (the resize is then the identity)."""
     from .backbones.base import Preprocess
 
     crop = preprocess.crop
-    normalise = Preprocess(resize=crop, crop=crop, mean=preprocess.mean, std=preprocess.std,
-                           interpolation=preprocess.interpolation)
-    return dataclasses.replace(augment, size=crop), normalise
+    return Preprocess(resize=crop, crop=crop, mean=preprocess.mean, std=preprocess.std,
+                      interpolation=preprocess.interpolation)
 
 
 def extract_views(
@@ -291,14 +301,13 @@ def extract_views(
         _Views(dataset, items, views, spec, seed, normalise), batch_size=batch_size, num_workers=num_workers
     )
     n_pixels = 3 * crop * crop
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     task = progress.add_task(f"extract {views} views × {n} images", total=total) if progress is not None else None
     chunks = []
     backbone.to(device)
     with torch.inference_mode():
         for batch in loader:
             pixels = batch[:, :n_pixels].reshape(-1, 3, crop, crop).to(device)
-            with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
+            with _autocast(device, precision):
                 out = backbone(pixels).float()
             chunks.append(torch.cat([out, batch[:, n_pixels:].to(device)], dim=1))
             if task is not None:
@@ -329,11 +338,10 @@ def extract_orbits(backbone, dataset, *, sweeps: list[str], n_images: int, batch
     Orbits are made at the backbone's input size (after resize and crop, before normalisation), so
     rotation corners and blur sigmas are in input pixels. Orbits are few and cheap, so they are not cached.
     """
-    from .backbones.base import Preprocess
     from .probes.orbits import orbit_images
 
     pre = backbone.preprocess
-    normalise = Preprocess(resize=pre.crop, crop=pre.crop, mean=pre.mean, std=pre.std, interpolation=pre.interpolation)
+    normalise = normalise_only(pre)
     device = next(backbone.parameters(), torch.empty(0)).device
     images = [_resize_crop(pre, dataset[i]["image"]) for i in range(min(n_images, len(dataset)))]
     out = {}
