@@ -129,3 +129,77 @@ def test_rejects_bad_inputs_with_a_sentence(override, message):
     kwargs = dict(train_features=x, train_labels=y, test_features=x, test_labels=y) | override
     with pytest.raises(ValueError, match=message):
         knn(**kwargs)
+
+
+@pytest.mark.parametrize(("n", "k", "block"), [(1000, 5, 64), (1000, 3, 7), (130, 2, 64), (5000, 40, 64)])
+def test_blocked_topk_equals_topk(n, k, block):
+    from headprobe.probes.knn import blocked_topk
+
+    scores = torch.randn(17, n, generator=torch.Generator().manual_seed(n + k))
+    values, indices = blocked_topk(scores, k, block=block)
+    expected_values, expected_indices = scores.topk(k, dim=1)
+    torch.testing.assert_close(values, expected_values, rtol=0, atol=0)
+    torch.testing.assert_close(indices, expected_indices, rtol=0, atol=0)
+    # Values from a bfloat16 row, the prefilter's case, with a tail block shorter than the rest.
+    low = scores.to(torch.bfloat16)
+    values, indices = blocked_topk(low, k, block=block)
+    torch.testing.assert_close(values, low.topk(k, dim=1).values, rtol=0, atol=0)
+    torch.testing.assert_close(low.gather(1, indices), values, rtol=0, atol=0)
+
+
+def test_prefilter_error_bound_holds_for_every_pair():
+    from headprobe.probes.knn import _BF16_UNIT, _Bf16Prefilter
+
+    g = torch.Generator().manual_seed(0)
+    bank = torch.nn.functional.normalize(torch.randn(3000, 96, generator=g) + 2.0, dim=1)
+    queries = torch.nn.functional.normalize(torch.randn(200, 96, generator=g) + 2.0, dim=1)
+    search = _Bf16Prefilter(bank, k=10)
+    approx = (queries.to(torch.bfloat16) @ search.low.T).double()
+    exact = queries.double() @ bank.double().T
+    allowed = search.error_bound(queries)[:, None] + _BF16_UNIT / (1 - _BF16_UNIT) * approx.abs()
+    slack = allowed - (approx - exact).abs()
+    assert slack.min() >= 0
+    # Not vacuous: the bound is within a small factor of the worst error actually made.
+    assert (approx - exact).abs().max() > allowed.max() / 20
+
+
+def clustered(n_train, n_test, dim, seed):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(5, dim, generator=g)
+    y, yq = torch.randint(5, (n_train,), generator=g), torch.randint(5, (n_test,), generator=g)
+    return (centres[y] + 2 * torch.randn(n_train, dim, generator=g), y,
+            centres[yq] + 2 * torch.randn(n_test, dim, generator=g), yq)
+
+
+def test_prefilter_gives_the_float32_answer():
+    data = clustered(4000, 300, 48, seed=1)
+    ks = (1, 10, 20)
+    fast = knn(*data, ks=ks, prefilter=True, chunk_size=128)
+    exact = knn(*data, ks=ks, prefilter=False)
+    for k in ks:
+        torch.testing.assert_close(fast.predictions[k], exact.predictions[k], rtol=0, atol=0)
+    assert fast.protocol["prefilter"]["queries"] == 300
+    assert exact.protocol["prefilter"] is None and exact.protocol["similarity"] == "float32"
+    assert "bfloat16" in fast.protocol["similarity"]
+    # Default: on for a bank this large exactly when bfloat16 products are native here.
+    from headprobe.probes.knn import _fast_bfloat16
+
+    assert (knn(*data, ks=ks).protocol["prefilter"] is not None) == _fast_bfloat16(torch.device("cpu"))
+
+
+def test_prefilter_widens_or_falls_back_when_bfloat16_cannot_separate_neighbours():
+    g = torch.Generator().manual_seed(2)
+    x, y, q, yq = clustered(3000, 40, 32, seed=3)
+    # 100 and then 1000 near-copies of one point close to the first query, 1e-3 apart: their similarities to
+    # that query differ by ~1e-4, which float32 resolves and bfloat16 does not.
+    unit = torch.nn.functional.normalize
+    centre = unit(q[:1], dim=1) + 0.3 * unit(torch.randn(1, 32, generator=g), dim=1)
+    for copies, expected in ((100, "widened"), (1000, "full_float32")):
+        bank = x.clone()
+        bank[:copies] = centre + 1e-3 * torch.randn(copies, 32, generator=g)
+        labels = torch.randint(5, (3000,), generator=g)
+        fast = knn(bank, labels, q, yq, ks=(5, 20), prefilter=True, weighting="uniform")
+        exact = knn(bank, labels, q, yq, ks=(5, 20), prefilter=False, weighting="uniform")
+        assert fast.protocol["prefilter"][expected] >= 1
+        for k in (5, 20):
+            torch.testing.assert_close(fast.predictions[k], exact.predictions[k], rtol=0, atol=0)

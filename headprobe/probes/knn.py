@@ -9,6 +9,11 @@ import torch
 import torch.nn.functional as F
 
 _WEIGHTINGS = ("exp", "uniform")
+# bfloat16 keeps 8 significant bits: round-to-nearest moves a value by at most 2^-8 of itself.
+_BF16_UNIT = 2.0**-8
+_FP32_UNIT = 2.0**-24
+# Below this many training samples the float32 product is cheap, and the prefilter is not worth its set-up.
+_PREFILTER_MIN_TRAIN = 2048
 
 
 @dataclass
@@ -71,9 +76,10 @@ def knn(
     ks: Sequence[int] = (10, 20, 100, 200),
     temperature: float = 0.07,
     weighting: str = "exp",
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     num_classes: int | None = None,
     device: torch.device | str | None = None,
+    prefilter: bool | None = None,
 ) -> KnnResult:
     """Classify each test sample by a weighted vote of its nearest training samples.
 
@@ -85,8 +91,15 @@ def knn(
     summed vote over the first k neighbours is the prediction (ties go to the smaller class index).
 
     A k larger than N is clamped to N; the clamp is recorded in `protocol["effective_ks"]`. Queries are
-    processed `chunk_size` at a time, so memory is O(chunk_size × N), and everything is computed in float32
-    on `device` (default: the device of `train_features`).
+    processed `chunk_size` at a time, so memory is O(chunk_size × N), and the similarities that choose and
+    weight the neighbours are float32 on `device` (default: the device of `train_features`).
+
+    `prefilter` (default: on where bfloat16 matrix products are native -- CUDA, or CPUs with AVX512-BF16/AMX --
+    and N ≥ 2048) finds candidates with a bfloat16 product, about twice as fast as float32 on such CPUs, then
+    re-ranks them in float32. It changes no result: a query is accepted only when a rigorous bound on the
+    bfloat16 error proves that no training sample outside its candidates can be among its float32 top-k;
+    otherwise its candidates are widened, and failing that it is recomputed against the whole bank in float32.
+    How many queries needed either is recorded in `protocol["prefilter"]`.
     """
     _check_split("train", train_features, train_labels)
     _check_split("test", test_features, test_labels)
@@ -124,10 +137,16 @@ def knn(
 
     bank = F.normalize(train_features.to(device, torch.float32), dim=1)
     bank_labels = train_labels.to(device, torch.int64)
+    if prefilter is None:
+        prefilter = n_train >= _PREFILTER_MIN_TRAIN and _fast_bfloat16(device)
+    search = _Bf16Prefilter(bank, max_k) if prefilter else None
     predictions = {k: torch.empty(n_test, dtype=torch.int64) for k in ks}
     for start in range(0, n_test, chunk_size):
         queries = F.normalize(test_features[start : start + chunk_size].to(device, torch.float32), dim=1)
-        sims, idx = (queries @ bank.T).topk(max_k, dim=1)
+        if search is None:
+            sims, idx = blocked_topk(queries @ bank.T, max_k)
+        else:
+            sims, idx = search.topk(queries)
         neighbour_labels = bank_labels[idx]
         if weighting == "exp":
             # Subtracting each row's top similarity rescales that query's votes by a constant, which leaves
@@ -152,5 +171,131 @@ def knn(
         "n_train": n_train,
         "n_test": n_test,
         "n_classes": num_classes,
+        "similarity": "float32",
+        "prefilter": search.stats if search is not None else None,
     }
+    if search is not None:
+        protocol["similarity"] = "float32, candidates from a certified bfloat16 prefilter"
     return KnnResult(metrics=metrics, predictions=predictions, protocol=protocol)
+
+
+def blocked_topk(scores: torch.Tensor, k: int, block: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest entries of each row, like `scores.topk(k, dim=1)`; scores: (B, N) -> values, indices (B, k).
+
+    Why not `topk` directly: over long rows it costs about twice a contiguous max-reduction. Split each row into
+    blocks of `block` entries; each of the row's k largest entries lies in a block whose maximum is at least the
+    k-th largest value, and at most k blocks have such a maximum, so the k blocks with the largest maxima hold
+    all of them. One max per block, a top-k over the N/block maxima and one over k·block gathered entries
+    give the same values (ties may list different indices).
+    """
+    b, n = scores.shape
+    full = n // block
+    if k * block * 4 > n or full == 0:
+        return scores.topk(k, dim=1)
+    maxima = scores[:, : full * block].view(b, full, block).amax(dim=2)
+    if full * block < n:
+        maxima = torch.cat([maxima, scores[:, full * block :].amax(dim=1, keepdim=True)], dim=1)
+    top_blocks = maxima.topk(k, dim=1).indices
+    columns = (top_blocks.unsqueeze(2) * block + torch.arange(block, device=scores.device)).flatten(1)
+    # The tail block is shorter than `block`; its overhanging columns point past N and are masked out.
+    valid = columns < n
+    values = scores.gather(1, columns.clamp_max(n - 1)).masked_fill(~valid, float("-inf"))
+    top_values, where = values.topk(k, dim=1)
+    return top_values, columns.gather(1, where)
+
+
+def _fast_bfloat16(device: torch.device) -> bool:
+    """Whether bfloat16 matrix products run natively (and so faster than float32) on `device`."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class _Bf16Prefilter:
+    """Exact float32 top-k of cosine similarities, with candidates found by a bfloat16 product.
+
+    Why not just the float32 product: on hardware with native bfloat16 the product over the whole bank -- the
+    k-NN's whole cost -- runs about twice as fast, and a certificate keeps the answer that of float32.
+
+    Certificate. For unit vectors q, x with bfloat16 roundings q + δq, x + δx, the computed bfloat16 score ŝ
+    of the exact cosine s obeys |ŝ − s| ≤ E + r|ŝ|, where
+        E = ‖δq‖‖x‖ + ‖q‖‖δx‖ + ‖δq‖‖δx‖ + γ_D (‖q‖ + ‖δq‖)(‖x‖ + ‖δx‖)
+    (Cauchy–Schwarz on the three rounding terms; γ_D = D·2⁻²⁴ / (1 − D·2⁻²⁴) bounds float32 accumulation in any
+    order) and r = 2⁻⁸ / (1 − 2⁻⁸) covers rounding the result to bfloat16. With the maximum of ‖x‖ and ‖δx‖ over
+    the bank, E depends only on the query. A sample outside the candidates has ŝ ≤ c, the smallest candidate
+    score, so its float32 score is at most c + r|c| + E + γ_D‖q‖‖x‖. When the k-th best re-ranked float32
+    score of the candidates exceeds that, the candidates hold the whole float32 top-k.
+    """
+
+    def __init__(self, bank: torch.Tensor, k: int, oversample: int = 2, widen: int = 8) -> None:
+        n, d = bank.shape
+        self.bank, self.k = bank, k
+        self.low = bank.to(torch.bfloat16)
+        self.candidates = min(n, max(oversample * k, k + 16))
+        self.wide = min(n, widen * self.candidates)
+        self.gamma = d * _FP32_UNIT / (1 - d * _FP32_UNIT)
+        self.ratio = _BF16_UNIT / (1 - _BF16_UNIT)
+        # x − bf16(x) is exact in float32; a float32 norm of D terms is within D·2⁻²⁴ of the true one, so a
+        # factor (1 + 2γ_D) keeps the bound from being rounded down. Rows are taken in blocks, so that the
+        # float32 temporaries stay small next to the bank.
+        norm, error, step = 0.0, 0.0, 8192
+        for s in range(0, n, step):
+            rows = bank[s : s + step]
+            norm = max(norm, float(rows.norm(dim=1).max()))
+            error = max(error, float((rows - self.low[s : s + step].float()).norm(dim=1).max()))
+        self.bank_norm, self.bank_error = norm * (1 + 2 * self.gamma), error * (1 + 2 * self.gamma)
+        self.stats = {"queries": 0, "candidates": self.candidates, "widened": 0, "full_float32": 0}
+
+    def error_bound(self, queries: torch.Tensor) -> torch.Tensor:
+        """queries: (B, D) -> (B,) float64 E: |ŝ − q·x| ≤ E + r|ŝ| for every bank row x (see the class docstring)."""
+        q_norm = queries.double().norm(dim=1)
+        q_error = (queries.to(torch.bfloat16).float() - queries).double().norm(dim=1)
+        return (q_error * self.bank_norm + q_norm * self.bank_error + q_error * self.bank_error
+                + self.gamma * (q_norm + q_error) * (self.bank_norm + self.bank_error))
+
+    def _rerank(self, queries: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """queries: (B, D), idx: (B, C) -> float32 scores (B, C) sorted descending, and their bank indices.
+
+        The candidates' rows are gathered about 16 MiB at a time.
+        """
+        step = max(1, 2**22 // (idx.shape[1] * queries.shape[1]))
+        parts = []
+        for s in range(0, len(queries), step):
+            rows = self.bank[idx[s : s + step]]
+            parts.append(torch.bmm(rows, queries[s : s + step, :, None]).squeeze(2))
+        scores, order = torch.cat(parts).sort(dim=1, descending=True)
+        return scores, idx.gather(1, order)
+
+    def topk(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """queries: (B, D) unit rows -> (B, k) float32 similarities, descending, and (B, k) bank indices."""
+        low_q = queries.to(torch.bfloat16)
+        bound = self.error_bound(queries) + self.gamma * queries.double().norm(dim=1) * self.bank_norm
+        approx = low_q @ self.low.T
+        sims = torch.empty(len(queries), self.k, dtype=torch.float32, device=queries.device)
+        idx = torch.empty(len(queries), self.k, dtype=torch.int64, device=queries.device)
+        pending = torch.arange(len(queries), device=queries.device)
+        self.stats["queries"] += len(queries)
+        for width in dict.fromkeys((self.candidates, self.wide)):
+            rows = approx if len(pending) == len(queries) else approx[pending]
+            low_scores, cand = blocked_topk(rows, width)
+            scores, cand = self._rerank(queries[pending], cand)
+            floor = low_scores[:, -1].double()
+            outside = floor + self.ratio * floor.abs() + bound[pending]
+            certified = scores[:, self.k - 1].double() > outside if width < len(self.bank) else (
+                torch.ones(len(pending), dtype=torch.bool, device=queries.device))
+            done = pending[certified]
+            sims[done], idx[done] = scores[certified, : self.k], cand[certified, : self.k]
+            pending = pending[~certified]
+            if len(pending) == 0:
+                return sims, idx
+            if width == self.candidates:
+                self.stats["widened"] += len(pending)
+        self.stats["full_float32"] += len(pending)
+        exact, exact_idx = blocked_topk(queries[pending] @ self.bank.T, self.k)
+        sims[pending], idx[pending] = exact, exact_idx
+        return sims, idx
