@@ -180,3 +180,41 @@ def test_linear_probe_rejects_bad_inputs_with_a_sentence(override, message):
     kwargs = dict(train_features=x, train_labels=y, test_features=x, test_labels=y) | override
     with pytest.raises(ValueError, match=message):
         linear_probe(**kwargs)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_hand_written_gradient_equals_autograd_of_the_objective(binary):
+    from headprobe.probes.linear import _loss_and_grad
+
+    g = torch.Generator().manual_seed(3)
+    n, d, k, C = 50, 7, 2 if binary else 4, 0.3
+    x, y = torch.randn(n, d, generator=g, dtype=torch.float64), torch.randint(k, (n,), generator=g)
+    free = 1 if binary else k
+    Wt = torch.randn(free, d, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(free, generator=g, dtype=torch.float64, requires_grad=True)
+    logits = x @ Wt.T + b
+    if binary:
+        logits = torch.cat([torch.zeros_like(logits), logits], dim=1)
+    expected = torch.nn.functional.cross_entropy(logits, y) + Wt.pow(2).sum() / (2 * C * n)
+    expected.backward()
+    loss, grad_w, grad_b = _loss_and_grad(x, y, torch.arange(n), Wt.detach(), b.detach(), C, binary)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-14)
+    torch.testing.assert_close(grad_w, Wt.grad, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(grad_b, b.grad, rtol=1e-12, atol=1e-14)
+
+
+def test_float32_fits_reach_the_gradient_tolerance():
+    # With the loss summed in float32 the line search stalled at max |grad| ~1e-5 on this problem.
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(10, 256, generator=g)
+    y = torch.randint(10, (3000,), generator=g)
+    x = 0.15 * centres[y] + torch.randn(3000, 256, generator=g)
+    x = (x - x.mean(0)) / x.std(0)
+    for C in (1e-4, 1e-2, 1.0):
+        W, b = fit_logistic(x, y, C, 10, tol=1e-6)
+        Wt, bb = W.T.contiguous(), b.clone().requires_grad_(True)
+        Wt.requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(x.double() @ Wt.double().T + bb.double(), y) + Wt.double().pow(
+            2).sum() / (2 * C * len(y))
+        loss.backward()
+        assert max(Wt.grad.abs().max().item(), bb.grad.abs().max().item()) <= 2e-6, C
