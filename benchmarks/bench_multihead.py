@@ -4,9 +4,12 @@ Synthetic cached views (N images x K views x D; only head training is measured, 
 the feature values). Two comparisons:
 
 1. in one process: `train_heads` with all 5 heads against `train_heads` called 5 times with one head each;
-2. as separate runs would really go, one process per run: start Python, import headprobe, load the backbone (a
-   `headprobe run` needs it for the cache key even on a cache hit), read the cached views, train -- 5 such
-   single-head processes against one 5-head process.
+2. as a user really runs them: `headprobe run` on a recipe with all 5 heads against `headprobe run` on 5 recipes
+   with one head each (offline DINOv2 ViT-S/14 on sklearn digits, the same probes, the view cache already
+   warm, so no run extracts). Each separate run pays again what one run shares: start-up, loading the
+   backbone, reading the cache, probing the backbone's tap, and writing results and the report;
+3. the same with a bare worker per run instead of the CLI (start-up, backbone load, cache read and training
+   only), to show how much of the saving is the per-run fixed cost.
 
 Also recorded: the per-step cost of `batch_for_step` for large N, next to a 5-head training step.
 
@@ -15,6 +18,7 @@ Also recorded: the per-step cost of `batch_for_step` for large N, next to a 5-he
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from _common import Report, interleaved, parse_args, timed, worker_code
 
 TARGET = 3.0
@@ -75,6 +80,69 @@ def separate_process(views_path: Path, names: list[str], epochs: int) -> float:
     return time.perf_counter() - start
 
 
+def run_recipe(heads: list, epochs: int, quick: bool) -> dict:
+    """A `headprobe run` recipe: offline DINOv2 on digits, 4 cached views, VICReg, the given heads."""
+    fields = ("name", "type", "act", "width", "out_dim", "bn_hidden")
+    return {
+        "name": "bench-multihead",
+        "seed": SEED,
+        "backbone": {"id": "offline:dinov2-vits14", "pooling": "cls", "resolution": 56},
+        "data": {"source": "sklearn-digits", "test_fraction": 0.25, "val_fraction": 0.2,
+                 **({"limit": {"train": 400, "test": 100}} if quick else {})},
+        "features": {"batch_size": 64},
+        "probes": {"linear": {"C_grid": [0.001, 0.01, 0.1, 1.0]}, "knn": {"ks": [10, 20]}, "spectrum": {},
+                   "invariance": {}},
+        "heads": [{f: getattr(h, f) for f in fields} for h in heads],
+        "objective": {"name": "vicreg"},
+        "augment": {"preset": "simclr", "views": 4},
+        "train": {"epochs": epochs, "batch_size": 256, "lr": 1e-3, "log_every": 10},
+    }
+
+
+def cli_run(recipe: Path, out: Path, env: dict) -> float:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "headprobe", "run", str(recipe), "--out", str(out)], env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"headprobe run {recipe} failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def compare_runs(report: Report, epochs: int, repeats: int, quick: bool) -> None:
+    """One 5-head `headprobe run` against 5 single-head runs, on a shared warm view cache."""
+    heads = head_specs()
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        env = {**os.environ, "HEADPROBE_CACHE": str(root / "cache")}
+        recipes = {}
+        for name, subset in [("all", heads)] + [(h.name, [h]) for h in heads]:
+            recipes[name] = root / f"{name}.yaml"
+            recipes[name].write_text(yaml.safe_dump(run_recipe(subset, epochs, quick), sort_keys=False))
+        started = time.perf_counter()
+        cli_run(recipes["all"], root / "warm", env)  # fills the view cache; not timed
+        report.extra["cache_warm_up_s"] = round(time.perf_counter() - started, 1)
+        counter = iter(range(10**6))
+
+        def together() -> None:
+            cli_run(recipes["all"], root / f"run{next(counter)}", env)
+
+        def apart() -> None:
+            for h in heads:
+                cli_run(recipes[h.name], root / f"run{next(counter)}", env)
+
+        times, _ = interleaved({"together": together, "apart": apart}, repeats)
+        import json
+
+        timings = json.loads((root / "warm" / "results.json").read_text()).get("timings", {})
+        report.extra["five_head_run_stage_seconds"] = timings
+    t_together = report.timing(f"headprobe run, one recipe with {HEADS} heads", times["together"])
+    t_apart = report.timing(f"headprobe run x {HEADS}, one head each", times["apart"])
+    ratio = t_apart / t_together
+    report.check(f"{HEADS} heads in one `headprobe run` (warm view cache)", f"{HEADS} single-head `headprobe run`s",
+                 f">= {TARGET:g}x faster in total", f"{ratio:.2f}x faster ({t_together:.1f} s vs {t_apart:.1f} s)",
+                 ratio >= TARGET, ratio=ratio)
+
+
 def step_overheads(views: torch.Tensor) -> dict:
     """ms per call of batch_for_step for growing N, and of one 5-head training step, for scale."""
     from headprobe.train import batch_for_step
@@ -107,9 +175,11 @@ def main() -> None:
     t_together = report.timing(f"{HEADS} heads in one train_heads loop", times["together"])
     t_separate = report.timing(f"{HEADS} single-head train_heads calls", times["separately"])
     ratio = t_separate / t_together
-    report.check(f"{HEADS} heads in one loop, same cached views (in one process)", f"{HEADS} single-head runs",
-                 f">= {TARGET:g}x faster in total", f"{ratio:.2f}x faster ({t_together:.1f} s vs {t_separate:.1f} s)",
-                 ratio >= TARGET, ratio=ratio)
+    # Not the issue's comparison (that is between runs, below): each head's forward and backward are its own
+    # work, so in one process the shared loop can only be as fast as separate loops -- and must not be slower.
+    report.check(f"{HEADS} heads in one loop, same cached views (in one process, training only)",
+                 f"{HEADS} single-head train_heads calls", ">= 0.9x (no cost for sharing the loop)",
+                 f"{ratio:.2f}x ({t_together:.1f} s vs {t_separate:.1f} s)", ratio >= 0.9, ratio=ratio)
 
     from safetensors.torch import save_file
 
@@ -121,15 +191,16 @@ def main() -> None:
     t_proc_together = report.timing(f"one process training {HEADS} heads", together)
     t_proc_apart = report.timing(f"{HEADS} processes training one head each", apart)
     proc_ratio = t_proc_apart / t_proc_together
-    report.check(f"{HEADS} heads in one run, as separate processes (start-up + backbone load + cache read each)",
+    report.check(f"{HEADS} heads in one bare worker process (start-up + backbone load + cache read + training)",
                  f"{HEADS} single-head runs", f">= {TARGET:g}x faster in total",
                  f"{proc_ratio:.2f}x faster ({t_proc_together:.1f} s vs {t_proc_apart:.1f} s)",
                  proc_ratio >= TARGET, ratio=proc_ratio)
+    compare_runs(report, epochs, 1 if args.quick else 2, args.quick)
     report.extra["loop_overheads"] = step_overheads(views)
     report.note("in one process the loop shares only the batch indexing between heads (each head still runs its own "
                 "forward/backward), so the in-process ratio is near 1; the saving of one run is the per-run fixed "
                 "cost, which separate processes pay 5 times.")
-    report.note("the separate-process rows are measured once (1 repeat).")
+    report.note("the bare-worker rows are measured once (1 repeat); the `headprobe run` rows twice (once in --quick).")
     report.finish()
 
 
