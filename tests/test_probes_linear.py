@@ -218,3 +218,14 @@ def test_float32_fits_reach_the_gradient_tolerance():
             2).sum() / (2 * C * len(y))
         loss.backward()
         assert max(Wt.grad.abs().max().item(), bb.grad.abs().max().item()) <= 2e-6, C
+
+
+def test_path_start_extends_the_secant_in_log_C():
+    from headprobe.probes.linear import _path_start
+
+    W0, b0, W1, b1 = torch.zeros(3, 2), torch.zeros(2), torch.ones(3, 2), torch.full((2,), 2.0)
+    assert _path_start([], [0.1]) is None
+    assert _path_start([(W0, b0)], [0.1, 1.0])[0] is W0
+    W, b = _path_start([(W0, b0), (W1, b1)], [0.1, 1.0, 100.0])  # the last step is twice as long in log C
+    torch.testing.assert_close(W, torch.full((3, 2), 3.0))
+    torch.testing.assert_close(b, torch.full((2,), 6.0))
