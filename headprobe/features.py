@@ -11,6 +11,11 @@ reported and recomputed.
 In a multi-process run each process extracts an interleaved shard of the
 images and the shards are gathered into one index-addressed buffer, so the
 result is the same for any number of processes.
+
+Memory: each extraction allocates its output once, when the first batch gives the feature width, and
+writes every batch into its rows; batch outputs are never collected and concatenated. In one process on
+the CPU the returned tensor is that buffer, so extraction holds one (N, D) copy of the features (one on
+the device and one on the CPU when extracting on a GPU).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +76,7 @@ def _autocast(device: torch.device, precision: str):
 
 
 class _Images(torch.utils.data.Dataset):
-    def __init__(self, dataset, indices: list[int], preprocess, rotation: int = 0) -> None:
+    def __init__(self, dataset, indices: Sequence[int], preprocess, rotation: int = 0) -> None:
         self.dataset, self.indices, self.preprocess, self.rotation = dataset, indices, preprocess, rotation % 360
 
     def __len__(self) -> int:
@@ -118,16 +124,30 @@ def _save(
     os.replace(tmp, path)
 
 
+def _buffer(shape: tuple[int, ...], device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialised output buffer, allocated outside inference mode even when called inside it: an ordinary
+    tensor, which autograd accepts later (tuning), so the result needs no clone."""
+    with torch.inference_mode(False):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _gather_shards(local: torch.Tensor, n: int, state) -> torch.Tensor:
-    """Interleaved shards (rank r holds rows r, r+W, ...) → the full (N, D) buffer on every process."""
+    """Interleaved shards (rank r holds rows r, r+W, ...) → the full (N, D) buffer on every process.
+
+    `local` holds this rank's rows, optionally already padded to ceil(N / W) rows (as `_forward_shard` and
+    `extract_views` make it), which is then sent as it is; with one process it is returned as it is.
+    """
     world = state.num_processes
     if world == 1:
         return local
     import torch.distributed as dist
 
     per = -(-n // world)
-    padded = torch.zeros(per, *local.shape[1:], dtype=local.dtype, device=local.device)
-    padded[: local.shape[0]] = local
+    if local.shape[0] == per:
+        padded = local
+    else:
+        padded = torch.zeros(per, *local.shape[1:], dtype=local.dtype, device=local.device)
+        padded[: local.shape[0]] = local
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded)
     out = torch.empty(n, *local.shape[1:], dtype=local.dtype, device=local.device)
@@ -175,8 +195,8 @@ def extract(
     # Moved outside inference mode: parameters created inside it could never require grad again (tuning).
     backbone.to(state.device)
     local = _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation)
-    # Cloning outside inference mode turns inference tensors into ordinary ones that autograd accepts.
-    feats = _gather_shards(local, n, state).cpu().clone()
+    # One process on the CPU: `local` is already the (N, D) result, and .cpu() returns it without a copy.
+    feats = _gather_shards(local, n, state).cpu()
     if cache and state.is_main_process:
         _save(path, key, description, feats, labels)
     return Features(feats, labels, key, False, path if cache else None)
@@ -186,23 +206,36 @@ def extract(
 def _forward_shard(
     backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation=0
 ) -> torch.Tensor:
-    """This process's interleaved shard of the images → (n_local, D) features."""
-    device, n = state.device, len(dataset)
-    indices = list(range(state.process_index, n, state.num_processes))
+    """This process's interleaved shard of the images → (ceil(N / W), D) float32 features on the device.
+
+    Batch outputs go straight into their rows of one buffer, allocated at the first batch (which gives D); a
+    shard one image short of ceil(N / W) ends in a zero row that `_gather_shards` drops. With W = 1: (N, D).
+    """
+    device, n, world = state.device, len(dataset), state.num_processes
+    indices = range(state.process_index, n, world)  # a range, not a list of N Python ints
     loader = torch.utils.data.DataLoader(
         _Images(dataset, indices, backbone.preprocess, rotation), batch_size=batch_size, num_workers=num_workers
     )
     autocast = _autocast(device, precision)
-    chunks = []
+    rows = -(-n // world)
+    local, start = None, 0
     label = f"extract {split}" + (f" rotated {rotation}°" if rotation else "")
     task = progress.add_task(label, total=n) if progress is not None else None
     for pixels in loader:
         with autocast:
             out = backbone(pixels.to(device, non_blocking=True))
-        chunks.append(out.float())
+        if local is None:
+            local = _buffer((rows, *out.shape[1:]), device)
+        local[start : start + len(out)].copy_(out)  # the cast to float32 of out.float(), without its temporary
+        start += len(out)
         if task is not None:
             progress.advance(task, len(pixels) * state.num_processes)
-    return torch.cat(chunks) if chunks else torch.empty(0, backbone.dim, device=device)
+    if local is None:
+        local = _buffer((rows, backbone.dim), device)
+    if start != len(indices):
+        raise RuntimeError(f"the backbone returned {start} feature rows for {len(indices)} images.")
+    local[start:] = 0
+    return local
 
 
 @dataclass
@@ -219,7 +252,7 @@ class ViewFeatures:
 class _Views(torch.utils.data.Dataset):
     """Flat index j → view j % K of image j // K, normalised with the backbone's statistics."""
 
-    def __init__(self, dataset, items: list[int], views: int, spec, seed: int, normalise) -> None:
+    def __init__(self, dataset, items: Sequence[int], views: int, spec, seed: int, normalise) -> None:
         self.dataset, self.items, self.views, self.spec, self.seed = dataset, items, views, spec, seed
         self.normalise = normalise
 
@@ -296,26 +329,39 @@ def extract_views(
             return ViewFeatures(hit[0], hit[1], key, True)
 
     total = n * views
-    items = list(range(state.process_index, total, state.num_processes))
+    world = state.num_processes
+    items = range(state.process_index, total, world)
     loader = torch.utils.data.DataLoader(
         _Views(dataset, items, views, spec, seed, normalise), batch_size=batch_size, num_workers=num_workers
     )
     n_pixels = 3 * crop * crop
     task = progress.add_task(f"extract {views} views × {n} images", total=total) if progress is not None else None
-    chunks = []
+    # Flat row j = view j % K of image j // K. One process: the (N·K, ·) buffers are the (N, K, ·) results, viewed;
+    # several: this rank's rows j = r, r + W, ..., padded to ceil(N·K / W) rows for `_gather_shards`.
+    rows = -(-total // world)
+    feats = params = None
+    start = 0
     backbone.to(device)
     with torch.inference_mode():
         for batch in loader:
             pixels = batch[:, :n_pixels].reshape(-1, 3, crop, crop).to(device)
             with _autocast(device, precision):
-                out = backbone(pixels).float()
-            chunks.append(torch.cat([out, batch[:, n_pixels:].to(device)], dim=1))
+                out = backbone(pixels)
+            if feats is None:
+                feats = _buffer((rows, *out.shape[1:]), device)
+                params = _buffer((rows, batch.shape[1] - n_pixels), device)
+            feats[start : start + len(batch)].copy_(out)
+            params[start : start + len(batch)].copy_(batch[:, n_pixels:])
+            start += len(batch)
             if task is not None:
                 progress.advance(task, len(batch) * state.num_processes)
-        local = torch.cat(chunks) if chunks else torch.empty(0, backbone.dim + 1, device=device)
-    flat = _gather_shards(local, total, state).cpu().clone()
-    feats = flat[:, : backbone.dim].reshape(n, views, backbone.dim).contiguous()
-    params = flat[:, backbone.dim :].reshape(n, views, -1).contiguous()
+    if feats is None:
+        from .data.augment import PARAM_NAMES
+
+        feats, params = _buffer((rows, backbone.dim), device), _buffer((rows, len(PARAM_NAMES)), device)
+    feats[start:], params[start:] = 0, 0
+    feats = _gather_shards(feats, total, state).cpu().view(n, views, feats.shape[-1])
+    params = _gather_shards(params, total, state).cpu().view(n, views, params.shape[-1])
     if cache and state.is_main_process:
         _save(path, key, description, feats, params, second="params")
     return ViewFeatures(feats, params, key, False)
@@ -348,10 +394,11 @@ def extract_orbits(backbone, dataset, *, sweeps: list[str], n_images: int, batch
     for sweep in sweeps:
         frames = [normalise(frame) for image in images for frame in orbit_images(image, sweep)]
         task = progress.add_task(f"orbits {sweep}", total=len(frames)) if progress is not None else None
-        chunks = []
+        buffer = _buffer((len(frames), backbone.dim), "cpu")  # an ordinary tensor, written batch by batch
         for start in range(0, len(frames), batch_size):
-            chunks.append(backbone(torch.stack(frames[start : start + batch_size]).to(device)).float().cpu())
+            batch = backbone(torch.stack(frames[start : start + batch_size]).to(device))
+            buffer[start : start + len(batch)].copy_(batch)
             if task is not None:
-                progress.advance(task, len(chunks[-1]))
-        out[sweep] = torch.cat(chunks).reshape(len(images), -1, backbone.dim).clone()
-    return {k: v.clone() for k, v in out.items()}
+                progress.advance(task, len(batch))
+        out[sweep] = buffer.view(len(images), -1, backbone.dim)
+    return out

@@ -243,3 +243,62 @@ def test_dense_path_works_for_swish_heads():
     dense = hessian_eigs(loss, z, k=2, method="dense")
     lanczos_ = hessian_eigs(loss, z, k=2, method="lanczos", tol=1e-10)
     torch.testing.assert_close(dense["eigenvalues"].detach(), lanczos_["eigenvalues"], atol=1e-8, rtol=1e-6)
+
+
+class _RowSpy:
+    """Wraps `hessian._LanczosRecurrence` to record the most basis rows any recurrence allocated."""
+
+    def __init__(self, monkeypatch) -> None:
+        from headprobe.geometry import hessian
+
+        spy = self
+        self.rows = 0
+
+        class Recurrence(hessian._LanczosRecurrence):
+            def step(self) -> None:
+                spy.rows = max(spy.rows, self.q.shape[0])
+                super().step()
+                spy.rows = max(spy.rows, self.q.shape[0])
+
+        monkeypatch.setattr(hessian, "_LanczosRecurrence", Recurrence)
+
+
+def test_lanczos_basis_grows_with_the_steps_taken_not_max_iter(monkeypatch):
+    # A well-separated top eigenvalue: converged in a handful of steps, far below the default max_iter of 300.
+    dim = 5000
+    d = torch.linspace(0.0, 1.0, dim, dtype=F64)
+    d[-1] = 2.0
+    spy = _RowSpy(monkeypatch)
+    res = lanczos(lambda v: d * v, dim, k=1, which="largest")
+    assert res.converged.all() and res.n_iter < 32
+    assert spy.rows < 64, f"a {res.n_iter}-step run allocated {spy.rows} basis rows (max_iter 300)"
+    # A run that needs more steps grows the basis by doubling: never more than twice the steps it took.
+    spy.rows = 0
+    a = symmetric_with_spectrum(hard_spectrum())
+    res = lanczos(lambda v: a @ v, len(a), k=3, which="both", max_iter=300, tol=1e-14)
+    assert 64 < res.n_iter < 150
+    assert res.n_iter <= spy.rows <= 2 * res.n_iter and spy.rows < 300
+
+
+@pytest.mark.parametrize("block", [1, 4])
+def test_lanczos_results_do_not_depend_on_how_the_basis_grew(monkeypatch, block):
+    from headprobe.geometry import hessian
+
+    a = symmetric_with_spectrum(hard_spectrum())
+    low_rank = symmetric_with_spectrum(torch.cat([torch.tensor([-2.0, 5.0], dtype=F64), torch.zeros(38, dtype=F64)]))
+    cases = [(a, {"k": 3, "which": "both", "eigenvectors": True}), (a, {"k": 1, "which": "largest", "tol": 1e-12}),
+             (low_rank, {"k": 3, "which": "both", "eigenvectors": True})]  # restarts after invariant spaces
+    for op, kw in cases:
+        results = []
+        for rows in (block, 10**6):  # grows from `block` rows at every power of two vs one max_iter-row buffer
+            monkeypatch.setattr(hessian, "_BASIS_BLOCK", rows)
+            spy = _RowSpy(monkeypatch)
+            results.append(lanczos(lambda v, op=op: op @ v, len(op), **kw))
+            monkeypatch.undo()
+            assert (spy.rows < min(len(op), 300)) if rows == block else spy.rows == min(len(op), 300)
+        grown, whole = results
+        for field in ("eigenvalues", "residuals", "error_bounds", "converged"):
+            assert torch.equal(getattr(grown, field), getattr(whole, field)), field
+        assert (grown.eigenvectors is None and whole.eigenvectors is None
+                or torch.equal(grown.eigenvectors, whole.eigenvectors))
+        assert (grown.n_iter, grown.n_hvp) == (whole.n_iter, whole.n_hvp)

@@ -136,12 +136,33 @@ class PowerIterationResult:
     converged: bool
 
 
-class _LanczosRecurrence:
-    """H Q_m = Q_m T_m + β_m q_{m+1} e_mᵀ, Q kept orthonormal by full reorthogonalisation."""
+_BASIS_BLOCK = 32  # the Krylov basis starts at max_steps halved until below 2 blocks (32-63 rows), then doubles
 
-    def __init__(self, matvec: HVP, start: torch.Tensor, max_steps: int) -> None:
+
+def _first_rows(max_steps: int) -> int:
+    """max_steps halved (rounding up) until below 2·_BASIS_BLOCK: doubling from there ends exactly at max_steps,
+    from about max_steps / 2, so the last growth holds at most ~1.5 × max_steps rows for a moment."""
+    rows = max_steps
+    while rows >= 2 * _BASIS_BLOCK:
+        rows = -(-rows // 2)
+    return rows
+
+
+class _LanczosRecurrence:
+    """H Q_m = Q_m T_m + β_m q_{m+1} e_mᵀ, Q kept orthonormal by full reorthogonalisation.
+
+    The basis Q is one contiguous (rows, dim) buffer of `rows` rows at first (default `_first_rows`: max_steps if
+    below 64, else 32 to 63) that doubles, capped at max_steps, when full: its memory follows the steps taken,
+    `rows` ≤ max(63, 2m), not max_steps. Growing copies the rows into the larger buffer (both live for that
+    moment). Every product reads the same contiguous rows as a max_steps-row buffer would, so the numbers do not
+    depend on when or whether it grew.
+    """
+
+    def __init__(self, matvec: HVP, start: torch.Tensor, max_steps: int, rows: int | None = None) -> None:
         self.matvec = matvec
-        self.q = start.new_zeros(max_steps, start.numel())
+        self.max_steps = max_steps
+        rows = _first_rows(max_steps) if rows is None else rows
+        self.q = start.new_zeros(min(rows, max_steps), start.numel())
         self.q[0] = start / start.norm()
         self.alpha: list[float] = []
         self.beta: list[float] = []
@@ -151,6 +172,24 @@ class _LanczosRecurrence:
     @property
     def m(self) -> int:
         return len(self.alpha)
+
+    @property
+    def rows(self) -> int:
+        """Rows allocated for the basis now: its memory is rows × dim numbers."""
+        return self.q.shape[0]
+
+    def _room_for(self, row: int) -> None:
+        """Grow the basis (doubling, capped at max_steps) until it has row `row`."""
+        if row < self.q.shape[0]:
+            return
+        if row >= self.max_steps:
+            raise IndexError(f"row {row} is past the {self.max_steps} steps this recurrence may take.")
+        rows = self.q.shape[0]
+        while rows <= row:
+            rows = min(2 * rows, self.max_steps)
+        grown = self.q.new_zeros(rows, self.q.shape[1])
+        grown[: self.q.shape[0]] = self.q
+        self.q = grown
 
     def step(self) -> None:
         j = self.m
@@ -165,7 +204,8 @@ class _LanczosRecurrence:
         self.invariant = beta <= self.q.shape[1] * torch.finfo(self.q.dtype).eps * max(self.anorm, 1e-300)
         self.alpha.append(alpha)
         self.beta.append(0.0 if self.invariant else beta)
-        if not self.invariant and j + 1 < self.q.shape[0]:
+        if not self.invariant and j + 1 < self.max_steps:
+            self._room_for(j + 1)
             self.q[j + 1] = w / beta
 
     def restart(self, vector: torch.Tensor) -> None:
@@ -173,6 +213,7 @@ class _LanczosRecurrence:
         basis = self.q[: self.m]
         for _ in range(2):
             vector = vector - basis.T @ (basis @ vector)
+        self._room_for(self.m)
         self.q[self.m] = vector / vector.norm()
         self.invariant = False
 
@@ -226,7 +267,10 @@ def lanczos(hvp: HVP, dim: int, k: int = 6, which: str = "both", max_iter: int |
     one extra product each. When the Krylov space becomes invariant (few distinct eigenvalues, e.g. a low-rank H)
     Lanczos restarts in its complement, which recovers multiplicities; otherwise a single start vector sees one
     copy of a repeated eigenvalue: use the dense or per-sample path when multiplicities matter.
-    Memory: max_iter × dim numbers in `dtype`.
+    Memory: the Krylov basis, rows × dim numbers in `dtype`. For max_iter < 64, rows = max_iter; else the basis
+    starts at 32-63 rows and doubles, ending exactly at max_iter, as steps are taken (rows ≤ max(63, 2·n_iter)), so
+    a run that converges early never holds max_iter rows. While it grows, the old and new basis coexist briefly:
+    a run that reaches max_iter peaks at about 1.5 × max_iter rows for that moment.
 
     >>> a = torch.diag(torch.arange(1.0, 101.0, dtype=torch.float64))
     >>> out = lanczos(lambda v: a @ v, 100, k=1, which="largest")
@@ -358,7 +402,9 @@ def slq_density(hvp: HVP, dim: int, n_vectors: int = 10, n_steps: int = 80, seed
     matvec, _ = _matvec(hvp, dtype, device)
     nodes, weights = [], []
     for _ in range(n_vectors):
-        rec = _LanczosRecurrence(matvec, _rademacher(dim, gen, dtype, device), min(n_steps, dim))
+        # SLQ takes all n_steps unless the space becomes invariant: allocate them at once rather than grow.
+        steps = min(n_steps, dim)
+        rec = _LanczosRecurrence(matvec, _rademacher(dim, gen, dtype, device), steps, rows=steps)
         rec.step()
         while not rec.invariant and rec.m < min(n_steps, dim):
             rec.step()
