@@ -140,11 +140,16 @@ def test_blocked_topk_equals_topk(n, k, block):
     expected_values, expected_indices = scores.topk(k, dim=1)
     torch.testing.assert_close(values, expected_values, rtol=0, atol=0)
     torch.testing.assert_close(indices, expected_indices, rtol=0, atol=0)
-    # Values from a bfloat16 row, the prefilter's case, with a tail block shorter than the rest.
-    low = scores.to(torch.bfloat16)
-    values, indices = blocked_topk(low, k, block=block)
-    torch.testing.assert_close(values, low.topk(k, dim=1).values, rtol=0, atol=0)
-    torch.testing.assert_close(low.gather(1, indices), values, rtol=0, atol=0)
+    # bfloat16 rows, the prefilter's case (block maxima taken on the bits as int16), with a tail block shorter
+    # than the rest: as they come; with whole blocks of negatives, whose int16 maxima are wrong; and mostly
+    # negative, where the k-th block maximum is negative and the float path must take over.
+    negative_blocks = scores.clone()
+    negative_blocks[:, : n // 2] = -negative_blocks[:, : n // 2].abs() - 0.01
+    for case in (scores, negative_blocks, scores - 3.0):
+        low = case.to(torch.bfloat16)
+        values, indices = blocked_topk(low, k, block=block)
+        torch.testing.assert_close(values, low.topk(k, dim=1).values, rtol=0, atol=0)
+        torch.testing.assert_close(low.gather(1, indices), values, rtol=0, atol=0)
 
 
 def test_prefilter_error_bound_holds_for_every_pair():

@@ -192,16 +192,35 @@ def blocked_topk(scores: torch.Tensor, k: int, block: int = 64) -> tuple[torch.T
     full = n // block
     if k * block * 4 > n or full == 0:
         return scores.topk(k, dim=1)
-    maxima = scores[:, : full * block].view(b, full, block).amax(dim=2)
-    if full * block < n:
-        maxima = torch.cat([maxima, scores[:, full * block :].amax(dim=1, keepdim=True)], dim=1)
-    top_blocks = maxima.topk(k, dim=1).indices
+    top_blocks = None
+    if scores.dtype == torch.bfloat16:
+        # A max over the bits read as int16 runs ~6x faster than over bfloat16 on the CPU. It orders
+        # non-negative values correctly and puts every negative one below them, so a block holding a positive
+        # value gets its true maximum; a block of negatives only gets a wrong one, but one below zero. Hence,
+        # when the k-th largest block maximum is positive, the k blocks chosen are exactly right.
+        maxima = _block_max(scores.view(torch.int16), block).view(torch.bfloat16)
+        chosen = maxima.topk(k, dim=1)
+        if bool((chosen.values[:, -1] > 0).all()):
+            top_blocks = chosen.indices
+    if top_blocks is None:
+        top_blocks = _block_max(scores, block).topk(k, dim=1).indices
     columns = (top_blocks.unsqueeze(2) * block + torch.arange(block, device=scores.device)).flatten(1)
     # The tail block is shorter than `block`; its overhanging columns point past N and are masked out.
     valid = columns < n
     values = scores.gather(1, columns.clamp_max(n - 1)).masked_fill(~valid, float("-inf"))
     top_values, where = values.topk(k, dim=1)
     return top_values, columns.gather(1, where)
+
+
+def _block_max(scores: torch.Tensor, block: int) -> torch.Tensor:
+    """scores: (B, N) -> (B, ceil(N / block)) maxima of consecutive blocks of `block` columns (the last may be
+    shorter)."""
+    b, n = scores.shape
+    full = n // block
+    maxima = scores[:, : full * block].view(b, full, block).amax(dim=2)
+    if full * block < n:
+        maxima = torch.cat([maxima, scores[:, full * block :].amax(dim=1, keepdim=True)], dim=1)
+    return maxima
 
 
 def _fast_bfloat16(device: torch.device) -> bool:
