@@ -14,6 +14,7 @@ _BF16_UNIT = 2.0**-8
 _FP32_UNIT = 2.0**-24
 # Below this many training samples the float32 product is cheap, and the prefilter is not worth its set-up.
 _PREFILTER_MIN_TRAIN = 2048
+_TOPK_BLOCK = 64
 
 
 @dataclass
@@ -55,7 +56,9 @@ def _check_split(name: str, features: torch.Tensor, labels: torch.Tensor) -> Non
         raise ValueError(
             f"{name}_labels has dtype {labels.dtype}; pass integer class indices (e.g. labels.long())."
         )
-    if not torch.isfinite(features).all():
+    # A sum is NaN or infinite whenever a term is, and a sum of 4 bytes per entry is much cheaper than a
+    # boolean mask of every entry; only when it is not finite (or overflows) is the full test needed.
+    if not torch.isfinite(features.sum()) and not torch.isfinite(features).all():
         raise ValueError(
             f"{name}_features contains NaN or infinite values; "
             "check the backbone's output (e.g. for fp16 overflow)."
@@ -179,7 +182,7 @@ def knn(
     return KnnResult(metrics=metrics, predictions=predictions, protocol=protocol)
 
 
-def blocked_topk(scores: torch.Tensor, k: int, block: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def blocked_topk(scores: torch.Tensor, k: int, block: int = _TOPK_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest entries of each row, like `scores.topk(k, dim=1)`; scores: (B, N) -> values, indices (B, k).
 
     Why not `topk` directly: over long rows it costs about twice a contiguous max-reduction. Split each row into
@@ -192,24 +195,39 @@ def blocked_topk(scores: torch.Tensor, k: int, block: int = 64) -> tuple[torch.T
     full = n // block
     if k * block * 4 > n or full == 0:
         return scores.topk(k, dim=1)
-    top_blocks = None
     if scores.dtype == torch.bfloat16:
-        # A max over the bits read as int16 runs ~6x faster than over bfloat16 on the CPU. It orders
-        # non-negative values correctly and puts every negative one below them, so a block holding a positive
-        # value gets its true maximum; a block of negatives only gets a wrong one, but one below zero. Hence,
-        # when the k-th largest block maximum is positive, the k blocks chosen are exactly right.
-        maxima = _block_max(scores.view(torch.int16), block).view(torch.bfloat16)
-        chosen = maxima.topk(k, dim=1)
+        # Max and top-k over the bits read as int16 run ~6x and ~1.5x faster than over bfloat16 on the CPU.
+        # int16 order is the values' order among non-negative values and puts every negative one below them,
+        # so a block holding a positive value gets its true maximum, a block of negatives a wrong one below
+        # zero. When the k-th largest block maximum is positive, the k blocks chosen are therefore exactly
+        # right, and they hold at least k positive values, among which int16 order picks the top k.
+        bits = scores.view(torch.int16)
+        chosen = _block_max(bits, block).topk(k, dim=1)
         if bool((chosen.values[:, -1] > 0).all()):
-            top_blocks = chosen.indices
-    if top_blocks is None:
-        top_blocks = _block_max(scores, block).topk(k, dim=1).indices
-    columns = (top_blocks.unsqueeze(2) * block + torch.arange(block, device=scores.device)).flatten(1)
-    # The tail block is shorter than `block`; its overhanging columns point past N and are masked out.
-    valid = columns < n
-    values = scores.gather(1, columns.clamp_max(n - 1)).masked_fill(~valid, float("-inf"))
+            values, columns = _gather_blocks(bits, chosen.indices, block)
+            top_values, where = values.topk(k, dim=1)
+            return top_values.view(torch.bfloat16), columns.gather(1, where)
+    top_blocks = _block_max(scores, block).topk(k, dim=1).indices
+    values, columns = _gather_blocks(scores, top_blocks, block)
     top_values, where = values.topk(k, dim=1)
     return top_values, columns.gather(1, where)
+
+
+def _gather_blocks(scores: torch.Tensor, blocks: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores: (B, N), blocks: (B, k) block indices -> their entries (B, k·block) and column indices (B, k·block);
+    columns past N (a shorter last block) hold -inf (or the dtype's minimum)."""
+    b, n = scores.shape
+    k = blocks.shape[1]
+    columns = (blocks.unsqueeze(2) * block + torch.arange(block, device=scores.device)).flatten(1)
+    row_bytes = block * scores.element_size()
+    if n % block == 0 and scores.is_contiguous() and row_bytes % 8 == 0:
+        # Whole blocks moved as int64 words: a quarter of the gathers of moving 16-bit entries one by one.
+        words = scores.view(b, n // block, block).view(torch.int64)
+        index = blocks.unsqueeze(2).expand(b, k, row_bytes // 8)
+        return words.gather(1, index).view(scores.dtype).view(b, k * block), columns
+    valid = columns < n
+    low = float("-inf") if scores.is_floating_point() else torch.iinfo(scores.dtype).min
+    return scores.gather(1, columns.clamp_max(n - 1)).masked_fill(~valid, low), columns
 
 
 def _block_max(scores: torch.Tensor, block: int) -> torch.Tensor:
@@ -254,7 +272,10 @@ class _Bf16Prefilter:
     def __init__(self, bank: torch.Tensor, k: int, oversample: int = 2, widen: int = 8) -> None:
         n, d = bank.shape
         self.bank, self.k = bank, k
-        self.low = bank.to(torch.bfloat16)
+        # The bfloat16 bank is padded with zero rows to whole blocks of blocked_topk, whose scores are set to
+        # -inf after each product: every block is then whole, and gathered as whole blocks.
+        self.low = torch.zeros(-(-n // _TOPK_BLOCK) * _TOPK_BLOCK, d, dtype=torch.bfloat16, device=bank.device)
+        self.low[:n] = bank
         self.candidates = min(n, max(oversample * k, k + 16))
         self.wide = min(n, widen * self.candidates)
         self.gamma = d * _FP32_UNIT / (1 - d * _FP32_UNIT)
@@ -266,9 +287,10 @@ class _Bf16Prefilter:
         for s in range(0, n, step):
             rows = bank[s : s + step]
             norm = max(norm, float(rows.norm(dim=1).max()))
-            error = max(error, float((rows - self.low[s : s + step].float()).norm(dim=1).max()))
+            error = max(error, float((rows - self.low[s : s + len(rows)].float()).norm(dim=1).max()))
         self.bank_norm, self.bank_error = norm * (1 + 2 * self.gamma), error * (1 + 2 * self.gamma)
         self.buffer: torch.Tensor | None = None
+        self.rows_buffer: torch.Tensor | None = None
         self.stats = {"queries": 0, "candidates": self.candidates, "widened": 0, "full_float32": 0}
 
     def error_bound(self, queries: torch.Tensor) -> torch.Tensor:
@@ -281,13 +303,22 @@ class _Bf16Prefilter:
     def _rerank(self, queries: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """queries: (B, D), idx: (B, C) -> float32 scores (B, C) sorted descending, and their bank indices.
 
-        The candidates' rows are gathered about 16 MiB at a time.
+        The candidates' rows are gathered about 16 MiB at a time, into a buffer kept across calls (like the
+        product's: fresh ones cost page faults each time), and multiplied in place.
         """
-        step = max(1, 2**22 // (idx.shape[1] * queries.shape[1]))
+        d = queries.shape[1]
+        step = max(1, 2**22 // (idx.shape[1] * d))
+        if self.rows_buffer is None or self.rows_buffer.numel() < min(step, len(queries)) * idx.shape[1] * d:
+            self.rows_buffer = queries.new_empty(min(step, len(queries)) * idx.shape[1] * d)
         parts = []
         for s in range(0, len(queries), step):
-            rows = self.bank[idx[s : s + step]]
-            parts.append(torch.bmm(rows, queries[s : s + step, :, None]).squeeze(2))
+            # index_select and a multiply-sum: 2.4 + 1.4 ms for 256 queries × 40 candidates × 384 dims, against
+            # 8.2 + 4.4 ms for advanced indexing and bmm.
+            block = idx[s : s + step]
+            rows = self.rows_buffer[: block.numel() * d].view(block.numel(), d)
+            torch.index_select(self.bank, 0, block.flatten(), out=rows)
+            rows = rows.view(*block.shape, d).mul_(queries[s : s + step, None, :])
+            parts.append(rows.sum(dim=2))
         scores, order = torch.cat(parts).sort(dim=1, descending=True)
         return scores, idx.gather(1, order)
 
@@ -300,6 +331,7 @@ class _Bf16Prefilter:
         if self.buffer is None or len(self.buffer) < len(queries):
             self.buffer = torch.empty(len(queries), len(self.low), dtype=torch.bfloat16, device=queries.device)
         approx = torch.matmul(low_q, self.low.T, out=self.buffer[: len(queries)])
+        approx[:, len(self.bank) :] = float("-inf")
         sims = torch.empty(len(queries), self.k, dtype=torch.float32, device=queries.device)
         idx = torch.empty(len(queries), self.k, dtype=torch.int64, device=queries.device)
         pending = torch.arange(len(queries), device=queries.device)
