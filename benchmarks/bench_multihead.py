@@ -133,8 +133,9 @@ def compare_runs(report: Report, epochs: int, repeats: int, quick: bool) -> None
         times, _ = interleaved({"together": together, "apart": apart}, repeats)
         import json
 
-        timings = json.loads((root / "warm" / "results.json").read_text()).get("timings", {})
-        report.extra["five_head_run_stage_seconds"] = timings
+        for name, run in (("five_head_run_stage_seconds", 0), ("single_head_run_stage_seconds", 1)):
+            stages = json.loads((root / f"run{run}" / "results.json").read_text()).get("timing", {})
+            report.extra[name] = {stage: round(seconds, 2) for stage, seconds in stages.items()}
     t_together = report.timing(f"headprobe run, one recipe with {HEADS} heads", times["together"])
     t_apart = report.timing(f"headprobe run x {HEADS}, one head each", times["apart"])
     ratio = t_apart / t_together
