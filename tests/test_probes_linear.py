@@ -183,11 +183,12 @@ def test_linear_probe_rejects_bad_inputs_with_a_sentence(override, message):
 
 
 @pytest.mark.parametrize("binary", [False, True])
-def test_hand_written_gradient_equals_autograd_of_the_objective(binary):
+@pytest.mark.parametrize(("n", "d"), [(50, 7), (2000, 700)])  # one row block; several, the last one partial
+def test_hand_written_gradient_equals_autograd_of_the_objective(binary, n, d):
     from headprobe.probes.linear import _loss_and_grad
 
     g = torch.Generator().manual_seed(3)
-    n, d, k, C = 50, 7, 2 if binary else 4, 0.3
+    k, C = 2 if binary else 4, 0.3
     x, y = torch.randn(n, d, generator=g, dtype=torch.float64), torch.randint(k, (n,), generator=g)
     free = 1 if binary else k
     Wt = torch.randn(free, d, generator=g, dtype=torch.float64, requires_grad=True)

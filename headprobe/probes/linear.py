@@ -147,15 +147,26 @@ def _loss_and_grad(
     small, so float64 there costs nothing measurable.
     """
     n = x.shape[0]
-    z = torch.addmm(b[:, None], Wt, x.T).double()
-    if binary:
-        z = torch.cat([torch.zeros_like(z), z])
-    log_p = z.log_softmax(dim=0)
-    loss = -log_p[y, rows].mean() + Wt.double().pow(2).sum() / (2 * C * n)
-    g = log_p.exp_()
-    g[y, rows] -= 1
-    g = (g[1:] if binary else g).div_(n).to(x.dtype)
-    return loss, torch.addmm(Wt, g, x, beta=1 / (C * n)), g.sum(dim=1)
+    # Row blocks of ~4 MiB: the block is still in cache for the second product (gᵀx), so x is read from memory
+    # once per evaluation instead of twice (6.8 against 9.2 ms for the whole evaluation at 8000 × 768 × 10 on one
+    # core; 1 and 64 MiB blocks take 8.9 and 9.2 ms). On a GPU one block holds everything.
+    step = n if x.is_cuda else max(256, 2**22 // max(1, x.shape[1] * x.element_size()))
+    loss = Wt.double().pow(2).sum() / (2 * C * n)
+    grad_w = Wt / (C * n)
+    grad_b = torch.zeros_like(b)
+    for start in range(0, n, step):
+        block, labels, index = x[start : start + step], y[start : start + step], rows[: min(step, n - start)]
+        z = torch.addmm(b[:, None], Wt, block.T).double()
+        if binary:
+            z = torch.cat([torch.zeros_like(z), z])
+        log_p = z.log_softmax(dim=0)
+        loss = loss - log_p[labels, index].sum() / n
+        g = log_p.exp_()
+        g[labels, index] -= 1
+        g = (g[1:] if binary else g).div_(n).to(x.dtype)
+        grad_w.addmm_(g, block)
+        grad_b += g.sum(dim=1)
+    return loss, grad_w, grad_b
 
 
 def _standardizer(x: torch.Tensor, enabled: bool) -> tuple[torch.Tensor, torch.Tensor]:
