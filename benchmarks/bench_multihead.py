@@ -192,10 +192,12 @@ def main() -> None:
     t_proc_together = report.timing(f"one process training {HEADS} heads", together)
     t_proc_apart = report.timing(f"{HEADS} processes training one head each", apart)
     proc_ratio = t_proc_apart / t_proc_together
-    report.check(f"{HEADS} heads in one bare worker process (start-up + backbone load + cache read + training)",
-                 f"{HEADS} single-head runs", f">= {TARGET:g}x faster in total",
-                 f"{proc_ratio:.2f}x faster ({t_proc_together:.1f} s vs {t_proc_apart:.1f} s)",
-                 proc_ratio >= TARGET, ratio=proc_ratio)
+    # Diagnostic, not the comparison (that is the `headprobe run` one below): a worker that only starts,
+    # loads the backbone, reads the cache and trains shows how much of a run's saving those alone make.
+    report.extra["bare_worker_ratio"] = round(proc_ratio, 3)
+    report.note(f"diagnostic: {HEADS} heads in one bare worker process (start-up + backbone load + cache read + "
+                f"training, no probes or report) against {HEADS} such single-head processes: {proc_ratio:.2f}x "
+                f"({t_proc_together:.1f} s vs {t_proc_apart:.1f} s).")
     compare_runs(report, epochs, 1 if args.quick else 2, args.quick)
     report.extra["loop_overheads"] = step_overheads(views)
     report.note("in one process the loop shares only the batch indexing between heads (each head still runs its own "
