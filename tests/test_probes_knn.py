@@ -101,6 +101,12 @@ def test_cuda_matches_cpu():
     cpu, cuda = knn(*data, ks=(5, 20)), knn(*data, ks=(5, 20), device="cuda")
     for k in (5, 20):
         assert torch.equal(cpu.predictions[k], cuda.predictions[k])
+    # The bfloat16 prefilter on the GPU (cuBLAS products) against the float32 product on the CPU.
+    data = clustered(4000, 300, 48, seed=4)
+    exact = knn(*data, ks=(5, 20), prefilter=False)
+    fast = knn(*data, ks=(5, 20), prefilter=True, device="cuda")
+    for k in (5, 20):
+        assert torch.equal(exact.predictions[k], fast.predictions[k])
 
 
 def _bad_inputs():

@@ -330,7 +330,17 @@ class _Bf16Prefilter:
         # worth about a seventh of the product itself.
         if self.buffer is None or len(self.buffer) < len(queries):
             self.buffer = torch.empty(len(queries), len(self.low), dtype=torch.bfloat16, device=queries.device)
-        approx = torch.matmul(low_q, self.low.T, out=self.buffer[: len(queries)])
+        approx = self.buffer[: len(queries)]
+        if queries.is_cuda:
+            # The bound assumes float32 accumulation; cuBLAS may otherwise reduce bfloat16 partial sums.
+            allowed = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+            try:
+                torch.matmul(low_q, self.low.T, out=approx)
+            finally:
+                torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = allowed
+        else:
+            torch.matmul(low_q, self.low.T, out=approx)
         approx[:, len(self.bank) :] = float("-inf")
         sims = torch.empty(len(queries), self.k, dtype=torch.float32, device=queries.device)
         idx = torch.empty(len(queries), self.k, dtype=torch.int64, device=queries.device)
