@@ -13,6 +13,16 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
+@pytest.fixture
+def single_thread():
+    """One intra-op thread for the test: its tensors are tiny, and on a shared machine waking threads costs more
+    than the math. Modules that want it say `pytestmark = pytest.mark.usefixtures("single_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_dinov2(tmp_path_factory) -> str:
     """A 2-layer, 32-d Dinov2Model with its BitImageProcessor, saved like a hub checkpoint."""

@@ -12,12 +12,7 @@ F64 = torch.float64
 N = 3  # samples per view; z stacks two views, (2N, D)
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 class Swish(nn.Module):

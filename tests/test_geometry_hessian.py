@@ -20,13 +20,7 @@ from headprobe.geometry import (
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    # Tiny operators: on a shared machine, waking intra-op threads costs more than the math.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def symmetric_with_spectrum(eigenvalues: torch.Tensor, seed: int = 0) -> torch.Tensor:

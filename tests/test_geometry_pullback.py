@@ -9,13 +9,7 @@ from headprobe.objectives import vicreg
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    # Tiny operators: on a shared machine, waking intra-op threads costs more than the math.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def batch(n: int = 7, d: int = 5, seed: int = 0) -> torch.Tensor:

@@ -13,12 +13,7 @@ F64 = torch.float64
 B, D = 4, 8
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def views(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

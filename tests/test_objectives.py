@@ -13,14 +13,7 @@ import torch
 
 from headprobe.objectives import OBJECTIVES, LossTerms, barlow_twins, gather_with_grad, info_nce, simsiam, vicreg
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    # These tensors are tiny: on a busy machine, waking intra-op threads costs far more than the math.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def views(n=10, d=4, seed=0, scale=0.6):

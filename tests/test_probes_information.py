@@ -18,14 +18,7 @@ from headprobe.probes.information import (
     train_critic,
 )
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    # These tensors are tiny: on a busy machine, waking intra-op threads costs far more than the math.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def correlated_gaussians(n, dim, mi, seed=0):

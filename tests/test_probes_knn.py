@@ -5,14 +5,7 @@ from sklearn.neighbors import KNeighborsClassifier
 
 from headprobe.probes import knn
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    # These tensors are tiny: on a busy machine, waking intra-op threads costs far more than the math.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def brute_force_knn(train, train_labels, test, k, temperature, num_classes):

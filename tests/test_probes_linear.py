@@ -10,13 +10,7 @@ from headprobe.probes import fit_logistic, linear_probe
 SMALL_GRID = (1e-3, 1e-1, 10.0, 1e3)
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    # These tensors are tiny: on a busy machine, waking intra-op threads costs far more than the math.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def make_data(n, dim=6, num_classes=3, spread=1.0, seed=0):

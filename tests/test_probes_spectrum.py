@@ -16,14 +16,7 @@ from headprobe.probes.spectrum import (
     view_cosine,
 )
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    # These tensors are tiny: on a busy machine, waking intra-op threads costs far more than the math.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def generator(seed=0):
