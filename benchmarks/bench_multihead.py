@@ -18,6 +18,7 @@ Also recorded: the per-step cost of `batch_for_step` for large N, next to a 5-he
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -131,8 +132,6 @@ def compare_runs(report: Report, epochs: int, repeats: int, quick: bool) -> None
                 cli_run(recipes[h.name], root / f"run{next(counter)}", env)
 
         times, _ = interleaved({"together": together, "apart": apart}, repeats)
-        import json
-
         for name, run in (("five_head_run_stage_seconds", 0), ("single_head_run_stage_seconds", 1)):
             stages = json.loads((root / f"run{run}" / "results.json").read_text()).get("timing", {})
             report.extra[name] = {stage: round(seconds, 2) for stage, seconds in stages.items()}
