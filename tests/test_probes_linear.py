@@ -192,10 +192,20 @@ def test_hand_written_gradient_equals_autograd_of_the_objective(binary, n, d):
         logits = torch.cat([torch.zeros_like(logits), logits], dim=1)
     expected = torch.nn.functional.cross_entropy(logits, y) + Wt.pow(2).sum() / (2 * C * n)
     expected.backward()
-    loss, grad_w, grad_b = _loss_and_grad(x, y, torch.arange(n), Wt.detach(), b.detach(), C, binary)
+    loss, grad_w, grad_b, A = _loss_and_grad(x, y, torch.arange(n), Wt.detach(), b.detach(), C, binary,
+                                             curvature=True)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-14)
     torch.testing.assert_close(grad_w, Wt.grad, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(grad_b, b.grad, rtol=1e-12, atol=1e-14)
+
+    # A is the Hessian of the mean cross-entropy in a logit offset shared by every sample (free classes only).
+    def mean_ce(offset):
+        shifted = logits.detach() + (torch.cat([torch.zeros(1, dtype=offset.dtype), offset]) if binary else offset)
+        return torch.nn.functional.cross_entropy(shifted, y)
+
+    hessian = torch.autograd.functional.hessian(mean_ce, torch.zeros(free, dtype=torch.float64))
+    torch.testing.assert_close(A, hessian, rtol=1e-10, atol=1e-14)
+    assert _loss_and_grad(x, y, torch.arange(n), Wt.detach(), b.detach(), C, binary)[3] is None
 
 
 def test_float32_fits_reach_the_gradient_tolerance():
@@ -224,3 +234,101 @@ def test_path_start_extends_the_secant_in_log_C():
     W, b = _path_start([(W0, b0), (W1, b1)], [0.1, 1.0, 100.0])  # the last step is twice as long in log C
     torch.testing.assert_close(W, torch.full((3, 2), 3.0))
     torch.testing.assert_close(b, torch.full((2,), 6.0))
+
+
+def _small_problem(binary=False, n=200, d=12, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    k = 2 if binary else 4
+    y = torch.arange(n) % k
+    centres = torch.randn(k, d, generator=g, dtype=torch.float64)
+    x = centres[y] + 1.5 * torch.randn(n, d, generator=g, dtype=torch.float64)
+    return x, y, k
+
+
+def test_lbfgs_without_preconditioner_retraces_torch_lbfgs():
+    from headprobe.probes.linear import _lbfgs, _loss_and_grad
+
+    x, y, k = _small_problem()
+    n, d = x.shape
+    rows, C = torch.arange(n), 2.0
+
+    def evaluate(theta):
+        loss, grad_w, grad_b, _ = _loss_and_grad(x, y, rows, theta[: k * d].view(k, d), theta[k * d :], C, False)
+        return float(loss), torch.cat([grad_w.flatten(), grad_b])
+
+    theta0 = torch.zeros(k * d + k, dtype=torch.float64)
+    theta, grad, pairs, evaluations, iterations, stop = _lbfgs(
+        evaluate, theta0, *evaluate(theta0), tol=1e-6, max_iter=500, precondition=lambda v: v.clone(), memory=7
+    )
+    reference = theta0.clone().requires_grad_(False)
+    calls = []
+
+    def closure():
+        calls.append(1)
+        loss, reference.grad = evaluate(reference)
+        return torch.tensor(loss, dtype=torch.float64)
+
+    optimizer = torch.optim.LBFGS([reference], lr=1.0, max_iter=500, tolerance_grad=1e-6, tolerance_change=0.0,
+                                  history_size=7, line_search_fn="strong_wolfe")
+    optimizer.step(closure)
+    assert stop == "tolerance" and grad.abs().max() <= 1e-6 and len(pairs) == 7
+    assert (evaluations, iterations) == (len(calls), optimizer.state[reference]["n_iter"])
+    torch.testing.assert_close(theta, reference, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
+    from headprobe.probes.linear import _loss_and_grad, _shift_history
+
+    x, y, k = _small_problem(binary)
+    n, d = x.shape
+    free = 1 if binary else k
+    g = torch.Generator().manual_seed(1)
+    points = [torch.randn(free * d + free, generator=g, dtype=torch.float64) for _ in range(3)]
+
+    def gradient(theta, C):
+        _, grad_w, grad_b, _ = _loss_and_grad(x, y, torch.arange(n), theta[: free * d].view(free, d),
+                                              theta[free * d :], C, binary)
+        return torch.cat([grad_w.flatten(), grad_b])
+
+    def pairs(C):
+        return [(b - a, gradient(b, C) - gradient(a, C)) for a, b in zip(points[:-1], points[1:], strict=True)]
+
+    shifted = _shift_history(pairs(0.01), 0.01, 3.0, n, free * d)
+    assert len(shifted) == 2
+    for (s, y_shifted), (s_ref, y_ref) in zip(shifted, pairs(3.0), strict=True):
+        torch.testing.assert_close(s, s_ref)
+        torch.testing.assert_close(y_shifted, y_ref, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("free", [1, 4])
+def test_class_preconditioner_inverts_its_kronecker_model(free):
+    from headprobe.probes.linear import _class_preconditioner
+
+    g = torch.Generator().manual_seed(2)
+    d, penalty = 5, 0.03
+    p = torch.softmax(torch.randn(50, 2 if free == 1 else free, generator=g, dtype=torch.float64), dim=1)
+    p = p[:, 1:] if free == 1 else p  # the binomial's one free class
+    A = torch.diag(p.mean(0)) - p.T @ p / 50
+    second_moment = torch.rand(d, generator=g, dtype=torch.float64) + 0.5
+    P = _class_preconditioner(A, second_moment, penalty)(torch.eye(free * d + free, dtype=torch.float64))
+    # Rows are (class, feature) weight entries in (F, D) order, then the F intercepts.
+    weight_model = torch.kron(A, torch.diag(second_moment)) + penalty * torch.eye(free * d, dtype=torch.float64)
+    intercept_model = A + (A.trace() / free**2 * torch.ones(free, free, dtype=torch.float64) if free > 1 else 0)
+    torch.testing.assert_close(P[: free * d, : free * d] @ weight_model, torch.eye(free * d, dtype=torch.float64))
+    torch.testing.assert_close(P[free * d :, free * d :] @ intercept_model, torch.eye(free, dtype=torch.float64))
+    assert P[: free * d, free * d :].abs().max() == 0 and P[free * d :, : free * d].abs().max() == 0
+    torch.testing.assert_close(P, P.T)
+
+
+@pytest.mark.parametrize("num_classes", [3, 2])
+def test_every_fit_of_the_path_is_recorded_and_meets_the_tolerance(num_classes):
+    x, y = make_data(300, dim=10, num_classes=num_classes, spread=2.0, seed=11)
+    x_test, y_test = make_data(60, dim=10, num_classes=num_classes, spread=2.0, seed=12)
+    result = linear_probe(*tensors(x, y, x_test, y_test, dtype=torch.float32), C_grid=SMALL_GRID, tol=1e-6)
+    fits = result.protocol["fits"]
+    assert [f["C"] for f in fits] == [*SMALL_GRID, result.metrics["linear.C"]]
+    assert [f.get("refit", False) for f in fits] == [False] * len(SMALL_GRID) + [True]
+    for fit in fits:
+        assert fit["stop"] == "tolerance" and fit["grad_max"] <= 1e-6, fit
+        assert fit["evaluations"] >= fit["iterations"] + 1
