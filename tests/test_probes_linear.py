@@ -179,7 +179,7 @@ def test_linear_probe_rejects_bad_inputs_with_a_sentence(override, message):
 @pytest.mark.parametrize("binary", [False, True])
 @pytest.mark.parametrize(("n", "d"), [(50, 7), (2000, 700)])  # one row block; several, the last one partial
 def test_hand_written_gradient_equals_autograd_of_the_objective(binary, n, d):
-    from headprobe.probes.linear import _loss_and_grad
+    from headprobe.probes.linear import _loss_and_grad, _one_hot
 
     g = torch.Generator().manual_seed(3)
     k, C = 2 if binary else 4, 0.3
@@ -192,7 +192,7 @@ def test_hand_written_gradient_equals_autograd_of_the_objective(binary, n, d):
         logits = torch.cat([torch.zeros_like(logits), logits], dim=1)
     expected = torch.nn.functional.cross_entropy(logits, y) + Wt.pow(2).sum() / (2 * C * n)
     expected.backward()
-    loss, grad_w, grad_b, A = _loss_and_grad(x, y, torch.arange(n), Wt.detach(), b.detach(), C, binary,
+    loss, grad_w, grad_b, A = _loss_and_grad(x, _one_hot(y, k), Wt.detach(), b.detach(), C, binary,
                                              curvature=True)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-14)
     torch.testing.assert_close(grad_w, Wt.grad, rtol=1e-12, atol=1e-14)
@@ -205,7 +205,7 @@ def test_hand_written_gradient_equals_autograd_of_the_objective(binary, n, d):
 
     hessian = torch.autograd.functional.hessian(mean_ce, torch.zeros(free, dtype=torch.float64))
     torch.testing.assert_close(A, hessian, rtol=1e-10, atol=1e-14)
-    assert _loss_and_grad(x, y, torch.arange(n), Wt.detach(), b.detach(), C, binary)[3] is None
+    assert _loss_and_grad(x, _one_hot(y, k), Wt.detach(), b.detach(), C, binary)[3] is None
 
 
 def test_float32_fits_reach_the_gradient_tolerance():
@@ -246,14 +246,14 @@ def _small_problem(binary=False, n=200, d=12, seed=5):
 
 
 def test_lbfgs_without_preconditioner_retraces_torch_lbfgs():
-    from headprobe.probes.linear import _lbfgs, _loss_and_grad
+    from headprobe.probes.linear import _lbfgs, _loss_and_grad, _one_hot
 
     x, y, k = _small_problem()
     n, d = x.shape
-    rows, C = torch.arange(n), 2.0
+    targets, C = _one_hot(y, k), 2.0
 
     def evaluate(theta):
-        loss, grad_w, grad_b, _ = _loss_and_grad(x, y, rows, theta[: k * d].view(k, d), theta[k * d :], C, False)
+        loss, grad_w, grad_b, _ = _loss_and_grad(x, targets, theta[: k * d].view(k, d), theta[k * d :], C, False)
         return float(loss), torch.cat([grad_w.flatten(), grad_b])
 
     theta0 = torch.zeros(k * d + k, dtype=torch.float64)
@@ -278,7 +278,7 @@ def test_lbfgs_without_preconditioner_retraces_torch_lbfgs():
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
-    from headprobe.probes.linear import _loss_and_grad, _shift_history
+    from headprobe.probes.linear import _loss_and_grad, _one_hot, _shift_history
 
     x, y, k = _small_problem(binary)
     n, d = x.shape
@@ -287,7 +287,7 @@ def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
     points = [torch.randn(free * d + free, generator=g, dtype=torch.float64) for _ in range(3)]
 
     def gradient(theta, C):
-        _, grad_w, grad_b, _ = _loss_and_grad(x, y, torch.arange(n), theta[: free * d].view(free, d),
+        _, grad_w, grad_b, _ = _loss_and_grad(x, _one_hot(y, k), theta[: free * d].view(free, d),
                                               theta[free * d :], C, binary)
         return torch.cat([grad_w.flatten(), grad_b])
 
