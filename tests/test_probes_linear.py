@@ -332,3 +332,22 @@ def test_every_fit_of_the_path_is_recorded_and_meets_the_tolerance(num_classes):
     for fit in fits:
         assert fit["stop"] == "tolerance" and fit["grad_max"] <= 1e-6, fit
         assert fit["evaluations"] >= fit["iterations"] + 1
+
+
+def test_a_stalled_float32_fit_is_finished_in_float64_and_meets_the_tolerance():
+    from headprobe.probes.linear import _fit, _free_start
+
+    x, y = make_data(300, dim=10, num_classes=3, spread=2.0, seed=11)
+    x, y = torch.from_numpy(x).float(), torch.from_numpy(y)
+    x = (x - x.mean(0)) / x.std(0, correction=0)
+    for C in (0.1, 1e3):
+        W, b = fit_logistic(x, y, C, 3, tol=1e-6)
+        assert W.dtype == torch.float32
+        Wt, bb = W.T.double().requires_grad_(True), b.double().requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(x.double() @ Wt.T + bb, y) + Wt.pow(2).sum() / (2 * C * len(y))
+        loss.backward()
+        # Measured in float64 at the returned float32 parameters; torch's LBFGS stopped at 2.0e-6 and 1.9e-6.
+        assert max(Wt.grad.abs().max().item(), bb.grad.abs().max().item()) <= 1e-6, C
+    # At C = 1000 the float32 line search runs out of resolution; the float64 finish is what meets the test.
+    *_, fit = _fit(x, y, 1e3, *_free_start(None, x, 3), False, max_iter=1000, tol=1e-6)
+    assert fit.float64_finish and fit.stop == "tolerance" and fit.grad_max <= 1e-6
