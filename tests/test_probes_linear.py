@@ -301,24 +301,48 @@ def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
         torch.testing.assert_close(y_shifted, y_ref, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("low_rank", [False, True])
 @pytest.mark.parametrize("free", [1, 4])
-def test_class_preconditioner_inverts_its_kronecker_model(free):
-    from headprobe.probes.linear import _class_preconditioner
+def test_class_preconditioner_inverts_its_kronecker_model(free, low_rank):
+    from headprobe.probes.linear import _class_preconditioner, _Moments
 
     g = torch.Generator().manual_seed(2)
     d, penalty = 5, 0.03
     p = torch.softmax(torch.randn(50, 2 if free == 1 else free, generator=g, dtype=torch.float64), dim=1)
     p = p[:, 1:] if free == 1 else p  # the binomial's one free class
     A = torch.diag(p.mean(0)) - p.T @ p / 50
-    second_moment = torch.rand(d, generator=g, dtype=torch.float64) + 0.5
-    P = _class_preconditioner(A, second_moment, penalty)(torch.eye(free * d + free, dtype=torch.float64))
+    if low_rank:  # two eigen-directions kept, the other three at one bulk level
+        V = torch.linalg.qr(torch.randn(d, 2, generator=g, dtype=torch.float64))[0]
+        moments = _Moments(torch.tensor([3.0, 0.2], dtype=torch.float64), V, 0.7)
+        M = V @ torch.diag(moments.values) @ V.T + 0.7 * (torch.eye(d, dtype=torch.float64) - V @ V.T)
+    else:
+        moments = _Moments(torch.rand(d, generator=g, dtype=torch.float64) + 0.5)
+        M = torch.diag(moments.values)
+    P = _class_preconditioner(A, moments, penalty)(torch.eye(free * d + free, dtype=torch.float64))
     # Rows are (class, feature) weight entries in (F, D) order, then the F intercepts.
-    weight_model = torch.kron(A, torch.diag(second_moment)) + penalty * torch.eye(free * d, dtype=torch.float64)
+    weight_model = torch.kron(A, M) + penalty * torch.eye(free * d, dtype=torch.float64)
     intercept_model = A + (A.trace() / free**2 * torch.ones(free, free, dtype=torch.float64) if free > 1 else 0)
     torch.testing.assert_close(P[: free * d, : free * d] @ weight_model, torch.eye(free * d, dtype=torch.float64))
     torch.testing.assert_close(P[free * d :, free * d :] @ intercept_model, torch.eye(free, dtype=torch.float64))
     assert P[: free * d, free * d :].abs().max() == 0 and P[free * d :, : free * d].abs().max() == 0
     torch.testing.assert_close(P, P.T)
+
+
+def test_feature_moments_keep_real_directions_and_flatten_sampling_noise():
+    from headprobe.probes.linear import _feature_moments
+
+    g = torch.Generator().manual_seed(4)
+    isotropic = torch.randn(3000, 64, generator=g)
+    flat = _feature_moments(isotropic)
+    assert flat.basis.shape[1] <= 2 and flat.bulk == pytest.approx(1.0, rel=0.05)
+    spike = torch.linalg.qr(torch.randn(64, 3, generator=g))[0]  # three directions with 25x the variance
+    spiked = isotropic + 4.9 * torch.randn(3000, 3, generator=g) @ spike.T
+    moments = _feature_moments(spiked)
+    kept = moments.basis[:, moments.values > 10]
+    assert kept.shape[1] == 3
+    # The kept directions span the spike: projecting the spike onto them loses almost nothing.
+    assert torch.linalg.matrix_norm(spike - kept @ (kept.T @ spike)) < 0.1
+    assert _feature_moments(spiked, max_dim=32).basis is None  # above max_dim: the diagonal only
 
 
 @pytest.mark.parametrize("num_classes", [3, 2])
