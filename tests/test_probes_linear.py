@@ -375,3 +375,38 @@ def test_a_stalled_float32_fit_is_finished_in_float64_and_meets_the_tolerance():
     # At C = 1000 the float32 line search runs out of resolution; the float64 finish is what meets the test.
     *_, fit = _fit(x, y, 1e3, *_free_start(None, x, 3), False, max_iter=1000, tol=1e-6)
     assert fit.float64_finish and fit.stop == "tolerance" and fit.grad_max <= 1e-6
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_refit_pairs_are_exact_when_only_the_standardisation_changes(binary):
+    from headprobe.probes.linear import _loss_and_grad, _one_hot, _refit_history
+
+    raw, y, k = _small_problem(binary)
+    n, d = raw.shape
+    free, C = 1 if binary else k, 0.7
+    mean_a, scale_a = raw.mean(0), raw.std(0)
+    mean_b, scale_b = raw[: n // 2].mean(0), raw[: n // 2].std(0)  # another standardisation of the same rows
+    ratio, shift = scale_b / scale_a, (mean_b - mean_a) / scale_a
+    targets = _one_hot(y, k)
+
+    def gradient(theta, mean, scale):
+        x = (raw - mean) / scale
+        _, grad_w, grad_b, _ = _loss_and_grad(x, targets, theta[: free * d].view(free, d), theta[free * d :], C,
+                                              binary)
+        return torch.cat([grad_w.flatten(), grad_b])
+
+    def to_b(theta):  # the same logits in standardisation b
+        Wt, bias = theta[: free * d].view(free, d), theta[free * d :]
+        return torch.cat([(Wt * ratio).flatten(), bias + Wt @ shift])
+
+    g = torch.Generator().manual_seed(6)
+    points = [0.3 * torch.randn(free * d + free, generator=g, dtype=torch.float64) for _ in range(3)]
+    pairs = [(q - p, gradient(q, mean_a, scale_a) - gradient(p, mean_a, scale_a))
+             for p, q in zip(points[:-1], points[1:], strict=True)]
+    expected = [(to_b(q) - to_b(p), gradient(to_b(q), mean_b, scale_b) - gradient(to_b(p), mean_b, scale_b))
+                for p, q in zip(points[:-1], points[1:], strict=True)]
+    mapped = _refit_history(pairs, ratio, shift, C, n, n)
+    assert len(mapped) == 2
+    for (s, y_), (s_ref, y_ref) in zip(mapped, expected, strict=True):
+        torch.testing.assert_close(s, s_ref, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(y_, y_ref, rtol=1e-10, atol=1e-13)

@@ -372,6 +372,33 @@ class _Moments:
         return _Moments(self.values.to(dtype), None if self.basis is None else self.basis.to(dtype), self.bulk)
 
 
+def _refit_history(
+    history: list[tuple[torch.Tensor, torch.Tensor]], ratio: torch.Tensor, shift: torch.Tensor, C: float,
+    n_fit: int, n_all: int,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Curvature pairs of the fit on the fitting part -> approximate pairs for the refit on all of train.
+
+    The refit's variables are the fit's under the change of standardisation θ' = Tθ, Wᵀ' = Wᵀ diag(ratio),
+    b' = b + Wᵀ shift (the start of the refit), so a step maps to Ts and a gradient change to T⁻ᵀy, which keeps
+    sᵀy; the penalty's part of y is exchanged for the refit's exactly, and the cross-entropy's part is the
+    fitting part's curvature standing in for all of train's. On the quickstart's DINOv2 features the refit
+    took 58 loss evaluations from the transformed start alone, 50 with these pairs. Pairs that lose positive
+    curvature are dropped.
+    """
+    d = ratio.shape[0]
+    pairs = []
+    for s, y in history:
+        free = s.shape[0] // (d + 1)
+        s_w, s_b, y_w, y_b = s[: free * d].view(free, d), s[free * d :], y[: free * d].view(free, d), y[free * d :]
+        s_w_new = s_w * ratio
+        y_w_new = (y_w - s_w / (C * n_fit) - y_b[:, None] * shift[None, :]) / ratio + s_w_new / (C * n_all)
+        s_new = torch.cat([s_w_new.flatten(), s_b + s_w @ shift])
+        y_new = torch.cat([y_w_new.flatten(), y_b])
+        if y_new.dot(s_new) > 1e-10:
+            pairs.append((s_new, y_new))
+    return pairs
+
+
 def _class_preconditioner(A: torch.Tensor, moments: _Moments | torch.Tensor, penalty: float):
     """v -> P v (rows of v) with P ≈ the inverse Hessian of the objective; A: (F, F) mean softmax curvature at
     the start.
@@ -660,20 +687,23 @@ def linear_probe(
         fits.append(fit.record())
         val_correct.append(_accuracy_count(x_val, y_val, *params))
         if best is None or val_correct[-1] > val_correct[best[0]]:
-            best = (len(val_correct) - 1, params)
-    best_index, (W, b) = best
+            best = (len(val_correct) - 1, params, history)
+    best_index, (W, b), best_history = best
     chosen_C = grid[best_index]
 
     if val_features is None:
         new_mean, new_scale = _standardizer(x_all, standardize)
         # Start the refit from the same logits, in the new standardisation:
         # ((x - m) / s) W + b = ((x - m') / s') (diag(s' / s) W) + b + ((m' - m) / s) W.
-        W, b = W * (new_scale / scale)[:, None], b + ((new_mean - mean) / scale) @ W
+        ratio, shift = new_scale / scale, (new_mean - mean) / scale
+        W, b = W * ratio[:, None], b + shift @ W
+        history = _refit_history(best_history, ratio, shift, chosen_C, len(y_fit), len(y_all))
         mean, scale = new_mean, new_scale
         x_all = torch.sub(x_all, mean).div_(scale)
         W, b, _, fit = _fit(
             x_all, y_all, chosen_C, *_free_start((W, b), x_all, num_classes), binary, max_iter=max_iter, tol=tol,
             moments=moments,  # of the fitting part: close enough to shape a preconditioner
+            history=history,
         )
         W, b = _canonical(W, b, binary)
         fits.append(fit.record() | {"refit": True})
