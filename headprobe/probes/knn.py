@@ -191,9 +191,8 @@ def blocked_topk(scores: torch.Tensor, k: int, block: int = _TOPK_BLOCK) -> tupl
     all of them. One max per block, a top-k over the N/block maxima and one over k·block gathered entries
     give the same values (ties may list different indices).
     """
-    b, n = scores.shape
-    full = n // block
-    if k * block * 4 > n or full == 0:
+    n = scores.shape[1]
+    if k * block * 4 > n or n < block:
         return scores.topk(k, dim=1)
     if scores.dtype == torch.bfloat16:
         # Max and top-k over the bits read as int16 run ~6x and ~1.5x faster than over bfloat16 on the CPU.

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 
 # torch's strong-Wolfe line search (the one `torch.optim.LBFGS` runs); `_lbfgs` below reuses it rather than
 # carrying a copy.
@@ -121,8 +122,7 @@ class _Fit:
     float64_finish: bool = False  # a float32 fit that stalled and was finished with float64 logits
 
     def record(self) -> dict:
-        return {"C": self.C, "evaluations": self.evaluations, "iterations": self.iterations,
-                "grad_max": self.grad_max, "stop": self.stop, "float64_finish": self.float64_finish}
+        return asdict(self)
 
 
 def _fit(
@@ -153,7 +153,7 @@ def _fit(
     free = W.shape[1]
     targets = _one_hot(y, free + (free == 1))
     if moments is None:
-        moments = _Moments(torch.linalg.vector_norm(x, dim=0) ** 2 / n)
+        moments = _feature_moments(x, max_dim=0)  # the diagonal
     curvature: list[torch.Tensor] = []
 
     def evaluate(theta: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -270,9 +270,9 @@ def _lbfgs(
         S, PY, SY = steps[window], preconditioned[window], sy[window, window]
         gamma = SY[-1, -1] / ypy[last - 1, last - 1]
         a, b = (S @ g).double(), (PY @ g).double().mul_(gamma)
-        middle = ypy[window, window] * gamma + torch.diag(SY.diagonal())
-        r_a = torch.linalg.solve_triangular(SY.triu(), a[:, None], upper=True)
-        p1 = torch.linalg.solve_triangular(SY.triu().T, middle @ r_a - b[:, None], upper=False)
+        R, middle = SY.triu(), ypy[window, window] * gamma + torch.diag(SY.diagonal())
+        r_a = torch.linalg.solve_triangular(R, a[:, None], upper=True)
+        p1 = torch.linalg.solve_triangular(R.T, middle @ r_a - b[:, None], upper=False)
         hg = (pg * gamma.to(dtype)).addmv_(S.T, p1[:, 0].to(dtype)).addmv_(PY.T, r_a[:, 0].to(dtype), alpha=-gamma)
         return hg.neg_()
 
@@ -386,9 +386,9 @@ def _refit_history(
     curvature are dropped.
     """
     d = ratio.shape[0]
+    free = history[0][0].shape[0] // (d + 1) if history else 0
     pairs = []
     for s, y in history:
-        free = s.shape[0] // (d + 1)
         s_w, s_b, y_w, y_b = s[: free * d].view(free, d), s[free * d :], y[: free * d].view(free, d), y[free * d :]
         s_w_new = s_w * ratio
         y_w_new = (y_w - s_w / (C * n_fit) - y_b[:, None] * shift[None, :]) / ratio + s_w_new / (C * n_all)
@@ -399,7 +399,7 @@ def _refit_history(
     return pairs
 
 
-def _class_preconditioner(A: torch.Tensor, moments: _Moments | torch.Tensor, penalty: float):
+def _class_preconditioner(A: torch.Tensor, moments: _Moments, penalty: float):
     """v -> P v (rows of v) with P ≈ the inverse Hessian of the objective; A: (F, F) mean softmax curvature at
     the start.
 
@@ -411,8 +411,6 @@ def _class_preconditioner(A: torch.Tensor, moments: _Moments | torch.Tensor, pen
     optimum is unchanged. With the diagonal alone it saves about an eighth of the loss evaluations over the
     default grid on 8000 × 768 isotropic features; `_feature_moments` says what the eigenbasis adds.
     """
-    if not isinstance(moments, _Moments):
-        moments = _Moments(moments)
     free, d = A.shape[0], (moments.values if moments.basis is None else moments.basis).shape[0]
     dtype = moments.values.dtype
     eigenvalues, Q = torch.linalg.eigh(A)
@@ -465,8 +463,7 @@ def _feature_moments(x: torch.Tensor, *, max_rows: int = 2048, max_dim: int = 10
 
 def _one_hot(y: torch.Tensor, num_classes: int) -> torch.Tensor:
     """y: (N,) class indices -> (K, N) float64 one-hot targets, the layout `_loss_and_grad` takes."""
-    targets = torch.zeros(num_classes, y.shape[0], dtype=torch.float64, device=y.device)
-    return targets.scatter_(0, y[None].long(), 1.0)
+    return F.one_hot(y.long(), num_classes).T.to(torch.float64, memory_format=torch.contiguous_format)
 
 
 @torch.no_grad()
@@ -581,8 +578,9 @@ def linear_probe(
     Protocol:
     1. Validation data: a stratified `val_fraction` of train (sklearn `train_test_split`,
        `random_state=seed`), or `val_features`/`val_labels` when given.
-    2. For each C in ascending order: standardise with the fitting part's mean/std, fit `fit_logistic`
-       (warm-started from the previous C), and score accuracy on validation.
+    2. For each C in ascending order: standardise with the fitting part's mean/std, fit sklearn's objective to
+       `tol` (as `fit_logistic` does, warm-started along the path: see the module docstring), and score
+       accuracy on validation. How each fit went is in protocol["fits"].
     3. Choose the C with the best validation accuracy; ties go to the smaller C.
     4. Refit with that C on all of `train_features` (re-standardised on them). Given explicit validation
        data, the step-2 fit already is that model; validation data is never trained on then.
