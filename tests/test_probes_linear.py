@@ -179,7 +179,7 @@ def test_linear_probe_rejects_bad_inputs_with_a_sentence(override, message):
 @pytest.mark.parametrize("binary", [False, True])
 @pytest.mark.parametrize(("n", "d"), [(50, 7), (2000, 700)])  # one row block; several, the last one partial
 def test_hand_written_gradient_equals_autograd_of_the_objective(binary, n, d):
-    from headprobe.probes.linear import _loss_and_grad, _one_hot
+    from headprobe.probes.logistic import _loss_and_grad, _one_hot
 
     g = torch.Generator().manual_seed(3)
     k, C = 2 if binary else 4, 0.3
@@ -246,7 +246,8 @@ def _small_problem(binary=False, n=200, d=12, seed=5):
 
 
 def test_lbfgs_without_preconditioner_retraces_torch_lbfgs():
-    from headprobe.probes.linear import _lbfgs, _loss_and_grad, _one_hot
+    from headprobe.probes.lbfgs import minimize
+    from headprobe.probes.logistic import _loss_and_grad, _one_hot
 
     x, y, k = _small_problem()
     n, d = x.shape
@@ -257,7 +258,7 @@ def test_lbfgs_without_preconditioner_retraces_torch_lbfgs():
         return float(loss), torch.cat([grad_w.flatten(), grad_b])
 
     theta0 = torch.zeros(k * d + k, dtype=torch.float64)
-    theta, grad, pairs, evaluations, iterations, stop = _lbfgs(
+    theta, grad, pairs, evaluations, iterations, stop = minimize(
         evaluate, theta0, *evaluate(theta0), tol=1e-6, max_iter=500, precondition=lambda v: v.clone(), memory=7
     )
     reference = theta0.clone().requires_grad_(False)
@@ -278,7 +279,7 @@ def test_lbfgs_without_preconditioner_retraces_torch_lbfgs():
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
-    from headprobe.probes.linear import _loss_and_grad, _one_hot, _shift_history
+    from headprobe.probes.logistic import _loss_and_grad, _one_hot, _shift_history
 
     x, y, k = _small_problem(binary)
     n, d = x.shape
@@ -304,7 +305,7 @@ def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
 @pytest.mark.parametrize("low_rank", [False, True])
 @pytest.mark.parametrize("free", [1, 4])
 def test_class_preconditioner_inverts_its_kronecker_model(free, low_rank):
-    from headprobe.probes.linear import _class_preconditioner, _Moments
+    from headprobe.probes.logistic import _class_preconditioner, _Moments
 
     g = torch.Generator().manual_seed(2)
     d, penalty = 5, 0.03
@@ -329,7 +330,7 @@ def test_class_preconditioner_inverts_its_kronecker_model(free, low_rank):
 
 
 def test_feature_moments_keep_real_directions_and_flatten_sampling_noise():
-    from headprobe.probes.linear import _feature_moments
+    from headprobe.probes.logistic import _feature_moments
 
     g = torch.Generator().manual_seed(4)
     isotropic = torch.randn(3000, 64, generator=g)
@@ -359,7 +360,7 @@ def test_every_fit_of_the_path_is_recorded_and_meets_the_tolerance(num_classes):
 
 
 def test_a_stalled_float32_fit_is_finished_in_float64_and_meets_the_tolerance():
-    from headprobe.probes.linear import _fit, _free_start
+    from headprobe.probes.logistic import _fit, _free_start
 
     x, y = make_data(300, dim=10, num_classes=3, spread=2.0, seed=11)
     x, y = torch.from_numpy(x).float(), torch.from_numpy(y)
@@ -379,7 +380,7 @@ def test_a_stalled_float32_fit_is_finished_in_float64_and_meets_the_tolerance():
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_refit_pairs_are_exact_when_only_the_standardisation_changes(binary):
-    from headprobe.probes.linear import _loss_and_grad, _one_hot, _refit_history
+    from headprobe.probes.logistic import _loss_and_grad, _one_hot, _refit_history
 
     raw, y, k = _small_problem(binary)
     n, d = raw.shape

@@ -14,7 +14,8 @@ from headprobe.probes.information import (
     train_critic,
 )
 from headprobe.probes.knn import KnnResult, knn
-from headprobe.probes.linear import LinearProbeResult, fit_logistic, linear_probe
+from headprobe.probes.linear import LinearProbeResult, linear_probe
+from headprobe.probes.logistic import fit_logistic
 from headprobe.probes.spectrum import (
     alignment,
     alpha_req,
