@@ -1,6 +1,7 @@
 """Loss geometry: Hessian spectra w.r.t. parameters or representations (Lanczos, SLQ, exact blocks), the pull-back
 metric and effective Hessian of a head, and curvature snapshots for tracking collapse during training."""
 
+from headprobe.geometry.density import hutchinson_trace, slq_density, smoothed_density
 from headprobe.geometry.effective import effective_hessian, whitening
 from headprobe.geometry.hessian import (
     HessianVectorProduct,
@@ -8,14 +9,11 @@ from headprobe.geometry.hessian import (
     PowerIterationResult,
     dense_hessian,
     hessian_eigs,
-    hutchinson_trace,
     hvp_fn,
     lanczos,
     per_sample_blocks,
     per_sample_spectrum,
     power_iteration,
-    slq_density,
-    smoothed_density,
 )
 from headprobe.geometry.pullback import augmentation_degeneracy, batchnorm_mode, head_jacobian, pullback_metric
 from headprobe.geometry.tracking import collapse_start, curvature_snapshot, symmetric_simsiam

@@ -12,8 +12,9 @@ import time
 
 import torch
 
+from .density import slq_density, smoothed_density
 from .effective import effective_hessian
-from .hessian import hvp_fn, slq_density, smoothed_density
+from .hessian import hvp_fn
 from .pullback import augmentation_degeneracy, pullback_metric
 from .tracking import curvature_snapshot
 
