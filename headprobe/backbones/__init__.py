@@ -48,7 +48,7 @@ def load_backbone(
     where ``net(pixels: (B, 3, H, W)) -> (B, dim)``.
 
     >>> bb = load_backbone("offline:dinov2-vits14", pooling="cls")  # doctest: +SKIP
-    >>> bb.dim
+    >>> bb.dim  # doctest: +SKIP
     384
     """
     if module is not None:
