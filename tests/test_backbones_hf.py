@@ -104,3 +104,6 @@ def test_wrap_a_user_module():
     torch.testing.assert_close(bb(x), net(x))
     with pytest.raises(ValueError, match="module=, preprocess= and dim="):
         load_backbone(module=net)
+    wrong = load_backbone(module=net, preprocess=pre, dim=100)  # the module returns 5 numbers per image
+    with pytest.raises(ValueError, match=r"shape \(1, 5\) for 1 images, but declares \(B, 100\).*dim=5"):
+        wrong(x)

@@ -209,3 +209,14 @@ def test_prefilter_widens_or_falls_back_when_bfloat16_cannot_separate_neighbours
         assert fast.protocol["prefilter"][expected] >= 1
         for k in (5, 20):
             torch.testing.assert_close(fast.predictions[k], exact.predictions[k], rtol=0, atol=0)
+
+
+def test_numpy_arrays_give_the_same_result_as_tensors():
+    train, train_labels, test, test_labels = make_data(seed=2)
+    from_numpy = knn(train.astype(np.float32), train_labels, test[::-1].astype(np.float32), test_labels[::-1],
+                     ks=(5,))
+    from_torch = knn(*as_tensors(train, train_labels, np.ascontiguousarray(test[::-1]),
+                                 np.ascontiguousarray(test_labels[::-1])), ks=(5,))
+    assert torch.equal(from_numpy.predictions[5], from_torch.predictions[5])
+    with pytest.raises(TypeError, match="train_features must be a torch.Tensor or a NumPy array but is a list"):
+        knn(train.tolist(), train_labels, test, test_labels)

@@ -411,3 +411,14 @@ def test_refit_pairs_are_exact_when_only_the_standardisation_changes(binary):
     for (s, y_), (s_ref, y_ref) in zip(mapped, expected, strict=True):
         torch.testing.assert_close(s, s_ref, rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(y_, y_ref, rtol=1e-10, atol=1e-13)
+
+
+def test_linear_probe_takes_numpy_arrays_and_leaves_them_unchanged():
+    x, y = make_data(200, seed=3)
+    x_test, y_test = make_data(60, seed=4)
+    before = x.copy()
+    from_numpy = linear_probe(x, y, x_test, y_test, C_grid=SMALL_GRID)
+    from_torch = linear_probe(*tensors(x, y, x_test, y_test), C_grid=SMALL_GRID)
+    assert from_numpy.metrics == from_torch.metrics
+    assert torch.equal(from_numpy.predictions, from_torch.predictions)
+    np.testing.assert_array_equal(x, before)

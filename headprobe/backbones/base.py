@@ -146,7 +146,16 @@ class Backbone(nn.Module):
         self._fingerprint: str | None = None
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self._encode(self.model, pixels)
+        features = self._encode(self.model, pixels)
+        # Checked on every batch (it costs nothing): a declared dim that is wrong would otherwise surface later as
+        # a shape error in a head, or not at all in the probes, with `dim` recorded wrongly in results.json.
+        if features.ndim != 2 or features.shape[1] != self.dim:
+            raise ValueError(
+                f"backbone {self.id} returned features of shape {tuple(features.shape)} for {pixels.shape[0]} "
+                f"images, but declares (B, {self.dim}); a wrapped module must return one vector per image and "
+                f"be given its true size, e.g. load_backbone(module=..., dim={features.shape[-1]})."
+            )
+        return features
 
     @property
     def params(self) -> int:

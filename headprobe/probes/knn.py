@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +30,16 @@ class KnnResult:
     metrics: dict[str, float]
     predictions: dict[int, torch.Tensor]
     protocol: dict
+
+
+def _as_tensor(name: str, value) -> torch.Tensor | None:
+    """A probe input as a tensor: tensors pass through, NumPy arrays are wrapped without a copy, None stays None."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))  # shares memory unless the array is reversed/strided
+    raise TypeError(f"{name} must be a torch.Tensor or a NumPy array but is a {type(value).__name__}; "
+                    f"convert it with torch.as_tensor(...) first.")
 
 
 def _check_split(name: str, features: torch.Tensor, labels: torch.Tensor) -> None:
@@ -102,8 +113,12 @@ def knn(
     re-ranks them in float32. It changes no result: a query is accepted only when a rigorous bound on the
     bfloat16 error proves that no training sample outside its candidates can be among its float32 top-k;
     otherwise its candidates are widened, and failing that it is recomputed against the whole bank in float32.
-    How many queries needed either is recorded in `protocol["prefilter"]`.
+    How many queries needed either is recorded in `protocol["prefilter"]`. NumPy arrays are accepted too.
     """
+    train_features, train_labels, test_features, test_labels = (
+        _as_tensor(name, value) for name, value in (("train_features", train_features), ("train_labels", train_labels),
+                                                    ("test_features", test_features), ("test_labels", test_labels))
+    )
     _check_split("train", train_features, train_labels)
     _check_split("test", test_features, test_labels)
     if train_features.shape[1] != test_features.shape[1]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from headprobe.probes.knn import _check_split
+from headprobe.probes.knn import _as_tensor, _check_split
 from headprobe.probes.logistic import (
     _canonical,
     _feature_moments,
@@ -114,7 +114,14 @@ def linear_probe(
     4. Refit with that C on all of `train_features` (re-standardised on them). Given explicit validation
        data, the step-2 fit already is that model; validation data is never trained on then.
     5. Score once on test. Test data influences nothing before this step.
+
+    NumPy arrays are accepted wherever a tensor is.
     """
+    train_features, train_labels, test_features, test_labels, val_features, val_labels = (
+        _as_tensor(name, value) for name, value in (
+            ("train_features", train_features), ("train_labels", train_labels), ("test_features", test_features),
+            ("test_labels", test_labels), ("val_features", val_features), ("val_labels", val_labels))
+    )
     _check_split("train", train_features, train_labels)
     _check_split("test", test_features, test_labels)
     if (val_features is None) != (val_labels is None):
