@@ -194,6 +194,30 @@ HEADS.add("linear", "headprobe.heads:ProjectionHead",
 HEADS.add("mlp", "headprobe.heads:ProjectionHead",
           "Linear → [BN] → act per hidden layer, Linear → [BN] out; depth, width, out_dim, act, init_scale")
 
+# Names the recipe's `augment.preset` and `probes.orbits.sweeps` take; the definitions live beside the code that
+# uses them (data/augment.py PRESETS, probes/orbits.py ORBIT_SWEEPS; a test keeps the names equal), and each entry
+# points at the function that takes the name.
+AUGMENT_PRESETS = Registry("augmentation preset")
+AUGMENT_PRESETS.add("simclr", "headprobe.data.augment:augment_spec",
+                    "SimCLR: crop(0.08-1), flip, colour jitter 0.4/0.4/0.4/0.1 (p 0.8), grayscale 0.2, blur 0.5")
+AUGMENT_PRESETS.add("dino", "headprobe.data.augment:augment_spec",
+                    "DINO's first global view: crop(0.4-1) bicubic, flip, jitter (saturation 0.2), grayscale, blur 1.0")
+AUGMENT_PRESETS.add("crop-flip", "headprobe.data.augment:augment_spec",
+                    "crop(0.2-1) + flip only: the paper's SimSiam collapse experiments")
+AUGMENT_PRESETS.add("rotation", "headprobe.data.augment:augment_spec",
+                    "SimCLR plus RandomRotation(45°): the paper's information (guillotine) experiment")
+AUGMENT_PRESETS.add("none", "headprobe.data.augment:augment_spec", "no augmentation (resize and crop only)")
+
+ORBIT_SWEEPS = Registry("orbit sweep")
+ORBIT_SWEEPS.add("rotation45", "headprobe.probes.orbits:sweep_values",
+                 "rotation 0-45° in 10 steps: the paper's trajectory-curvature sweep")
+ORBIT_SWEEPS.add("rotation360", "headprobe.probes.orbits:sweep_values",
+                 "rotation 0-330° in 12 steps of 30° (a closed orbit): the paper's orbit spread")
+ORBIT_SWEEPS.add("hue", "headprobe.probes.orbits:sweep_values", "hue shift -0.5..0.5 of the colour wheel, 11 steps")
+ORBIT_SWEEPS.add("saturation", "headprobe.probes.orbits:sweep_values",
+                 "saturation factor 0 (grey) to 2, 11 steps; 1 is the image")
+ORBIT_SWEEPS.add("blur", "headprobe.probes.orbits:sweep_values", "Gaussian blur sigma 0-3 px, 7 steps")
+
 FAMILIES: dict[str, Registry] = {
     "backbones": BACKBONES,
     "offline": OFFLINE_MODELS,
@@ -203,6 +227,8 @@ FAMILIES: dict[str, Registry] = {
     "probes": PROBES,
     "heads": HEADS,
     "objectives": OBJECTIVES,
+    "augment": AUGMENT_PRESETS,
+    "sweeps": ORBIT_SWEEPS,
 }
 
 

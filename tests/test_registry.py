@@ -25,3 +25,12 @@ def test_split_prefixed():
     assert split_prefixed("offline:dinov2-vits14", backbones) == ("offline", "dinov2-vits14")
     with pytest.raises(UnknownNameError, match="Did you mean"):
         split_prefixed("hff:x", backbones)
+
+
+def test_preset_and_sweep_families_list_exactly_the_names_the_code_defines():
+    from headprobe.data.augment import PRESETS, augment_spec
+    from headprobe.probes.orbits import ORBIT_SWEEPS, sweep_values
+
+    assert FAMILIES["augment"].names() == list(PRESETS)
+    assert FAMILIES["sweeps"].names() == list(ORBIT_SWEEPS)
+    assert FAMILIES["augment"].get("dino") is augment_spec and FAMILIES["sweeps"].get("hue") is sweep_values
