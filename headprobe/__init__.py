@@ -22,11 +22,13 @@ _LAZY = {
     "RecipeError": "headprobe.recipe:RecipeError",
     "load_data": "headprobe.data:load_data",
     "extract": "headprobe.features:extract",
+    "ProjectionHead": "headprobe.heads:ProjectionHead",
 }
 _SUBMODULES = {"probes", "backbones", "data", "features", "recipe", "registry", "runs", "pipeline"}
 
 if TYPE_CHECKING:  # pragma: no cover
     from .backbones import Backbone, Preprocess, load_backbone  # noqa: F401
+    from .heads import ProjectionHead  # noqa: F401
     from .pipeline import Results, run  # noqa: F401
     from .recipe import Recipe, RecipeError, load_recipe  # noqa: F401
 

@@ -12,8 +12,16 @@ from __future__ import annotations
 # Information the backbone should keep and the head lose: higher at the backbone supports the claim.
 INFORMATION = ("linear.acc", "rotation.acc", "rotation.mlp.acc", "aug_r2.mean", "mi.label")
 # For invariance the head should show: lower alignment distance, higher view cosine, lower relative spread.
-INVARIANCE_LOWER_IS_MORE = ("align", "orbit.spread_rel", "rotation360.orbit.spread_rel")
+INVARIANCE_LOWER_IS_MORE = ("align", "orbit.spread_rel")
 INVARIANCE_HIGHER_IS_MORE = ("view_cos",)
+# The orbits probe names its metrics `<sweep>.orbit.spread_rel` (rotation45, hue, blur, ...): every sweep is
+# its own piece of evidence, lower at the head = more invariant.
+ORBIT_SPREAD_SUFFIX = ".orbit.spread_rel"
+
+
+def _lower_is_more(before: dict, after: dict) -> list[str]:
+    sweeps = sorted(m for m in before if m.endswith(ORBIT_SPREAD_SUFFIX) and m in after)
+    return [m for m in INVARIANCE_LOWER_IS_MORE if m in before and m in after] + sweeps
 
 
 def buffer_verdict(taps: dict, head: str, tolerance: float = 0.01) -> dict:
@@ -29,10 +37,9 @@ def buffer_verdict(taps: dict, head: str, tolerance: float = 0.01) -> dict:
         if metric in before and metric in after:
             evidence[metric] = {"backbone": before[metric], "head": after[metric],
                                 "margin": before[metric] - after[metric], "claim": "backbone keeps more"}
-    for metric in INVARIANCE_LOWER_IS_MORE:
-        if metric in before and metric in after:
-            evidence[metric] = {"backbone": before[metric], "head": after[metric],
-                                "margin": before[metric] - after[metric], "claim": "head more invariant"}
+    for metric in _lower_is_more(before, after):
+        evidence[metric] = {"backbone": before[metric], "head": after[metric],
+                            "margin": before[metric] - after[metric], "claim": "head more invariant"}
     for metric in INVARIANCE_HIGHER_IS_MORE:
         if metric in before and metric in after:
             evidence[metric] = {"backbone": before[metric], "head": after[metric],

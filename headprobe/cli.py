@@ -26,7 +26,10 @@ def _is_main_process() -> bool:
 
 
 def _error(message: str, code: int) -> int:
-    _console(stderr=True).print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    from rich.markup import escape
+
+    # Messages quote user input and library errors (``[/<tag>]``, ``[cls``): never read them as markup.
+    _console(stderr=True).print(f"[bold red]error:[/] {escape(str(message))}", soft_wrap=True)
     return code
 
 
@@ -53,6 +56,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    import math
+
+    from rich.markup import escape
+
     from .recipe import RecipeError, load_recipe
 
     try:
@@ -60,9 +67,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except RecipeError as err:
         return _error(str(err), EXIT_USAGE)
     probes = ", ".join(recipe.probes)
+    # load_recipe has validated every combination of the sweep, as `run` will make them.
+    runs = f"; sweep: {math.prod(len(v) for v in recipe.sweep.values())} runs" if recipe.sweep else ""
     _console().print(
-        f"[green]ok[/] {args.recipe}: {recipe.backbone.id} ({recipe.backbone.pooling}) on {recipe.data.source}; "
-        f"probes: {probes}"
+        "[green]ok[/] "
+        + escape(f"{args.recipe}: {recipe.backbone.id} ({recipe.backbone.pooling}) on {recipe.data.source}; "
+                 f"probes: {probes}{runs}"),
+        soft_wrap=True,
     )
     return EXIT_OK
 
@@ -89,6 +100,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from .report.html import write_report
     from .report.table import print_summary
     from .runs import read_results
@@ -103,11 +116,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         path = write_report(args.run_dir)
     except OSError as err:
         return _error(f"could not write the report into {args.run_dir}: {err}", EXIT_FAILED)
-    console.print(f"report: {path} (figures in {path.parent / 'plots'})")
+    console.print(escape(f"report: {path} (figures in {path.parent / 'plots'})"))
     return EXIT_OK
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from .report.compare import default_out_dir, run_labels, write_compare
     from .report.table import compare_table
     from .runs import read_results
@@ -124,14 +139,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
         written = write_compare(list(labels.values()), out)
     except OSError as err:
         return _error(f"could not write the comparison into {out}: {err}", EXIT_FAILED)
-    console.print(f"comparison: {written['csv']} · {written['html']}")
+    console.print(escape(f"comparison: {written['csv']} · {written['html']}"))
     return EXIT_OK
 
 
 def cmd_geometry(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from .analyse import analyse_run
     from .pipeline import RunError
 
+    # Bad arguments stop here, before the run directory is read or touched (geometry.rows has the same bound).
+    if args.rows is not None and args.rows < 2:
+        return _error(f"--rows = {args.rows} is out of range; it must be >= 2 (training samples to evaluate the "
+                      "geometry on), or leave it out to use the recipe's geometry.rows.", EXIT_USAGE)
+    # A failure here never changes the run's recorded status: `_Study.stage` leaves a finished run's
+    # results.json as it was (see pipeline._Study.stage).
     try:
         results = analyse_run(args.run_dir, rows=args.rows, quiet=not _is_main_process())
     except (FileNotFoundError, ValueError) as err:
@@ -143,10 +166,10 @@ def cmd_geometry(args: argparse.Namespace) -> int:
         geo = entry.get("geometry", {})
         if geo:
             curv, eff = geo.get("curvature", {}), geo.get("effective_hessian", {})
-            console.print(f"{head}: λ_min {curv.get('lambda_min', float('nan')):.3g}, "
-                          f"λ_max {curv.get('lambda_max', float('nan')):.3g}, "
-                          f"‖M‖/‖H‖ {eff.get('m_ratio', float('nan')):.3g}, "
-                          f"G variation {geo.get('pullback', {}).get('variation', float('nan')):.3g}")
+            console.print(escape(f"{head}: λ_min {curv.get('lambda_min', float('nan')):.3g}, "
+                                 f"λ_max {curv.get('lambda_max', float('nan')):.3g}, "
+                                 f"‖M‖/‖H‖ {eff.get('m_ratio', float('nan')):.3g}, "
+                                 f"G variation {geo.get('pullback', {}).get('variation', float('nan')):.3g}"))
     return EXIT_OK
 
 

@@ -87,11 +87,14 @@ class _Study:
         except (KeyboardInterrupt, RecipeError):
             raise
         except Exception as err:
-            self.results["status"] = "failed"
-            self.results["error"] = {"stage": name, "message": f"{type(err).__name__}: {err}"}
-            self.run_dir.write_results(self.results)
-            if self.recipe.report:
-                _write_report(self.run_dir)
+            # Only the run in progress records its failure; a later analysis of a recorded run (`headprobe
+            # geometry`) that fails leaves that run's status, error and report as they were.
+            if self.results.get("status") == "running":
+                self.results["status"] = "failed"
+                self.results["error"] = {"stage": name, "message": f"{type(err).__name__}: {err}"}
+                self.run_dir.write_results(self.results)
+                if self.recipe.report:
+                    _write_report(self.run_dir)
             raise RunError(name, err, self.run_dir.path if self.state.is_main_process else None) from err
 
     def _clock(self, key: str, since: float) -> None:
@@ -194,7 +197,15 @@ class _Study:
         return TapData(name, at(self.feats["train"].features), self.feats["train"].labels,
                        at(self.feats["test"].features), self.feats["test"].labels, self.data.n_classes,
                        seed=self.recipe.seed, val_fraction=self.recipe.data.val_fraction, views=views,
-                       view_params=params, orbits=orbits, **rot)
+                       view_params=params, orbits=orbits, inert_params=self._inert_params(), **rot)
+
+    def _inert_params(self) -> dict[str, str] | None:
+        """Colour augmentations cannot change grey images (R = G = B: digits, Fashion-MNIST): augment_r2 skips
+        them rather than average R² ≈ 0 of unobservable parameters into aug_r2.mean. Every tap gets the same
+        list, so the backbone's and each head's means stay over the same parameters."""
+        if not hasattr(self, "_inert"):
+            self._inert = _grey_params(self.data.train)
+        return self._inert
 
     def probe_tap(self, tap_name: str, head: str | None, depth: int, transform=None) -> None:
         from .registry import PROBES
@@ -231,7 +242,9 @@ class _Study:
                 resume_from=resume_from, log=run_dir.log_metrics, progress=progress, track=recipe.geometry,
                 device=self.state.device,
             )
-        self.timing["train_s"] = summary.pop("train_s")
+        # Resumed from a checkpoint: the time of the steps done before it counts too.
+        before = self.timing.get("train_s", 0.0) if resume_from is not None else 0.0
+        self.timing["train_s"] = before + summary.pop("train_s")
         track_s = summary.pop("track_s")
         if track_s:
             # Curvature tracking runs inside the training loop: report its share of training time.
@@ -271,6 +284,7 @@ class _Study:
         record = self.stage(f"tuning the backbone ({spec.tune})", apply_tuning, self.backbone, spec.tune,
                             seed=recipe.seed, **lora)
         checkpoints = run_dir.path / "checkpoints"
+        resume_from = latest_checkpoint(checkpoints) if self.resume else None
         with _progress(self.show) as progress:
             states, summary = self.stage(
                 "training the tuned backbone and heads", train_tuned, self.backbone, recipe.heads, self.data.train,
@@ -278,12 +292,13 @@ class _Study:
                 objective_name=recipe.objective.name, objective_options=recipe.objective.options, train=recipe.train,
                 seed=recipe.seed, precision=recipe.features.precision, num_workers=recipe.features.num_workers,
                 checkpoint_dir=checkpoints if run_dir.writable else None,
-                resume_from=latest_checkpoint(checkpoints) if self.resume else None, log=run_dir.log_metrics,
+                resume_from=resume_from, log=run_dir.log_metrics,
                 progress=progress, track=recipe.geometry, state=self.state,
             )
         # Identity heads trained the backbone too, but have no layers to probe or analyse.
         self.states = {name: s for name, s in states.items() if list(s.modules().parameters())}
-        self.timing["train_s"] = summary.pop("train_s")
+        before = self.timing.get("train_s", 0.0) if resume_from is not None else 0.0
+        self.timing["train_s"] = before + summary.pop("train_s")
         self.results["backbone_tuned"] = self.backbone.describe()
         if run_dir.writable:
             saved = self.stage("saving the tuned backbone", save_tuned_backbone, self.backbone, checkpoints)
@@ -359,6 +374,32 @@ def _write_report(run_dir: RunDir) -> None:
               f"run `headprobe report {run_dir.path}` to retry.", file=sys.stderr)
 
 
+def _grey_params(dataset, n_images: int = 64) -> dict[str, str] | None:
+    """{"saturation"|"hue"|"grayscale": reason} when the first `n_images` images are all grey, else None."""
+    import numpy as np
+
+    for i in range(min(n_images, len(dataset))):
+        pixels = np.asarray(dataset[i]["image"].convert("RGB"))
+        if not ((pixels[..., 0] == pixels[..., 1]).all() and (pixels[..., 1] == pixels[..., 2]).all()):
+            return None
+    reason = f"the images are grey (R = G = B in the first {min(n_images, len(dataset))} training images)"
+    return {"saturation": reason, "hue": reason, "grayscale": reason}
+
+
+def _check_out(path: Path) -> None:
+    """--out must be (or become) a folder: refuse a file, or a file where one of its parents should be."""
+    for folder in (path, *path.parents):
+        if folder.exists() and not folder.is_dir():
+            which = "is" if folder == path else f"is inside {str(folder)!r}, which is"
+            raise RecipeError(f"--out {str(path)!r} {which} a file, not a folder; pass a folder for the run "
+                              "(new or an earlier run's), e.g. --out runs/my_study.")
+
+
+def _overrides_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+    """``train__epochs=1`` and ``**{"train.epochs": 1}`` → {"train.epochs": 1} (values stay Python objects)."""
+    return {key.replace("__", "."): value for key, value in keywords.items()}
+
+
 def run(
     recipe_or_path: Recipe | str | Path | dict,
     *,
@@ -366,10 +407,16 @@ def run(
     overrides: list[str] | None = None,
     resume: bool = False,
     quiet: bool = False,
+    **values: Any,
 ) -> Results:
     """Run a recipe (object, YAML path or dict) end to end; returns `Results`.
 
+    Overrides: ``overrides=["train.epochs=1"]`` (YAML-typed strings, as ``--set``) and/or keywords whose values are
+    Python objects, ``run("r.yaml", **{"train.epochs": 1})`` or ``run("r.yaml", train__epochs=1)`` (``__`` is a
+    dot); keywords apply after `overrides`. Resuming a finished run does nothing and returns its results.
+
     >>> results = run("recipes/quickstart.yaml", overrides=["data.limit.train=200"])  # doctest: +SKIP
+    >>> results = run("recipes/quickstart.yaml", data__limit__train=256, train__epochs=1)  # doctest: +SKIP
     >>> results.metrics()["linear.acc"]  # doctest: +SKIP
     """
     from accelerate.utils import set_seed
@@ -377,26 +424,39 @@ def run(
     from .distributed import process_state
 
     if isinstance(recipe_or_path, Recipe):
-        if overrides:
+        if overrides or values:
             raise RecipeError("overrides apply to a recipe file or dict; edit the Recipe object directly.")
         recipe = recipe_or_path
     else:
-        recipe = load_recipe(recipe_or_path, overrides)
+        recipe = load_recipe(recipe_or_path, overrides, _overrides_from_keywords(values))
 
     state = process_state()
     main = state.is_main_process
     path = Path(out) if out is not None else default_run_dir(recipe.name)
+    _check_out(path)
     results = new_results(recipe.to_dict())
     if resume:
         if not (path / "results.json").is_file():
             raise RecipeError(f"--resume needs --out pointing at an earlier run; {path}/results.json does not exist.")
-        previous = RunDir(path).read_results()
+        try:
+            previous = RunDir(path).read_results()
+        except ValueError as err:
+            raise RecipeError(f"--resume: {err}") from None
         if previous.get("recipe") != recipe.to_dict():
             raise RecipeError(
                 f"--resume: the recipe differs from the one recorded in {path}/results.json; "
                 "resume with the same recipe and overrides, or start a new run with another --out."
             )
+        if previous.get("status") == "complete":
+            # Nothing to redo: results.json, its timings and the report stay exactly as the run wrote them.
+            if main and not quiet:
+                print(f"nothing to do: the run in {path} is already complete ({path / 'results.json'}).",
+                      file=sys.stderr)
+            return Results(previous, path)
         results["taps"] = previous.get("taps", {})
+        # Finished probes are not redone (`probe_tap`), so their time stays counted; training resumed from a
+        # checkpoint adds its time to the recorded one (`train_heads`). Every other stage is redone and re-timed.
+        results["timing"] = {k: v for k, v in previous.get("timing", {}).items() if k in ("probe_s", "train_s")}
     elif out is not None and (path / "results.json").exists():
         raise RecipeError(f"--out {path} already holds a run; pass --resume to continue it or choose another --out.")
     # Every process checks the directory before the main one writes into it.
@@ -449,6 +509,7 @@ def run_sweep(
     combos = expand_sweep(recipe_path, overrides)
     recipe = load_recipe(recipe_path, overrides)
     root = Path(out) if out is not None else default_run_dir(recipe.name)
+    _check_out(root)
     results = [run(recipe_path, out=root / label, overrides=items, quiet=quiet) for label, items in combos]
     from .distributed import process_state
 

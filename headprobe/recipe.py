@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from .registry import (
     SCRATCH_MODELS,
     Registry,
     did_you_mean,
+    unknown_name_message,
 )
 
 
@@ -137,7 +139,8 @@ class ViewMISpec:
 
 @dataclass
 class AugmentR2Spec:
-    alpha: float = 1.0
+    alphas: list[float] | None = None  # ridge penalties tried per parameter (None: 1e-3 … 1e6, half-decade steps)
+    folds: int = 5  # cross-validation folds on the training images that choose each parameter's penalty
     test_fraction: float = 0.25
 
 
@@ -255,8 +258,59 @@ class Recipe:
 # --- loading ------------------------------------------------------------------------------
 
 
-def load_recipe(source: str | Path | dict, overrides: list[str] | None = None) -> Recipe:
-    """Read a recipe file (or dict), apply ``KEY=VALUE`` overrides, validate, return a `Recipe`."""
+def load_recipe(
+    source: str | Path | dict, overrides: list[str] | None = None, values: dict[str, Any] | None = None
+) -> Recipe:
+    """Read a recipe file (or dict), apply ``KEY=VALUE`` overrides, validate, return a `Recipe`.
+
+    `values` are overrides given as Python objects (``{"train.epochs": 1}``), applied after `overrides`.
+    A recipe with a `sweep:` has every combination validated here too, exactly as `expand_sweep` makes them.
+    """
+    return _from_data(_resolve(source, overrides, values))
+
+
+# A run's name becomes a folder name under runs/: one path component, no separators, no leading dot.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+
+
+def _default_name(stem: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).lstrip("._-")[:128]
+    return name or "run"
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, line: int) -> None:
+        super().__init__(f"duplicate key {key!r} at line {line} (first given at line {first}); keep one of them")
+        self.key, self.first, self.line = key, first, line
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def _resolve(source: str | Path | dict, overrides: list[str] | None, values: dict[str, Any] | None) -> dict:
+    """The recipe's plain data with defaults and overrides applied, not yet validated."""
     if isinstance(source, dict):
         data, default_name = copy.deepcopy(source), "run"
     else:
@@ -264,10 +318,15 @@ def load_recipe(source: str | Path | dict, overrides: list[str] | None = None) -
         if not path.is_file():
             raise RecipeError(f"recipe file {str(path)!r} does not exist; pass the path to a .yaml recipe.")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = _yaml_load(path.read_text())
+        except _DuplicateKey as err:
+            raise RecipeError(f"recipe {str(path)!r}: {err}.") from None
         except yaml.YAMLError as err:
             raise RecipeError(f"recipe {str(path)!r} is not valid YAML: {err}") from None
-        default_name = path.stem
+        if data is None:
+            raise RecipeError(f"recipe {str(path)!r} is empty; a recipe is a mapping of keys to values, "
+                              "e.g. `backbone: {id: scratch:vit-tiny}` (see recipes/quickstart.yaml).")
+        default_name = _default_name(path.stem)
     if not isinstance(data, dict):
         raise RecipeError(f"a recipe must be a mapping of keys to values, got {type(data).__name__}.")
     data.setdefault("name", default_name)
@@ -275,20 +334,32 @@ def load_recipe(source: str | Path | dict, overrides: list[str] | None = None) -
     data.setdefault("probes", {name: {} for name in Recipe().probes})
     for item in overrides or []:
         apply_override(data, item)
+    for key, value in (values or {}).items():
+        set_value(data, key, copy.deepcopy(value), f"override {key}={value!r}")
+    return data
+
+
+def _from_data(data: dict) -> Recipe:
     recipe = _build(Recipe, data, "")
     _check_names(recipe)
+    for label, items in _sweep_items(recipe):
+        combo = copy.deepcopy(data)
+        try:
+            for item in items:
+                apply_override(combo, item)
+            combo["sweep"] = {}
+            _from_data(combo)
+        except RecipeError as err:
+            raise RecipeError(f"sweep combination {label}: {err}") from None
     return recipe
 
 
-def expand_sweep(source: str | Path | dict, overrides: list[str] | None = None) -> list[tuple[str, list[str]]]:
-    """A recipe with `sweep: {key: [values], ...}` → [(label, overrides)], one per combination (cartesian
-    product, keys in order). Every combination is validated here, before anything runs. A recipe without a
-    sweep gives one entry with label ""."""
+def _sweep_items(recipe: Recipe) -> list[tuple[str, list[str]]]:
+    """[(label, ["key=value", ...])] for every combination of `recipe.sweep` (cartesian product, keys in order)."""
     import itertools
 
-    recipe = load_recipe(source, overrides)
     if not recipe.sweep:
-        return [("", list(overrides or []))]
+        return []
     for key, values in recipe.sweep.items():
         if not isinstance(values, list) or not values:
             raise RecipeError(f"sweep.{key} must be a non-empty list of values, got {values!r}.")
@@ -298,13 +369,19 @@ def expand_sweep(source: str | Path | dict, overrides: list[str] | None = None) 
         items = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
                  for k, v in zip(keys, combo, strict=True)]
         label = "-".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, combo, strict=True))
-        expanded = list(overrides or []) + items + ["sweep={}"]
-        try:
-            load_recipe(source, expanded)
-        except RecipeError as err:
-            raise RecipeError(f"sweep combination {label}: {err}") from None
-        out.append((label.replace("/", "_"), expanded))
+        out.append((label, items))
     return out
+
+
+def expand_sweep(source: str | Path | dict, overrides: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """A recipe with `sweep: {key: [values], ...}` → [(label, overrides)], one per combination (cartesian
+    product, keys in order). Every combination is validated (by `load_recipe`), before anything runs. A recipe
+    without a sweep gives one entry with label ""."""
+    recipe = load_recipe(source, overrides)
+    if not recipe.sweep:
+        return [("", list(overrides or []))]
+    return [(label.replace("/", "_"), list(overrides or []) + items + ["sweep={}"])
+            for label, items in _sweep_items(recipe)]
 
 
 def apply_override(data: dict, item: str) -> None:
@@ -317,9 +394,19 @@ def apply_override(data: dict, item: str) -> None:
             "or --set probes.knn.ks=[10,20]."
         )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _yaml_load(raw) if raw.strip() else None
+    except _DuplicateKey as err:
+        raise RecipeError(f"override {item!r}: {err}.") from None
     except yaml.YAMLError as err:
         raise RecipeError(f"override {item!r}: the value is not valid YAML ({err}).") from None
+    set_value(data, key, value, f"override {item!r}")
+
+
+def set_value(data: dict, key: str, value: Any, label: str | None = None) -> None:
+    """Set ``a.b.c`` (a Python value, not parsed) in a nested dict in place; ``heads.0.act`` indexes a list."""
+    label = label or f"override {key!r}"
+    if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
+        raise RecipeError(f"{label}: {key!r} is not a dotted key such as train.epochs.")
     parts = key.split(".")
     node: Any = data
     for i, part in enumerate(parts):
@@ -327,12 +414,12 @@ def apply_override(data: dict, item: str) -> None:
         last = i == len(parts) - 1
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
-                raise RecipeError(f"override {item!r}: {where} is not an index of a list of {len(node)} items "
+                raise RecipeError(f"{label}: {where} is not an index of a list of {len(node)} items "
                                   f"(use 0 to {len(node) - 1}).")
             part = int(part)
         elif not isinstance(node, dict):
             parent = ".".join(parts[:i])
-            raise RecipeError(f"override {item!r}: {parent} is {node!r}, not a section with keys.")
+            raise RecipeError(f"{label}: {parent} is {node!r}, not a section with keys.")
         if last:
             node[part] = value
             return
@@ -448,6 +535,10 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
 
 def _check_names(recipe: Recipe) -> None:
     """Registered names and value ranges, checked without importing any model library."""
+    if not re.fullmatch(NAME_PATTERN, recipe.name):
+        raise RecipeError(f"name = {recipe.name!r} is not allowed: it names the run's folder, so it must match "
+                          f"{NAME_PATTERN} (letters, digits, '.', '_', '-'; no '/', no leading dot), "
+                          "e.g. name: my_study.")
     _check_prefixed("backbone.id", recipe.backbone.id, BACKBONES)
     prefix, rest = recipe.backbone.id.partition(":")[::2]
     if prefix == "offline" and rest not in OFFLINE_MODELS:
@@ -470,7 +561,8 @@ def _check_names(recipe: Recipe) -> None:
         raise RecipeError(f"data.source = {recipe.data.source!r} needs a path or id after ':'.")
     ranges = [
         ("seed", recipe.seed, 0, None),
-        ("data.test_fraction", recipe.data.test_fraction, 0.0, 1.0),
+        # 0 would leave no test images when the source has no test split (sklearn refuses such a split).
+        ("data.test_fraction", recipe.data.test_fraction, 1e-300, 1.0),
         ("data.val_fraction", recipe.data.val_fraction, 0.0, 1.0),
         ("features.batch_size", recipe.features.batch_size, 1, None),
         ("features.num_workers", recipe.features.num_workers, 0, None),
@@ -494,10 +586,23 @@ def _check_names(recipe: Recipe) -> None:
         ranges += [("probes.linear.max_iter", linear.max_iter, 1, None)]
         if not linear.C_grid:
             raise RecipeError("probes.linear.C_grid is empty; give at least one C, e.g. [0.1, 1, 10].")
+    orbits = recipe.probes.get("orbits")
+    if orbits is not None:
+        from .probes.orbits import ORBIT_SWEEPS
+
+        if not orbits.sweeps:
+            raise RecipeError(f"probes.orbits.sweeps is empty; give at least one of: {', '.join(ORBIT_SWEEPS)}.")
+        for i, sweep in enumerate(orbits.sweeps):
+            if sweep not in ORBIT_SWEEPS:
+                raise RecipeError(f"probes.orbits.sweeps[{i}] = {sweep!r}: "
+                                  + unknown_name_message("orbit sweep", sweep, list(ORBIT_SWEEPS)))
     ranges += _check_heads(recipe)
     for path, value, low, high in ranges:
         if value < low or (high is not None and value >= high and path.endswith("fraction")):
-            bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+            if high is not None:
+                bound = f"in (0, {high:g})" if 0 < low < 1e-100 else f"in [{low}, {high})"
+            else:
+                bound = f">= {low}"
             raise RecipeError(f"{path} = {value!r} is out of range; it must be {bound}.")
 
 
@@ -597,6 +702,13 @@ def _check_heads(recipe: Recipe) -> list[tuple]:
                ("train.warmup_steps", train.warmup_steps, 0, None), ("train.grad_accum", train.grad_accum, 1, None)]
     if train.steps is not None:
         ranges.append(("train.steps", train.steps, 1, None))
+    limit = recipe.data.limit.train
+    if recipe.heads and limit is not None and 2 <= train.batch_size and limit < train.batch_size:
+        # The rule training applies (train.train_heads / train_tuned): every batch is train.batch_size images
+        # of the training split (data.limit.train of them at most; no validation part is taken off).
+        raise RecipeError(f"train.batch_size = {train.batch_size} is larger than the {limit} training images of "
+                          f"data.limit.train = {limit}; lower train.batch_size to at most {limit} or raise "
+                          f"data.limit.train to at least {train.batch_size}.")
     geo = recipe.geometry
     ranges += [("geometry.rows", geo.rows, 2, None), ("geometry.track_rows", geo.track_rows, 2, None),
                ("geometry.track_max_iter", geo.track_max_iter, 2, None)]

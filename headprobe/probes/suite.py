@@ -34,6 +34,9 @@ class TapData:
     rotated_test_x: torch.Tensor | None = None
     rotated_test_y: torch.Tensor | None = None
     orbits: dict[str, torch.Tensor] | None = None
+    # Augmentation parameters that vary in view_params but cannot change these images, with the reason
+    # (e.g. {"hue": "grey images"}): augment_r2 reports them as skipped instead of scoring them.
+    inert_params: dict[str, str] | None = None
 
 
 @dataclass
@@ -102,8 +105,10 @@ def invariance(tap: TapData, uniformity_t: float = 2.0) -> ProbeOutput:
 def view_mi(tap: TapData, batch_size: int = 128, temperature: float = 0.1, pca_dims: int = 32,
             critic: str = "cosine", critic_steps: int = 400) -> ProbeOutput:
     """MI between two views of an image: InfoNCE (ceiling log B) with the fixed cosine critic or a trained
-    separable critic (held-out pairs), and the Gaussian (CCA) closed form on the top `pca_dims` principal
-    components, fitted on the views themselves."""
+    separable critic (held-out pairs), and the Gaussian (CCA) closed form on the top k = min(pca_dims, D, N//10)
+    principal components, fitted on the views themselves. The Gaussian value is the plug-in minus its exact
+    small-sample bias for Gaussian data, without shrinkage (`gaussian_mi`): k ≤ N/10 keeps the joint 2k×2k
+    correlation matrix invertible, and shrinking it would erase the cross-view correlation that is the MI."""
     from .information import gaussian_mi, mutual_information
 
     views = _need_views(tap, "view_mi")
@@ -116,17 +121,61 @@ def view_mi(tap: TapData, batch_size: int = 128, temperature: float = 0.1, pca_d
     mean = both.mean(0)
     _, _, v = torch.linalg.svd(both - mean, full_matrices=False)
     basis = v[:k].T
-    gauss = gaussian_mi((z1 - mean) @ basis, (z2 - mean) @ basis)
+    gauss = gaussian_mi((z1 - mean) @ basis, (z2 - mean) @ basis, shrinkage=None, bias_correction=True)
     metrics = {"mi.infonce": nce["mi"], "mi.infonce.ceiling": nce["ceiling"], "mi.gaussian": gauss["mi"]}
     protocol = {"infonce": {k2: v2 for k2, v2 in nce.items() if k2 != "mi"},
-                "gaussian": {"pca_dims": k, "shrinkage": gauss["shrinkage"], "warning": gauss["warning"],
-                             "n_samples": gauss["n_samples"]}}
+                "gaussian": {"pca_dims": k, "pca_fit": "both views pooled", "n_samples": gauss["n_samples"],
+                             "shrinkage": gauss["shrinkage"],
+                             "shrinkage_why": "none: k <= N/10 keeps the joint correlation invertible, and "
+                                              "shrinking it towards I erases the cross-view correlation (MI -> 0)",
+                             "bias_correction": gauss["bias_correction"],
+                             "bias_correction_source": gauss["bias_correction_source"],
+                             "mi_plugin": gauss["mi_plugin"], "warning": gauss["warning"]}}
     return ProbeOutput(metrics, protocol)
 
 
-def augment_r2(tap: TapData, alpha: float = 1.0, test_fraction: float = 0.25) -> ProbeOutput:
+# Ridge penalties searched by augment_r2 (standardised features): 1e-3 … 1e6, half a decade apart.
+AUG_R2_ALPHAS = tuple(float(10.0**e) for e in [x / 2 for x in range(-6, 13)])
+
+
+def _grouped_ridge_cv(x, y, groups, alphas, folds: int, seed: int):
+    """Validation mean squared error (len(alphas), T) of ridge (intercept, features standardised on each
+    fitting part) under K-fold cross-validation that keeps all rows of a group (an image) in one fold.
+    x: (n, d), y: (n, T), groups: (n,) ints. One SVD per fold serves every alpha and every target."""
+    import numpy as np
+
+    unique = np.unique(groups)
+    fold_of = dict(zip(np.random.default_rng(seed).permutation(unique).tolist(),
+                       np.arange(len(unique)) % folds, strict=True))
+    fold = np.array([fold_of[g] for g in groups.tolist()])
+    sq_err = np.zeros((len(alphas), y.shape[1]))
+    for f in range(folds):
+        fit, val = fold != f, fold == f
+        mean, std = x[fit].mean(0), x[fit].std(0)
+        std[std <= 1e-12 * np.maximum(np.abs(mean), 1.0)] = 1.0  # constant features are only centred
+        xf, xv = (x[fit] - mean) / std, (x[val] - mean) / std
+        y_mean = y[fit].mean(0)
+        u, sv, vt = np.linalg.svd(xf, full_matrices=False)
+        uty, xvv = u.T @ (y[fit] - y_mean), xv @ vt.T
+        for i, alpha in enumerate(alphas):
+            pred = xvv @ ((sv / (sv**2 + alpha))[:, None] * uty) + y_mean
+            sq_err[i] += ((pred - y[val]) ** 2).sum(0)
+    return sq_err / len(x)
+
+
+def augment_r2(tap: TapData, alphas: list[float] | None = None, test_fraction: float = 0.25,
+               folds: int = 5) -> ProbeOutput:
     """How much of each augmentation parameter a view's representation keeps: ridge regression R² on
-    held-out images (split by image, so no image's views are on both sides)."""
+    held-out images (split by image, so no image's views are on both sides).
+
+    Features are standardised on the training images (as the linear probe does). Each parameter's ridge
+    penalty is chosen from the log grid `alphas` (default `AUG_R2_ALPHAS`) by `folds`-fold cross-validation on
+    the training images only, grouped by image; the model is then refitted on all training images with that
+    penalty and scored on the held-out images. Parameters that are constant on the training or held-out views
+    (R² undefined), or listed in `tap.inert_params`, are skipped with the reason and left out of aug_r2.mean.
+    (A fixed alpha = 1, as before, gave R² down to −4 on the quickstart's views.)
+    """
+    import numpy as np
     from sklearn.linear_model import Ridge
     from sklearn.metrics import r2_score
     from sklearn.preprocessing import StandardScaler
@@ -134,28 +183,57 @@ def augment_r2(tap: TapData, alpha: float = 1.0, test_fraction: float = 0.25) ->
     from ..data.augment import PARAM_NAMES
 
     views = _need_views(tap, "augment_r2")
+    grid = sorted(float(a) for a in (AUG_R2_ALPHAS if alphas is None else alphas))
+    if not grid or min(grid) <= 0:
+        raise ValueError(f"augment_r2 alphas must be a non-empty list of positive numbers, got {alphas!r}.")
     n, k, d = views.shape
     order = torch.randperm(n, generator=torch.Generator().manual_seed(tap.seed))
     n_test = max(1, int(round(test_fraction * n)))
     test_idx, train_idx = order[:n_test], order[n_test:]
+    folds = min(folds, len(train_idx))
+    if folds < 2:
+        raise ValueError(f"augment_r2 needs at least 2 training images to choose alpha, got {len(train_idx)}.")
     x_tr = views[train_idx].reshape(-1, d).double().numpy()
     x_te = views[test_idx].reshape(-1, d).double().numpy()
-    scaler = StandardScaler().fit(x_tr)
-    x_tr, x_te = scaler.transform(x_tr), scaler.transform(x_te)
+    groups = np.repeat(np.arange(len(train_idx)), k)
     params = tap.view_params
-    metrics, used = {}, []
+    inert = tap.inert_params or {}
+    skipped, targets = {}, []
     for j, name in enumerate(PARAM_NAMES):
         y_tr = params[train_idx, :, j].reshape(-1).double().numpy()
         y_te = params[test_idx, :, j].reshape(-1).double().numpy()
-        if y_tr.std() < 1e-9 or y_te.std() < 1e-9:
-            continue  # this preset never varies the parameter
-        pred = Ridge(alpha=alpha).fit(x_tr, y_tr).predict(x_te)
-        metrics[f"aug_r2.{name}"] = float(r2_score(y_te, pred))
-        used.append(name)
-    if used:
-        metrics["aug_r2.mean"] = sum(metrics[f"aug_r2.{p}"] for p in used) / len(used)
-    return ProbeOutput(metrics, {"model": "ridge", "alpha": alpha, "standardize": True, "params": used,
-                                 "n_train_images": len(train_idx), "n_test_images": n_test, "views": k})
+        if name in inert:
+            skipped[name] = f"cannot change these images: {inert[name]}"
+        elif y_tr.std() < 1e-9 and y_te.std() < 1e-9:
+            skipped[name] = f"constant ({y_tr[0]:g}) on every view: the augmentation never varies it"
+        elif y_tr.std() < 1e-9:
+            skipped[name] = "constant on the training images: nothing to regress"
+        elif y_te.std() < 1e-9:
+            skipped[name] = "constant on the held-out images: R² is undefined"
+        else:
+            targets.append((name, y_tr, y_te))
+    metrics, chosen, edge = {}, {}, []
+    if targets:
+        y_all = np.stack([t[1] for t in targets], axis=1)
+        cv_mse = _grouped_ridge_cv(x_tr, y_all, groups, grid, folds, tap.seed)
+        scaler = StandardScaler().fit(x_tr)
+        xs_tr, xs_te = scaler.transform(x_tr), scaler.transform(x_te)
+        for t, (name, y_tr, y_te) in enumerate(targets):
+            # The largest penalty among those within rounding of the best error: the simplest model that fits.
+            best = max(i for i in range(len(grid)) if cv_mse[i, t] <= cv_mse[:, t].min() * (1 + 1e-12))
+            chosen[name] = grid[best]
+            if len(grid) > 1 and best in (0, len(grid) - 1):
+                edge.append(name)
+            pred = Ridge(alpha=grid[best]).fit(xs_tr, y_tr).predict(xs_te)
+            metrics[f"aug_r2.{name}"] = float(r2_score(y_te, pred))
+        metrics["aug_r2.mean"] = sum(metrics[f"aug_r2.{name}"] for name, *_ in targets) / len(targets)
+    protocol = {"model": "ridge", "standardize": True, "alpha_grid": grid, "alpha": chosen,
+                "alpha_selection": f"{folds}-fold CV on the training images only, grouped by image "
+                                   "(mean squared error)",
+                "alpha_at_grid_edge": edge, "params": [name for name, *_ in targets], "skipped": skipped,
+                "mean_over": "params (skipped ones excluded)",
+                "n_train_images": len(train_idx), "n_test_images": n_test, "views": k, "split_seed": tap.seed}
+    return ProbeOutput(metrics, protocol)
 
 
 def rotation(tap: TapData, C_grid: list[float] | None = None, mlp_hidden: int = 256, mlp_epochs: int = 100

@@ -1,0 +1,129 @@
+"""view_mi and augment_r2 against known answers: Gaussian views of known MI, parameters that are noisy linear
+functions of the features, and the grouped ridge cross-validation against sklearn refits."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from headprobe.data.augment import PARAM_NAMES
+from headprobe.probes.suite import AUG_R2_ALPHAS, TapData, _grouped_ridge_cv, augment_r2, view_mi
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def make_tap(views, params=None, **kw):
+    empty, labels = torch.zeros(2, views.shape[-1]), torch.zeros(2, dtype=torch.long)
+    return TapData("backbone", empty, labels, empty, labels, 2, views=views, view_params=params, **kw)
+
+
+def paired_views(n, dim, mi, seed):
+    """Two views (n, 2, dim), jointly Gaussian with per-coordinate correlation ρ: I(view0; view1) = mi nats."""
+    g = torch.Generator().manual_seed(seed)
+    rho = math.sqrt(1 - math.exp(-2 * mi / dim))
+    x = torch.randn(n, dim, generator=g, dtype=torch.float64)
+    y = rho * x + math.sqrt(1 - rho**2) * torch.randn(n, dim, generator=g, dtype=torch.float64)
+    mix = torch.randn(dim, dim, generator=g, dtype=torch.float64)  # an invertible map: MI unchanged
+    return torch.stack([x @ mix, y @ mix], dim=1)
+
+
+# D = k, so view_mi's PCA is an invertible map of each view and the true MI of the components is exactly `mi`.
+# Old code (Ledoit–Wolf on the joint matrix) gave 0.04 / 0.5 / 9.2 at N = 200 (δ → 1 erases the cross term).
+@pytest.mark.parametrize(("n", "dim", "mi", "tolerance"), [
+    (200, 20, 0.5, 0.4), (200, 20, 2.0, 0.55), (200, 20, 24.9, 0.9), (1000, 32, 2.0, 0.25), (1000, 32, 24.9, 0.6),
+])
+def test_view_mi_gaussian_recovers_the_known_mi_at_small_n(n, dim, mi, tolerance):
+    out = view_mi(make_tap(paired_views(n, dim, mi, seed=3).float()), batch_size=64)
+    gaussian = out.protocol["gaussian"]
+    assert gaussian["pca_dims"] == min(32, dim, n // 10) == dim
+    assert out.metrics["mi.gaussian"] == pytest.approx(mi, abs=tolerance)
+    assert out.metrics["mi.gaussian"] > mi / 3 > 0
+    assert gaussian["shrinkage"] == 0.0 and "erases" in gaussian["shrinkage_why"]
+    assert gaussian["bias_correction"] > 0 and gaussian["mi_plugin"] > out.metrics["mi.gaussian"]
+
+
+def test_view_mi_gaussian_is_not_zero_for_weakly_dependent_views():
+    # The regime of the quickstart (N = 200, 20 components, weak dependence), where the old value was exactly -0.0.
+    values = [view_mi(make_tap(paired_views(200, 20, 0.5, seed)), batch_size=64).metrics["mi.gaussian"]
+              for seed in range(5)]
+    assert min(values) > 0.1 and abs(np.mean(values) - 0.5) < 0.2
+
+
+def regression_views(n_images=80, views=4, dim=200, seed=0, scale=1.0, feature_noise=2.0):
+    """Features (n, K, dim): 5 latent factors spread over `dim` features plus isotropic noise, times `scale`;
+    parameters (n, K, P): crop_x is a noisy linear function of the factors (best R² 0.9), solarize is
+    constant, every other parameter is independent noise."""
+    rng = np.random.default_rng(seed)
+    latent = rng.normal(size=(n_images, views, 5))
+    x = latent @ rng.normal(size=(5, dim)) + feature_noise * rng.normal(size=(n_images, views, dim))
+    params = rng.uniform(size=(n_images, views, len(PARAM_NAMES)))
+    signal = latent @ np.array([1.0, -1.0, 0.5, 0.5, 1.0])
+    params[..., PARAM_NAMES.index("crop_x")] = signal + rng.normal(size=signal.shape) * math.sqrt(signal.var() / 9)
+    params[..., PARAM_NAMES.index("solarize")] = 0.0
+    return torch.tensor(x * scale), torch.tensor(params)
+
+
+def test_augment_r2_chooses_alpha_on_train_and_recovers_a_linear_parameter():
+    views, params = regression_views(scale=1e-4)  # tiny-scale features: standardisation must undo it
+    out = augment_r2(make_tap(views, params))
+    # 60 training images × 4 views = 240 rows for 200 noisy features: alpha = 1 nearly interpolates the noise
+    # (measured: crop_x 0.38 and noise parameters down to -4.3 with alpha = 1; 0.85 and > -0.05 with CV).
+    from sklearn.linear_model import Ridge
+    from sklearn.metrics import r2_score
+    from sklearn.preprocessing import StandardScaler
+
+    order = torch.randperm(80, generator=torch.Generator().manual_seed(0))
+    test, train = order[:20], order[20:]
+    j = PARAM_NAMES.index("crop_x")
+    scaler = StandardScaler().fit(views[train].reshape(-1, 200))
+    fixed = Ridge(alpha=1.0).fit(scaler.transform(views[train].reshape(-1, 200)), params[train, :, j].reshape(-1))
+    r2_fixed = r2_score(params[test, :, j].reshape(-1), fixed.predict(scaler.transform(views[test].reshape(-1, 200))))
+    assert r2_fixed < 0.5, "the case must be one where the old fixed alpha = 1 is badly wrong"
+    assert out.metrics["aug_r2.crop_x"] > 0.75 > r2_fixed + 0.25
+    assert out.protocol["alpha"]["crop_x"] > 1.0 and out.protocol["alpha_grid"] == sorted(AUG_R2_ALPHAS)
+    assert set(out.protocol["alpha"]) == set(out.protocol["params"])
+    # Noise parameters get R² close to 0 (not strongly negative as with alpha = 1).
+    assert all(out.metrics[f"aug_r2.{p}"] > -0.1 for p in out.protocol["params"])
+
+
+def test_augment_r2_skips_constant_and_inert_parameters_and_leaves_them_out_of_the_mean():
+    views, params = regression_views(n_images=40, dim=20)
+    out = augment_r2(make_tap(views, params, inert_params={"hue": "grey images"}))
+    skipped = out.protocol["skipped"]
+    assert "never varies" in skipped["solarize"] and "grey images" in skipped["hue"]
+    assert "aug_r2.solarize" not in out.metrics and "aug_r2.hue" not in out.metrics
+    used = out.protocol["params"]
+    assert set(used) == set(PARAM_NAMES) - {"solarize", "hue"}
+    assert out.metrics["aug_r2.mean"] == pytest.approx(np.mean([out.metrics[f"aug_r2.{p}"] for p in used]))
+
+
+def test_augment_r2_with_every_parameter_constant_reports_no_mean():
+    views, params = regression_views(n_images=20, dim=10)
+    out = augment_r2(make_tap(views, torch.zeros_like(params)))
+    assert out.metrics == {} and set(out.protocol["skipped"]) == set(PARAM_NAMES)
+
+
+def test_grouped_ridge_cv_matches_sklearn_refits_fold_by_fold():
+    from sklearn.linear_model import Ridge
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(36, 7)) * rng.uniform(0.1, 10, size=7)
+    x[:, 3] = 2.5  # a constant feature is only centred
+    y = rng.normal(size=(36, 2)) + x[:, :1]
+    groups, alphas, folds = np.repeat(np.arange(12), 3), [0.01, 1.0, 100.0], 4
+    got = _grouped_ridge_cv(x, y, groups, alphas, folds, seed=5)
+    # Same fold assignment as the probe: a seeded permutation of the groups, dealt round-robin.
+    order = np.random.default_rng(5).permutation(np.arange(12)).tolist()
+    fold_of = dict(zip(order, np.arange(12) % folds, strict=True))
+    fold = np.array([fold_of[g] for g in groups])
+    assert all(len(set(fold[groups == g])) == 1 for g in range(12)), "an image's views share one fold"
+    expected = np.zeros((3, 2))
+    for f in range(folds):
+        fit, val = fold != f, fold == f
+        scaler = StandardScaler().fit(x[fit])
+        for i, alpha in enumerate(alphas):
+            pred = Ridge(alpha=alpha).fit(scaler.transform(x[fit]), y[fit]).predict(scaler.transform(x[val]))
+            expected[i] += ((pred - y[val]) ** 2).sum(0)
+    np.testing.assert_allclose(got, expected / len(x), rtol=1e-8)
