@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 
 
 def _console(stderr: bool = False):
@@ -52,6 +53,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(str(err), EXIT_USAGE)
     except RunError as err:
         return _error(str(err), EXIT_FAILED)
+    except KeyboardInterrupt:
+        return _error("interrupted; the run directory keeps every finished stage (status \"interrupted\"), and "
+                      "`headprobe run RECIPE --resume --out RUN_DIR` continues it.", EXIT_INTERRUPTED)
     return EXIT_OK
 
 

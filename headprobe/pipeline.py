@@ -84,7 +84,15 @@ class _Study:
     def stage(self, name: str, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (KeyboardInterrupt, RecipeError):
+        except KeyboardInterrupt:
+            # Ctrl-C: say so in results.json (not "running" forever); finished stages stay and --resume goes on.
+            if self.results.get("status") == "running":
+                self.results["status"] = "interrupted"
+                self.results["error"] = {"stage": name, "message": "interrupted (KeyboardInterrupt); finished stages "
+                                         f"are kept: `headprobe run RECIPE --resume --out {self.run_dir.path}`"}
+                self.run_dir.write_results(self.results)
+            raise
+        except RecipeError:
             raise
         except Exception as err:
             # Only the run in progress records its failure; a later analysis of a recorded run (`headprobe

@@ -96,3 +96,19 @@ def test_colour_augmentations_are_inert_on_grey_images_only():
     assert set(inert) == {"saturation", "hue", "grayscale"} and "grey" in inert["hue"]
     colour = [Image.fromarray(np.stack([g, g, 255 - g], axis=-1)) for g in grey]
     assert _grey_params(datasets.Dataset.from_dict({"image": colour, "label": [0, 1, 0, 1]})) is None
+
+
+def test_an_interrupted_run_says_so_and_resumes(tmp_path, monkeypatch):
+    knn_module = importlib.import_module("headprobe.probes.knn")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(knn_module, "knn", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(_tiny(), out=tmp_path / "r", quiet=True)
+    partial = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert partial["status"] == "interrupted" and partial["error"]["stage"] == "running probe 'knn' on tap 'backbone'"
+    assert "--resume --out" in partial["error"]["message"] and "linear.acc" in partial["taps"]["backbone"]["metrics"]
+    monkeypatch.undo()
+    assert run(_tiny(), out=tmp_path / "r", resume=True, quiet=True)["status"] == "complete"
