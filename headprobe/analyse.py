@@ -39,6 +39,9 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
     if rows is not None:
         recipe.geometry.rows = rows
     study = _Study(recipe, run, results, process_state(), show=not quiet, resume=False)
+    # This analysis's own loading and extraction are not the run's: clock them apart, so results["timing"] keeps
+    # what the run measured.
+    study.timing = {}
     study.load()
     study.extract()
     states = {}
@@ -53,6 +56,7 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
     study.states = states
     study.analyse_geometry()
     results["geometry_from"] = str(checkpoint.relative_to(run.path))
+    results["geometry_timing"] = study.timing
     run.write_results(results)
     if recipe.report:
         _write_report(run)

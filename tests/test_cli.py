@@ -95,4 +95,6 @@ def test_geometry_of_a_finished_run_without_retraining(tiny_recipe, tmp_path, ca
     assert after["heads"]["relu"]["geometry"]["effective_hessian"]["consistency"] < 1e-8
     assert after["geometry_from"] == "checkpoints/step-4.pt"
     assert after["taps"] == before["taps"]
+    assert after["timing"] == before["timing"]  # the analysis's own load/extract/geometry time is kept apart
+    assert set(after["geometry_timing"]) >= {"load_s", "extract_s", "geometry_s"}
     assert main(["geometry", str(tmp_path / "nothing")]) == 2
