@@ -506,13 +506,17 @@ def run(
 
 def run_sweep(
     recipe_path: str | Path | dict, *, out: str | Path | None = None, overrides: list[str] | None = None,
-    quiet: bool = False,
+    quiet: bool = False, **values: Any,
 ) -> list[Results]:
     """Run every combination of the recipe's `sweep:` into OUT/<label>/ and compare them (OUT/compare.csv/.html).
+    Overrides as in `run`: ``overrides=["k=v"]`` and/or keywords with Python values (``train__epochs=1``).
 
-    >>> run_sweep("recipes/paper_depth_ablation.yaml")  # doctest: +SKIP
+    >>> run_sweep("recipes/paper_depth_ablation.yaml", train__epochs=5)  # doctest: +SKIP
     """
-    from .recipe import expand_sweep
+    from .recipe import _resolve, expand_sweep
+
+    if values:  # fold every override into the recipe's data once; each combination then starts from it
+        recipe_path, overrides = _resolve(recipe_path, overrides, _overrides_from_keywords(values)), None
 
     combos = expand_sweep(recipe_path, overrides)
     recipe = load_recipe(recipe_path, overrides)

@@ -112,3 +112,15 @@ def test_an_interrupted_run_says_so_and_resumes(tmp_path, monkeypatch):
     assert "--resume --out" in partial["error"]["message"] and "linear.acc" in partial["taps"]["backbone"]["metrics"]
     monkeypatch.undo()
     assert run(_tiny(), out=tmp_path / "r", resume=True, quiet=True)["status"] == "complete"
+
+
+def test_run_sweep_takes_keyword_overrides(tmp_path):
+    from headprobe.pipeline import run_sweep
+
+    recipe = _tiny(sweep={"backbone.pooling": ["cls", "mean"]})
+    runs = run_sweep(recipe, out=tmp_path / "sw", quiet=True, probes__knn__ks=[3], data__limit__test=40)
+    assert [r.path.name for r in runs] == ["pooling=cls", "pooling=mean"]
+    for r in runs:
+        assert r["recipe"]["probes"]["knn"]["ks"] == [3] and r["recipe"]["data"]["limit"]["test"] == 40
+        assert "knn.k3.acc" in r.metrics()
+    assert (tmp_path / "sw" / "compare.csv").is_file()
