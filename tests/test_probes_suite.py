@@ -127,3 +127,17 @@ def test_grouped_ridge_cv_matches_sklearn_refits_fold_by_fold():
             pred = Ridge(alpha=alpha).fit(scaler.transform(x[fit]), y[fit]).predict(scaler.transform(x[val]))
             expected[i] += ((pred - y[val]) ** 2).sum(0)
     np.testing.assert_allclose(got, expected / len(x), rtol=1e-8)
+
+
+def test_spectrum_of_collapsed_features_keeps_what_is_defined_instead_of_failing():
+    from headprobe.probes.suite import TapData, spectrum
+
+    g = torch.Generator().manual_seed(0)
+    rank_one = torch.outer(torch.randn(200, generator=g), torch.randn(16, generator=g)).double()
+    labels = torch.zeros(200, dtype=torch.long)
+    out = spectrum(TapData("t", rank_one, labels, rank_one[:10], labels[:10], 1))
+    assert "alpha_req" not in out.metrics and "resolved eigenvalues" in out.protocol["undefined"]["alpha_req"]
+    assert out.metrics["rankme"] == pytest.approx(1.0, abs=1e-3) and out.metrics["cond"] == pytest.approx(1.0)
+    dead = torch.zeros(50, 8)  # a dead ReLU head
+    out = spectrum(TapData("t", dead, labels[:50], dead[:5], labels[:5], 1))
+    assert out.metrics == {} and set(out.protocol["undefined"]) == {"rankme", "alpha_req", "cond"}

@@ -82,12 +82,32 @@ def spectrum(tap: TapData, top_k: int | None = None) -> ProbeOutput:
     """RankMe, α-ReQ and the covariance spectrum of the clean training features (honest conditioning)."""
     from .spectrum import alpha_req, covariance_spectrum, rankme
 
-    spec = covariance_spectrum(tap.train_x, top_k=top_k)
-    metrics = {"rankme": rankme(tap.train_x), "alpha_req": alpha_req(tap.train_x),
-               "cond": spec["condition_number"], "eff_rank": spec["effective_rank"]}
-    protocol = {k: spec[k] for k in ("n_samples", "dim", "rank_limit", "numerical_rank", "top_k",
-                                     "condition_number_scope", "note")}
-    return ProbeOutput(metrics, protocol | {"eigenvalues_top": list(spec["eigenvalues"][:64])})
+    # Collapsed features (the paper's collapse experiments; a dead ReLU head gives all zeros) leave some of these
+    # undefined: α-ReQ needs two resolved eigenvalues, the spectrum a non-zero covariance, RankMe a non-zero z.
+    # Each is then recorded as undefined with the reason, and the tap keeps the others instead of failing the run.
+    undefined: dict[str, str] = {}
+
+    def attempt(name, compute):
+        try:
+            return compute()
+        except ValueError as err:
+            undefined[name] = str(err)
+            return None
+
+    metrics, protocol = {}, {}
+    if (value := attempt("rankme", lambda: rankme(tap.train_x))) is not None:
+        metrics["rankme"] = value
+    if (value := attempt("alpha_req", lambda: alpha_req(tap.train_x))) is not None:
+        metrics["alpha_req"] = value
+    spec = attempt("cond", lambda: covariance_spectrum(tap.train_x, top_k=top_k))
+    if spec is not None:
+        metrics |= {"cond": spec["condition_number"], "eff_rank": spec["effective_rank"]}
+        protocol = {k: spec[k] for k in ("n_samples", "dim", "rank_limit", "numerical_rank", "top_k",
+                                         "condition_number_scope", "note")}
+        protocol["eigenvalues_top"] = list(spec["eigenvalues"][:64])
+    if undefined:
+        protocol["undefined"] = undefined
+    return ProbeOutput(metrics, protocol)
 
 
 def invariance(tap: TapData, uniformity_t: float = 2.0) -> ProbeOutput:
