@@ -164,8 +164,8 @@ def test_covariance_spectrum_does_not_clamp_when_samples_are_fewer_than_dimensio
     result = covariance_spectrum(z)
     naive = max(result["eigenvalues"]) / 1e-7  # what clamping λ_min = 0 to 1e-7 would report
     assert naive > 1e7 and result["condition_number"] < 100
-    assert result["condition_number_scope"] == "top_k" and result["top_k"] == 63 == result["rank_limit"]
-    assert "64 samples in 128 dimensions" in result["note"]
+    assert result["condition_number_scope"] == "top_k" and result["top_k"] == 6 and result["rank_limit"] == 63
+    assert "64 samples in 128 dimensions" in result["note"] and "top 6" in result["note"]
     assert result["n_samples"] == 64 and result["dim"] == 128 and len(result["eigenvalues"]) == 64
     chosen = covariance_spectrum(z, top_k=10)
     assert chosen["condition_number"] == pytest.approx(result["eigenvalues"][0] / result["eigenvalues"][9])
@@ -198,3 +198,21 @@ def test_covariance_spectrum_reports_a_rank_deficient_subspace():
 def test_bad_input_fails_with_a_sentence(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("n", [32, 64, 120, 128, 129, 256, 1280])
+def test_isotropic_features_read_well_conditioned_at_any_sample_size(n):
+    # True condition number 1. The smallest resolved sample eigenvalue heads to 0 as N nears D (λ_1/λ_min was
+    # 4e5 at N = D = 128), so the default uses only the eigenvalues with >= 10 samples each.
+    z = torch.randn(n, 128, generator=generator(), dtype=torch.float64)
+    result = covariance_spectrum(z)
+    assert result["condition_number"] < 5, result["note"]
+    assert result["condition_number_scope"] == ("top_k" if n < 1280 else "full")
+    if n in (128, 129):
+        assert result["condition_number_all_resolved"] > 1e3  # what the full spectrum would have claimed
+
+
+def test_float32_rounding_is_not_counted_as_rank_even_in_float64():
+    g = generator()
+    low = torch.randn(400, 3, generator=g) @ torch.randn(3, 20, generator=g)  # float32 products: rank 3 + rounding
+    assert covariance_spectrum(low)["numerical_rank"] == 3 == covariance_spectrum(low.double())["numerical_rank"]

@@ -218,16 +218,23 @@ def covariance_spectrum(z: torch.Tensor, top_k: int | None = None) -> dict:
 
     The condition number is computed only where the samples measure it. With N ≤ D the sample covariance has
     rank ≤ N−1, so its λ_min is 0 by construction, and clamping it (to 1e-7, say) reports 1e7·λ_max rather than
-    a property of the features. Then, and whenever the spectrum is numerically rank-deficient, the condition
-    number is λ_1 / λ_k on the top k = min(N−1, numerical rank) eigenvalues; `top_k` sets k explicitly (k < N).
-    The "note" says which was used, and warns when N < 10·D (sample extremes spread out, Marchenko–Pastur).
+    a property of the features. And even where it is not 0, a sample eigenvalue far down the spectrum is biased
+    low unless there are many samples per dimension (Marchenko–Pastur: on isotropic features with N = D the
+    full-spectrum ratio reads ~4e5 where the truth is 1). So by default the condition number is λ_1 / λ_k over
+    the top k = min(numerical rank, N // 10) eigenvalues, the ones with at least 10 samples each: the full
+    spectrum (scope "full") only when N ≥ 10·D and the features span all D dimensions. `top_k` sets k
+    explicitly. The "note" says which was used and why; "condition_number_all_resolved" is λ_1 over the smallest
+    numerically non-zero eigenvalue, for comparison. The numerical rank counts eigenvalues above
+    λ_1 · max(N, D) · eps(float64), i.e. singular values above ~1e-7·σ_1: directions further down are below
+    the resolution of float32 features and are not counted.
 
     Returns {"eigenvalues": the min(N, D) largest, descending (the other D − min(N, D) are exactly 0),
     "n_samples", "dim", "rank_limit": min(N−1, D), "numerical_rank", "top_k", "condition_number",
-    "condition_number_scope": "full" | "top_k", "effective_rank": exp of the entropy of λ/Σλ (Roy & Vetterli
-    2007), "participation_ratio": (Σλ)²/Σλ², "note"}.
+    "condition_number_scope": "full" | "top_k", "condition_number_all_resolved", "effective_rank": exp of the
+    entropy of λ/Σλ (Roy & Vetterli 2007), "participation_ratio": (Σλ)²/Σλ², "note"}.
 
-    >>> covariance_spectrum(torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 2.0], [0.0, -2.0]]))["condition_number"]
+    >>> x = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 2.0], [0.0, -2.0]]).repeat(5, 1)
+    >>> covariance_spectrum(x)["condition_number"]
     4.0
     """
     _check_features("z", z, min_rows=2)
@@ -236,8 +243,13 @@ def covariance_spectrum(z: torch.Tensor, top_k: int | None = None) -> dict:
     if eigenvalues[0] == 0:
         raise ValueError("every row of z is identical (zero covariance); there is no spectrum to condition.")
     rank_limit = min(n - 1, d)
+    # On the eigenvalues (σ²), with float64's eps: directions below σ_1·sqrt(max(N, D)·eps) ≈ 1e-7·σ_1 count as
+    # zero. A rule on σ with the input dtype's eps (NumPy's matrix_rank) would keep float64 directions further
+    # down, but also count the float32 rounding of features that were converted to float64 as rank (a rank-1
+    # float32 head output read λ_1/λ_2 = 4e20 that way).
     tolerance = eigenvalues[0] * max(n, d) * torch.finfo(torch.float64).eps
-    numerical_rank = int((eigenvalues[:rank_limit] > tolerance).sum())
+    numerical_rank = max(1, int((eigenvalues[:rank_limit] > tolerance).sum()))
+    resolved = max(1, n // _SAMPLES_PER_DIM)
     if top_k is not None:
         if not 1 <= top_k <= numerical_rank:
             raise ValueError(
@@ -246,24 +258,28 @@ def covariance_spectrum(z: torch.Tensor, top_k: int | None = None) -> dict:
             )
         k, scope = top_k, "top_k"
         note = f"condition number λ_1/λ_{k} on the top {k} of {d} eigenvalues, as requested."
-    elif numerical_rank == d:
+    elif min(numerical_rank, resolved) == d:
         k, scope = d, "full"
         note = f"condition number over the full spectrum: {n} samples in {d} dimensions."
-        if n < _SAMPLES_PER_DIM * d:
-            note += (
-                f" With fewer than {_SAMPLES_PER_DIM} samples per dimension the smallest sample eigenvalues are "
-                "biased low, so it overstates the true condition number; compare with top_k."
-            )
-    else:
+    elif numerical_rank <= resolved:
         k, scope = numerical_rank, "top_k"
         reason = (
             f"{n} samples in {d} dimensions give a covariance of rank ≤ {rank_limit}"
             if n <= d
-            else f"the features span only {numerical_rank} of {d} dimensions"
+            else f"the features span only {numerical_rank} of {d} dimensions above the numerical floor "
+            "(σ > ~1e-7·σ_1)"
         )
         note = (
             f"{reason}, so λ_min of the full spectrum is 0 and not a measurement; condition number λ_1/λ_{k} "
             f"on the top {k} eigenvalues instead."
+        )
+    else:
+        k, scope = resolved, "top_k"
+        note = (
+            f"{n} samples in {d} dimensions: fewer than {_SAMPLES_PER_DIM} samples per dimension, so the sample "
+            f"eigenvalues below the top {k} (N // {_SAMPLES_PER_DIM}) are biased low and λ_1/λ_min would overstate "
+            f"the conditioning (here {float(eigenvalues[0] / eigenvalues[numerical_rank - 1]):.3g}, "
+            f"condition_number_all_resolved); condition number λ_1/λ_{k} on the top {k} eigenvalues instead."
         )
     weights = eigenvalues / eigenvalues.sum()
     return {
@@ -275,6 +291,7 @@ def covariance_spectrum(z: torch.Tensor, top_k: int | None = None) -> dict:
         "top_k": k,
         "condition_number": float(eigenvalues[0] / eigenvalues[k - 1]),
         "condition_number_scope": scope,
+        "condition_number_all_resolved": float(eigenvalues[0] / eigenvalues[numerical_rank - 1]),
         "effective_rank": math.exp(-float(torch.special.xlogy(weights, weights).sum())),
         "participation_ratio": float(eigenvalues.sum().square() / eigenvalues.square().sum()),
         "note": note,
