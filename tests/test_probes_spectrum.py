@@ -216,3 +216,10 @@ def test_float32_rounding_is_not_counted_as_rank_even_in_float64():
     g = generator()
     low = torch.randn(400, 3, generator=g) @ torch.randn(3, 20, generator=g)  # float32 products: rank 3 + rounding
     assert covariance_spectrum(low)["numerical_rank"] == 3 == covariance_spectrum(low.double())["numerical_rank"]
+
+
+def test_sphere_measures_do_not_overflow_at_extreme_scales():
+    z = torch.randn(10, 4, generator=generator(), dtype=torch.float64)
+    for scale in (1e-200, 1e200):
+        assert uniformity(scale * z) == pytest.approx(uniformity(z), rel=1e-12)
+        assert view_cosine(scale * z, scale * z) == pytest.approx(1.0, rel=1e-12)

@@ -189,6 +189,7 @@ def _check_traj(traj: torch.Tensor | np.ndarray) -> torch.Tensor:
 
 
 def _unit(traj: torch.Tensor) -> torch.Tensor:
+    traj = traj / traj.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(traj.dtype).tiny)  # no overflow
     norms = traj.norm(dim=-1, keepdim=True)
     if (norms == 0).any():
         i, t = (int(x) for x in (norms[..., 0] == 0).nonzero()[0])

@@ -48,6 +48,9 @@ def _check_views(z1: torch.Tensor, z2: torch.Tensor) -> None:
 
 def _on_sphere(name: str, z: torch.Tensor) -> torch.Tensor:
     z = z.double()
+    # Each row is first divided by its largest |entry|: the squares in the norm cannot overflow (float64 rows
+    # above ~1e154 did, turning uniformity and view cosines into silent nonsense) nor underflow.
+    z = z / z.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(z.dtype).tiny)
     norms = z.norm(dim=1)
     if (norms == 0).any():
         raise ValueError(
