@@ -98,7 +98,8 @@ def lidar(views: torch.Tensor, delta: float = 1e-4, eps: float = 1e-8) -> float:
         Σ_lidar = Σ_w^{−1/2} Σ_b Σ_w^{−1/2},  LiDAR = exp(−Σ p_i log p_i),  p_i = λ_i / ‖λ‖₁ + ε.
     δ = 1e-4 and ε = 1e-8 as in the paper; δ is absolute, so it matters only for directions whose within-class
     variance is at most of order δ. LiDAR counts directions that separate images relative to their augmentation
-    noise: uninformative directions (noise only) score ~0, whatever their variance. Being scale-free, it is high
+    noise: uninformative directions (noise only) score ~1/K (K views), against the large whitened between-image
+    variance of informative ones, whatever their raw variance. Being scale-free, it is high
     for pure noise too (Σ_b ≈ Σ_w / K is isotropic after whitening); compare it across models, not to D.
 
     >>> g = torch.Generator().manual_seed(0)
