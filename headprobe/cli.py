@@ -104,8 +104,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-
     from .report.html import write_report
     from .report.table import print_summary
     from .runs import read_results
@@ -120,13 +118,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         path = write_report(args.run_dir)
     except OSError as err:
         return _error(f"could not write the report into {args.run_dir}: {err}", EXIT_FAILED)
-    console.print(escape(f"report: {path} (figures in {path.parent / 'plots'})"))
+    console.print(f"report: {path} (figures in {path.parent / 'plots'})", markup=False)
     return EXIT_OK
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-
     from .report.compare import default_out_dir, run_labels, write_compare
     from .report.table import compare_table
     from .runs import read_results
@@ -143,13 +139,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         written = write_compare(list(labels.values()), out)
     except OSError as err:
         return _error(f"could not write the comparison into {out}: {err}", EXIT_FAILED)
-    console.print(escape(f"comparison: {written['csv']} · {written['html']}"))
+    console.print(f"comparison: {written['csv']} · {written['html']}", markup=False)
     return EXIT_OK
 
 
 def cmd_geometry(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-
     from .analyse import analyse_run
     from .pipeline import RunError
 
@@ -170,10 +164,10 @@ def cmd_geometry(args: argparse.Namespace) -> int:
         geo = entry.get("geometry", {})
         if geo:
             curv, eff = geo.get("curvature", {}), geo.get("effective_hessian", {})
-            console.print(escape(f"{head}: λ_min {curv.get('lambda_min', float('nan')):.3g}, "
-                                 f"λ_max {curv.get('lambda_max', float('nan')):.3g}, "
-                                 f"‖M‖/‖H‖ {eff.get('m_ratio', float('nan')):.3g}, "
-                                 f"G variation {geo.get('pullback', {}).get('variation', float('nan')):.3g}"))
+            console.print(f"{head}: λ_min {curv.get('lambda_min', float('nan')):.3g}, "
+                          f"λ_max {curv.get('lambda_max', float('nan')):.3g}, "
+                          f"‖M‖/‖H‖ {eff.get('m_ratio', float('nan')):.3g}, "
+                          f"G variation {geo.get('pullback', {}).get('variation', float('nan')):.3g}", markup=False)
     return EXIT_OK
 
 

@@ -7,6 +7,7 @@ after every finished step, so a failure keeps everything computed before it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 import sys
 import time
@@ -86,24 +87,29 @@ class _Study:
             return fn(*args, **kwargs)
         except KeyboardInterrupt:
             # Ctrl-C: say so in results.json (not "running" forever); finished stages stay and --resume goes on.
-            if self.results.get("status") == "running":
-                self.results["status"] = "interrupted"
-                self.results["error"] = {"stage": name, "message": "interrupted (KeyboardInterrupt); finished stages "
-                                         f"are kept: `headprobe run RECIPE --resume --out {self.run_dir.path}`"}
-                self.run_dir.write_results(self.results)
+            self._record_stop("interrupted", name, "interrupted (KeyboardInterrupt); finished stages are kept: "
+                              f"`headprobe run RECIPE --resume --out {self.run_dir.path}`", report=False)
             raise
         except RecipeError:
             raise
         except Exception as err:
-            # Only the run in progress records its failure; a later analysis of a recorded run (`headprobe
-            # geometry`) that fails leaves that run's status, error and report as they were.
-            if self.results.get("status") == "running":
-                self.results["status"] = "failed"
-                self.results["error"] = {"stage": name, "message": f"{type(err).__name__}: {err}"}
-                self.run_dir.write_results(self.results)
-                if self.recipe.report:
-                    _write_report(self.run_dir)
+            self._record_stop("failed", name, f"{type(err).__name__}: {err}", report=self.recipe.report)
             raise RunError(name, err, self.run_dir.path if self.state.is_main_process else None) from err
+
+    def _record_stop(self, status: str, stage: str, message: str, report: bool) -> None:
+        """Write why the run stopped into results.json. Only the run in progress records it; a later analysis
+        of a recorded run (`headprobe geometry`) that fails leaves that run's status, error and report alone."""
+        if self.results.get("status") != "running":
+            return
+        self.results["status"] = status
+        self.results["error"] = {"stage": stage, "message": message}
+        self.run_dir.write_results(self.results)
+        if report:
+            _write_report(self.run_dir)
+
+    def _clock_training(self, seconds: float, resumed: bool) -> None:
+        """Training time; resumed from a checkpoint, the time of the steps done before it counts too."""
+        self.timing["train_s"] = (self.timing.get("train_s", 0.0) if resumed else 0.0) + seconds
 
     def _clock(self, key: str, since: float) -> None:
         self.timing[key] = self.timing.get(key, 0.0) + time.perf_counter() - since
@@ -205,15 +211,14 @@ class _Study:
         return TapData(name, at(self.feats["train"].features), self.feats["train"].labels,
                        at(self.feats["test"].features), self.feats["test"].labels, self.data.n_classes,
                        seed=self.recipe.seed, val_fraction=self.recipe.data.val_fraction, views=views,
-                       view_params=params, orbits=orbits, inert_params=self._inert_params(), **rot)
+                       view_params=params, orbits=orbits, inert_params=self._inert_params, **rot)
 
+    @functools.cached_property
     def _inert_params(self) -> dict[str, str] | None:
         """Colour augmentations cannot change grey images (R = G = B: digits, Fashion-MNIST): augment_r2 skips
         them rather than average R² ≈ 0 of unobservable parameters into aug_r2.mean. Every tap gets the same
         list, so the backbone's and each head's means stay over the same parameters."""
-        if not hasattr(self, "_inert"):
-            self._inert = _grey_params(self.data.train)
-        return self._inert
+        return _grey_params(self.data.train)
 
     def probe_tap(self, tap_name: str, head: str | None, depth: int, transform=None) -> None:
         from .registry import PROBES
@@ -250,9 +255,7 @@ class _Study:
                 resume_from=resume_from, log=run_dir.log_metrics, progress=progress, track=recipe.geometry,
                 device=self.state.device,
             )
-        # Resumed from a checkpoint: the time of the steps done before it counts too.
-        before = self.timing.get("train_s", 0.0) if resume_from is not None else 0.0
-        self.timing["train_s"] = before + summary.pop("train_s")
+        self._clock_training(summary.pop("train_s"), resumed=resume_from is not None)
         track_s = summary.pop("track_s")
         if track_s:
             # Curvature tracking runs inside the training loop: report its share of training time.
@@ -305,8 +308,7 @@ class _Study:
             )
         # Identity heads trained the backbone too, but have no layers to probe or analyse.
         self.states = {name: s for name, s in states.items() if list(s.modules().parameters())}
-        before = self.timing.get("train_s", 0.0) if resume_from is not None else 0.0
-        self.timing["train_s"] = before + summary.pop("train_s")
+        self._clock_training(summary.pop("train_s"), resumed=resume_from is not None)
         self.results["backbone_tuned"] = self.backbone.describe()
         if run_dir.writable:
             saved = self.stage("saving the tuned backbone", save_tuned_backbone, self.backbone, checkpoints)

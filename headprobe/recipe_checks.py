@@ -11,6 +11,7 @@ from .registry import (
     DATA_SOURCES,
     OBJECTIVES,
     OFFLINE_MODELS,
+    ORBIT_SWEEPS,
     POOLINGS,
     SCRATCH_MODELS,
     Registry,
@@ -74,14 +75,14 @@ def check_recipe(recipe: Recipe) -> None:
             raise RecipeError("probes.linear.C_grid is empty; give at least one C, e.g. [0.1, 1, 10].")
     orbits = recipe.probes.get("orbits")
     if orbits is not None:
-        from .probes.orbits import ORBIT_SWEEPS
-
+        # The registry's names (kept equal to probes/orbits.py's by a test): no torch import to validate.
+        sweeps = ORBIT_SWEEPS.names()
         if not orbits.sweeps:
-            raise RecipeError(f"probes.orbits.sweeps is empty; give at least one of: {', '.join(ORBIT_SWEEPS)}.")
+            raise RecipeError(f"probes.orbits.sweeps is empty; give at least one of: {', '.join(sweeps)}.")
         for i, sweep in enumerate(orbits.sweeps):
             if sweep not in ORBIT_SWEEPS:
                 raise RecipeError(f"probes.orbits.sweeps[{i}] = {sweep!r}: "
-                                  + unknown_name_message("orbit sweep", sweep, list(ORBIT_SWEEPS)))
+                                  + unknown_name_message("orbit sweep", sweep, sweeps))
     ranges += _check_heads(recipe)
     for path, value, low, high in ranges:
         if value < low or (high is not None and value >= high and path.endswith("fraction")):
