@@ -26,6 +26,7 @@ batch-mean loss.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -188,6 +189,10 @@ def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) -> Lo
     return LossTerms(loss, {"info_nce": loss.item()})
 
 
+# The factor on v(Z) + v(Z') under each convention of `vicreg(variance=...)`.
+VICREG_VARIANCE = {"official": 0.5, "paper": 1.0}
+
+
 def vicreg(
     z1: torch.Tensor,
     z2: torch.Tensor,
@@ -196,20 +201,26 @@ def vicreg(
     cov_weight: float = 1.0,
     eps: float = 1e-4,
     gamma: float = 1.0,
+    variance: str = "official",
 ) -> LossTerms:
     """VICReg: Variance-Invariance-Covariance Regularization (Bardes, Ponce & LeCun, ICLR 2022).
 
         v(Z) = 1/d Σ_j max(0, γ − S(z^j, ε)),  S(x, ε) = sqrt(Var(x) + ε)
         C(Z) = 1/(n−1) Σ_i (z_i − z̄)(z_i − z̄)ᵀ,  c(Z) = 1/d Σ_{i≠j} [C(Z)]²_{i,j}
-        ℓ(Z, Z') = λ s(Z, Z') + μ [v(Z) + v(Z')] + ν [c(Z) + c(Z')],  with λ = μ = 25, ν = 1.
+        ℓ(Z, Z') = λ s(Z, Z') + μ [v(Z) + v(Z')] / 2 + ν [c(Z) + c(Z')],  with λ = μ = 25, ν = 1.
 
+    ``variance="official"`` (the default) halves the variance term as the authors' released code does
+    (facebookresearch/vicreg ``main_vicreg.py``: ``std_loss = mean(relu(1 - std_x)) / 2 + mean(relu(1 - std_y)) / 2``;
+    lightly's ``VICRegLoss`` too): λ = μ = 25, ν = 1 were tuned with that form. ``variance="paper"`` is the
+    paper's printed Eq. (6), μ [v(Z) + v(Z')], whose hinge weighs twice as much at the same μ.
     The invariance term s is the mean squared error over all N·D entries, as in the paper's Algorithm 1
     (``sim_loss = mse_loss(z_a, z_b)``) for which the weights were tuned; its Eq. for s sums over the D
     dimensions instead. Var is the unbiased variance over the batch, like C(Z).
 
     z1, z2: (N, D) embeddings of two views, N >= 2. Distributed: all three terms are computed on the
     gathered (W·N, D) batch, so every rank returns the global loss.
-    Terms: ``vicreg`` (the total), ``vicreg.sim`` = s, ``vicreg.var`` = v(Z) + v(Z'), ``vicreg.cov`` = c(Z) + c(Z').
+    Terms: ``vicreg`` (the total), ``vicreg.sim`` = s, ``vicreg.var`` = the variance term μ multiplies
+    ([v(Z) + v(Z')] / 2 by default, v(Z) + v(Z') with ``variance="paper"``), ``vicreg.cov`` = c(Z) + c(Z').
 
     >>> out = vicreg(torch.randn(8, 4), torch.randn(8, 4))
     >>> sorted(out.terms)
@@ -218,6 +229,9 @@ def vicreg(
     _check_pair("vicreg", z1, z2, min_batch=2)
     _check_non_negative("vicreg", sim_weight=sim_weight, var_weight=var_weight, cov_weight=cov_weight)
     _check_positive("vicreg", eps=eps, gamma=gamma)
+    if variance not in VICREG_VARIANCE:
+        raise ValueError(f"vicreg got variance={variance!r}; use 'official' (the authors' code: the variance term "
+                         "halved, what λ = μ = 25 were tuned with) or 'paper' (Eq. 6 as printed).")
     z1, z2 = gather_with_grad(z1), gather_with_grad(z2)
     n, d = z1.shape
     sim = F.mse_loss(z1, z2)
@@ -229,6 +243,7 @@ def vicreg(
         var = var + F.relu(gamma - std).mean()
         c = z.T @ z / (n - 1)
         cov = cov + _off_diagonal(c).pow(2).sum() / d
+    var = var * VICREG_VARIANCE[variance]
     loss = sim_weight * sim + var_weight * var + cov_weight * cov
     return LossTerms(
         loss, {"vicreg": loss.item(), "vicreg.sim": sim.item(), "vicreg.var": var.item(), "vicreg.cov": cov.item()}
@@ -301,3 +316,11 @@ OBJECTIVES: dict[str, Callable[..., LossTerms]] = {
     "barlow_twins": barlow_twins,
     "simsiam": simsiam,
 }
+
+
+def objective_protocol(name: str, options: dict) -> dict:
+    """Every keyword of objective `name` with the value a run uses (its default unless `options` sets it), so
+    `results.json` records conventions such as VICReg's `variance` even where the recipe left them implicit."""
+    parameters = inspect.signature(OBJECTIVES[name]).parameters.values()
+    defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    return defaults | dict(options)

@@ -140,13 +140,21 @@ def _objective_loss(objective, options: dict, state: HeadState, z1: torch.Tensor
     return objective(h1, h2, **options), h1
 
 
-def _collapse_stats(h: torch.Tensor) -> dict[str, float]:
-    """Std of L2-normalised outputs (≈ 1/√d when spread, → 0 at collapse) and the RankMe effective rank."""
+def collapse_stats(h: torch.Tensor) -> dict[str, float]:
+    """Std of L2-normalised outputs (≈ 1/√d when spread, → 0 at collapse) and RankMe of h: (B, d).
+
+    RankMe is `probes.spectrum.rankme` on the uncentred outputs, as in Garrido et al. and as the probes and the
+    geometry records compute it, so the training log, `metrics.jsonl`'s geometry records and the tap metric
+    agree on the same matrix. NaN where undefined (non-finite or all-zero outputs; logged as null)."""
+    from .probes.spectrum import rankme
+
     with torch.no_grad():
         hn = nn.functional.normalize(h.float(), dim=1)
-        s = torch.linalg.svdvals(h.float() - h.float().mean(0))
-        p = s / s.sum().clamp_min(1e-12) + 1e-7
-        return {"out_std": hn.std(0).mean().item(), "rankme": torch.exp(-(p * p.log()).sum()).item()}
+        try:
+            value = rankme(h.detach())
+        except ValueError:
+            value = math.nan
+        return {"out_std": hn.std(0).mean().item(), "rankme": value}
 
 
 def _grad_stats(state: HeadState) -> dict[str, float]:
@@ -217,7 +225,7 @@ def _loop(states, views, objective, objective_options, train, seed, start, total
             (terms.loss / accum).backward()
             if logging:
                 record = {"stage": "train", "head": state.name, "step": step + 1, "epoch": step // per_epoch,
-                          "loss": terms.loss.item(), **terms.terms, **_collapse_stats(h1), **_grad_stats(state)}
+                          "loss": terms.loss.item(), **terms.terms, **collapse_stats(h1), **_grad_stats(state)}
                 state.history.append(record)
                 if log is not None:
                     log(record)

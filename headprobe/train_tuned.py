@@ -383,7 +383,7 @@ def train_tuned(
 def _log_step(states, out, backbone_params, optimizer, loss, step, per_epoch, device, world, log) -> None:
     """One record per head: its loss and terms (averaged over ranks: the global batch's), collapse statistics of
     the gathered outputs, its gradient and the backbone's (DDP has already averaged them)."""
-    from .train import _collapse_stats
+    from .train import collapse_stats
 
     lr = optimizer.param_groups[0]["lr"]
     shared = {"total_loss": _mean_over_ranks([loss.item()], device, world)[0],
@@ -394,7 +394,7 @@ def _log_step(states, out, backbone_params, optimizer, loss, step, per_epoch, de
         state = states[name]
         grads = _grad_stats(state) if list(state.modules().parameters()) else {}
         record = {"stage": "train", "head": name, "step": step + 1, "epoch": step // per_epoch, "loss": values[0],
-                  **dict(zip(keys, values[1:], strict=True)), **_collapse_stats(_all_rows(h1.detach(), world)),
+                  **dict(zip(keys, values[1:], strict=True)), **collapse_stats(_all_rows(h1.detach(), world)),
                   **grads, **shared}
         state.history.append(record)
         if log is not None:

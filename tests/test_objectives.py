@@ -94,12 +94,61 @@ def test_vicreg_equals_loops():
     z1, z2 = views()
     s, v, c = loop_vicreg_terms(z1, z2, eps=1e-4, gamma=1.0)
     assert min(s, v, c) > 0.01  # every term is exercised
-    out = vicreg(z1, z2, sim_weight=3.0, var_weight=5.0, cov_weight=7.0)
+    out = vicreg(z1, z2, sim_weight=3.0, var_weight=5.0, cov_weight=7.0, variance="paper")
     assert out.terms["vicreg.sim"] == pytest.approx(s, abs=1e-10)
     assert out.terms["vicreg.var"] == pytest.approx(v, abs=1e-10)
     assert out.terms["vicreg.cov"] == pytest.approx(c, abs=1e-10)
     assert out.loss.item() == pytest.approx(3 * s + 5 * v + 7 * c, abs=1e-10)
     assert out.terms["vicreg"] == out.loss.item()
+    official = vicreg(z1, z2, sim_weight=3.0, var_weight=5.0, cov_weight=7.0)
+    assert official.terms["vicreg.var"] == pytest.approx(v / 2, abs=1e-10)
+    assert official.loss.item() == pytest.approx(3 * s + 5 * v / 2 + 7 * c, abs=1e-10)
+
+
+def official_vicreg_numpy(x, y, sim_coeff=25.0, std_coeff=25.0, cov_coeff=1.0):
+    """facebookresearch/vicreg main_vicreg.py `VICReg.forward` after the projector, transcribed to NumPy, with
+    its gradient w.r.t. x and y written out by hand (so the test does not lean on autograd)."""
+    import numpy as np
+
+    n, d = x.shape
+    repr_loss = ((x - y) ** 2).mean()
+    grads = [2 * sim_coeff * (x - y) / (n * d), -2 * sim_coeff * (x - y) / (n * d)]
+    std_loss = cov_loss = 0.0
+    for k, z in enumerate((x, y)):
+        zc = z - z.mean(axis=0)
+        std = np.sqrt(zc.var(axis=0, ddof=1) + 0.0001)
+        std_loss += np.mean(np.maximum(0.0, 1 - std)) / 2
+        cov = zc.T @ zc / (n - 1)
+        off = cov - np.diag(np.diag(cov))
+        cov_loss += (off**2).sum() / d
+        # d std_j / d z_ij = zc_ij / ((n - 1) std_j); the mean over rows of that is 0, so centring drops out.
+        grads[k] += std_coeff * (-(std < 1).astype(float) / (2 * d)) * zc / ((n - 1) * std)
+        grads[k] += cov_coeff * 4 * zc @ off / ((n - 1) * d)
+    loss = sim_coeff * repr_loss + std_coeff * std_loss + cov_coeff * cov_loss
+    return loss, grads
+
+
+def test_vicreg_default_is_the_official_code_in_value_and_gradient():
+    z1, z2 = views(n=16, d=6, seed=3)
+    x, y = z1.clone().requires_grad_(), z2.clone().requires_grad_()
+    out = vicreg(x, y)
+    out.loss.backward()
+    loss, (gx, gy) = official_vicreg_numpy(z1.numpy(), z2.numpy())
+    assert out.loss.item() == pytest.approx(loss, rel=1e-12)
+    assert torch.allclose(x.grad, torch.from_numpy(gx), rtol=1e-10, atol=1e-13)
+    assert torch.allclose(y.grad, torch.from_numpy(gy), rtol=1e-10, atol=1e-13)
+    # The printed Eq. 6 weighs the hinge twice: the paper form differs by exactly μ·(v(Z) + v(Z'))/2.
+    paper = vicreg(z1, z2, variance="paper")
+    assert paper.loss.item() - out.loss.item() == pytest.approx(25 * out.terms["vicreg.var"], rel=1e-12)
+    assert out.terms["vicreg.var"] > 0.05
+
+
+def test_objective_protocol_records_the_vicreg_convention():
+    from headprobe.objectives import objective_protocol
+
+    assert objective_protocol("vicreg", {})["variance"] == "official"
+    assert objective_protocol("vicreg", {"variance": "paper", "sim_weight": 10.0}) == {
+        "sim_weight": 10.0, "var_weight": 25.0, "cov_weight": 1.0, "eps": 1e-4, "gamma": 1.0, "variance": "paper"}
 
 
 def test_barlow_twins_equals_loops():
@@ -156,7 +205,7 @@ def test_vicreg_of_decorrelated_identical_views_is_the_variance_hinge_alone():
     out = vicreg(0.5 * h, 0.5 * h, eps=1e-4)
     assert out.terms["vicreg.sim"] == 0.0
     assert out.terms["vicreg.cov"] == pytest.approx(0.0, abs=1e-12)
-    assert out.terms["vicreg.var"] == pytest.approx(2 * (1 - math.sqrt(1 / 3 + 1e-4)), abs=1e-12)
+    assert out.terms["vicreg.var"] == pytest.approx(1 - math.sqrt(1 / 3 + 1e-4), abs=1e-12)
 
 
 def test_barlow_twins_standardises_each_dimension_over_the_batch():
@@ -188,6 +237,7 @@ def test_gather_with_grad_is_the_identity_in_one_process():
         (lambda: info_nce(torch.ones(4, 3), torch.ones(4, 3), temperature=0.0), "temperature"),
         (lambda: vicreg(torch.ones(1, 3), torch.ones(1, 3)), "at least 2 samples"),
         (lambda: vicreg(torch.ones(4, 3), torch.ones(4, 3), var_weight=-1.0), "var_weight"),
+        (lambda: vicreg(torch.ones(4, 3), torch.ones(4, 3), variance="halved"), "official"),
         (lambda: barlow_twins(torch.ones(4, 3, dtype=torch.long), torch.ones(4, 3)), "dtype"),
         (lambda: simsiam(torch.ones(4, 3), torch.ones(4, 3), torch.ones(4, 2), torch.ones(4, 2)), "shapes"),
     ],

@@ -107,3 +107,29 @@ def test_gradient_accumulation_equals_the_summed_gradient(views):
             p -= 0.1 * (g1 + g2) / 2
     for ours, ref in zip(accumulated["lin"].head.parameters(), head.parameters(), strict=True):
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_rankme_is_one_definition_in_the_training_log_the_geometry_record_and_the_probe():
+    from headprobe.geometry.tracking import curvature_snapshot
+    from headprobe.heads import ProjectionHead
+    from headprobe.objectives import vicreg
+    from headprobe.probes.spectrum import rankme
+    from headprobe.probes.suite import TapData, spectrum
+
+    g = torch.Generator().manual_seed(1)
+    # Outputs with a large common offset: centring before the SVD (the old training log) changed RankMe a lot.
+    z1 = torch.randn(32, 12, generator=g, dtype=torch.float64) + 3.0
+    z2 = z1 + 0.1 * torch.randn(32, 12, generator=g, dtype=torch.float64)
+    head = ProjectionHead(12, depth=2, width=16, out_dim=8, act="gelu", bn_hidden=False).double()
+    h = head(z1).detach()
+    logged = train_module.collapse_stats(h)["rankme"]
+    geometry = curvature_snapshot(head, z1, z2, vicreg)["rankme"]
+    y = torch.arange(32) % 2
+    probe = spectrum(TapData(name="h", train_x=h, train_y=y, test_x=h, test_y=y, n_classes=2)).metrics["rankme"]
+    assert logged == pytest.approx(rankme(h), rel=1e-12)
+    assert geometry == pytest.approx(logged, rel=1e-12) and probe == pytest.approx(logged, rel=1e-12)
+    centred = torch.linalg.svdvals(h - h.mean(0))
+    p = centred / centred.sum() + 1e-7
+    assert abs(float(torch.exp(-(p * p.log()).sum())) - logged) > 0.5  # the centred variant really differs
+    assert train_module.collapse_stats(torch.zeros(4, 3))["rankme"] != train_module.collapse_stats(
+        torch.zeros(4, 3))["rankme"]  # NaN (logged as null) where RankMe is undefined

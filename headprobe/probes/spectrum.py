@@ -14,6 +14,7 @@ import torch
 __all__ = [
     "alignment",
     "alpha_req",
+    "alpha_req_fit_range",
     "covariance_spectrum",
     "lidar",
     "rankme",
@@ -134,24 +135,41 @@ def lidar(views: torch.Tensor, delta: float = 1e-4, eps: float = 1e-8) -> float:
     return _exp_entropy(eigenvalues, eps)
 
 
+def _resolved_eigenvalues(z: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The covariance eigenvalues of z and how many the samples resolve: i ≤ min(D, N−1), above λ_1·1e-12."""
+    _check_features("z", z, min_rows=3)
+    eigenvalues = _covariance_eigenvalues(z)
+    usable = min(z.shape[1], z.shape[0] - 1)
+    return eigenvalues, int((eigenvalues[:usable] > eigenvalues[0] * 1e-12).sum())
+
+
+def alpha_req_fit_range(z: torch.Tensor) -> tuple[int, int]:
+    """The default α-ReQ fit range for z: (N, D): ranks 1 .. ⌈r/2⌉ of its r resolved eigenvalues (at least 2).
+
+    Why the head half: the sample spectrum's tail bends (Marchenko–Pastur), so a fit over every resolved
+    eigenvalue reads α = 0.56 for a true 0.5 at N = 4096, D = 256; over the first half it recovers sampled power
+    laws α = 0.5, 1, 2 there to 0.2% (tests/test_probes_spectrum.py). With N < 10·D the bias grows again
+    (0.52 for 0.5 at N = 1024); pass an explicit, shorter `fit_range` then.
+    """
+    _, resolved = _resolved_eigenvalues(z)
+    return 1, max(2, math.ceil(resolved / 2))
+
+
 def alpha_req(z: torch.Tensor, fit_range: tuple[int, int] | None = None) -> float:
     """α-ReQ: the decay exponent α of the covariance eigenspectrum, λ_i ∝ i^{−α}; z: (N, D).
 
     Agrawal et al. (NeurIPS 2022) fit a power law to the eigenspectrum; here α is minus the least-squares slope
-    of log λ_i against log i over the 1-based ranks i in `fit_range` = (first, last), inclusive. By default the
-    fit uses every eigenvalue the samples can resolve: i = 1 .. min(D, N−1), stopping before the first
-    eigenvalue below λ_1·1e-12 (numerically zero). When N is not much larger than D the tail of the sample
-    spectrum bends down (Marchenko–Pastur) and steepens α; restrict `fit_range` to the head then.
+    of log λ_i against log i over the 1-based ranks i in `fit_range` = (first, last), inclusive. The samples
+    resolve eigenvalues i = 1 .. min(D, N−1), up to the first one below λ_1·1e-12 (numerically zero); by default
+    the fit uses the first half of those (`alpha_req_fit_range`), where the sample spectrum follows the
+    population's.
 
     >>> z = torch.diag(torch.arange(1, 9, dtype=torch.float64) ** -1.0)
     >>> round(alpha_req(torch.cat([z, -z])), 6)
     2.0
     """
-    _check_features("z", z, min_rows=3)
-    eigenvalues = _covariance_eigenvalues(z)
-    usable = min(z.shape[1], z.shape[0] - 1)
-    resolved = int((eigenvalues[:usable] > eigenvalues[0] * 1e-12).sum())
-    first, last = (1, resolved) if fit_range is None else fit_range
+    eigenvalues, resolved = _resolved_eigenvalues(z)
+    first, last = alpha_req_fit_range(z) if fit_range is None else fit_range
     if not 1 <= first < last <= resolved:
         raise ValueError(
             f"fit_range ({first}, {last}) must satisfy 1 ≤ first < last ≤ {resolved}, the number of resolved "
