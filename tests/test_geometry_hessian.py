@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import pytest
 import torch
@@ -79,7 +80,7 @@ def test_lanczos_quadratic_extremes_eigenvectors_and_residuals():
     torch.testing.assert_close(res.eigenvalues, torch.cat([exact[:3], exact[-3:]]), atol=1e-8, rtol=0)
     assert res.eigenvalues[2] > 0  # the 1e-8 eigenvalue keeps its sign
     assert res.residual_kind == "explicit" and res.converged.all()
-    assert (res.residuals < 1e-6 * res.eigenvalues.abs().clamp(min=1)).all()
+    assert (res.residuals <= 1e-6 * res.eigenvalues.abs().max()).all()  # tol relative to max|θ|, here ‖H‖
     assert (res.eigenvalues - torch.cat([exact[:3], exact[-3:]])).abs().le(res.error_bounds + 1e-14).all()
     v = res.eigenvectors
     torch.testing.assert_close(a @ v, v * res.eigenvalues, atol=1e-5, rtol=0)
@@ -296,3 +297,83 @@ def test_lanczos_results_do_not_depend_on_how_the_basis_grew(monkeypatch, block)
         assert (grown.eigenvectors is None and whole.eigenvectors is None
                 or torch.equal(grown.eigenvectors, whole.eigenvectors))
         assert (grown.n_iter, grown.n_hvp) == (whole.n_iter, whole.n_hvp)
+
+
+def wigner(dim: int = 300) -> torch.Tensor:
+    """A symmetric Gaussian matrix: a semicircle spectrum, no gap at either end, λ_min < 0 < λ_max."""
+    a = torch.randn(dim, dim, generator=torch.Generator().manual_seed(0), dtype=F64)
+    return (a + a.T) / 2
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power"])
+def test_convergence_is_relative_to_the_operator_scale(method):
+    # Issue #13: with tol·max(1, |λ|) an operator ×1e-8 (λ ~ 2e-7, as the paper's λ_min) "converged" after two
+    # products at 35% error. The same matrix at every scale must take the same steps to the same relative error.
+    a0, tol = wigner(), 1e-6
+    exact0 = torch.linalg.eigvalsh(a0)
+    runs = []
+    for s in (1.0, 1e-4, 1e-8):
+        a, exact, norm = a0 * s, exact0 * s, float(exact0.abs().max()) * s
+        if method == "lanczos":
+            out = hessian_eigs(lambda x, a=a: 0.5 * x @ a @ x, torch.zeros(len(a), dtype=F64), k=1, method="lanczos",
+                               tol=tol)
+            values, converged, n_hvp = out["eigenvalues"], out["converged"], out["n_hvp"]
+            errors = (values - exact[[0, -1]]).abs()
+            assert (out["residuals"] <= tol * norm).all()
+            assert (errors <= out["error_bounds"] + 1e-12 * norm).all()  # converged inside its stated bound
+        else:
+            bottom = power_iteration(lambda v, a=a: a @ v, len(a), iters=5000, tol=tol)  # |λ_min| > λ_max here
+            values, converged, n_hvp = torch.tensor([bottom.eigenvalue]), torch.tensor([bottom.converged]), bottom.n_hvp
+            errors = (values - exact[0]).abs()
+            assert bottom.residual <= tol * norm
+        assert converged.all() and values[0] < 0
+        assert (errors <= tol * norm).all(), f"scale {s}: relative errors {(errors / norm).tolist()}"
+        runs.append(n_hvp)
+    assert max(runs) - min(runs) <= 2 and runs[0] > 10, runs
+
+
+@pytest.mark.parametrize("s", [1.0, 1e-4, 1e-8])
+def test_lanczos_resolves_a_lambda_min_a_thousand_times_below_lambda_max(s):
+    # λ ∈ [-1e-3·s, s]: tol·‖H‖ = 1e-6·s pins λ_min = -1e-3·s to 1e-3 of itself, so its sign is certain.
+    bulk = torch.rand(197, generator=torch.Generator().manual_seed(2), dtype=F64) * 0.9 + 0.05
+    eigenvalues = torch.cat([torch.tensor([-1e-3, 0.0, 1.0], dtype=F64), bulk]) * s
+    a, tol = symmetric_with_spectrum(eigenvalues), 1e-6
+    res = lanczos(lambda v: a @ v, len(a), k=1, which="both", tol=tol)
+    lam_min, lam_max = float(res.eigenvalues[0]), float(res.eigenvalues[-1])
+    assert res.converged.all() and lam_min < 0
+    assert lam_min == pytest.approx(-1e-3 * s, rel=1e-3) and lam_max == pytest.approx(s, rel=tol)
+    assert abs(lam_min + 1e-3 * s) <= float(res.error_bounds[0]) + 1e-12 * s
+    # A caller's floor (here 1e-3·s) asks for finer residuals on the small end: tol·max(scale, |θ|) each.
+    fine = lanczos(lambda v: a @ v, len(a), k=1, which="both", tol=tol, scale=1e-3 * s)
+    assert fine.converged.all() and float(fine.residuals[0]) <= tol * 1e-3 * s
+    assert float(fine.eigenvalues[0]) == pytest.approx(-1e-3 * s, rel=1e-6)
+    with pytest.raises(ValueError, match="scale must be a positive"):
+        lanczos(lambda v: a @ v, len(a), k=1, scale=0.0)
+
+
+def test_a_zero_operator_gives_exact_converged_zeros():
+    # max|θ| = 0: the relative tolerance is 0 and a zero residual must still count as converged, with no warning.
+    zeros = torch.zeros(6, dtype=F64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        res = lanczos(lambda v: 0 * v, 20, k=2, which="both", eigenvectors=True)
+        power = power_iteration(lambda v: 0 * v, 20, tol=1e-6)
+        via_lanczos = hessian_eigs(lambda x: x.sum(), zeros, k=1, method="lanczos")
+        via_dense = hessian_eigs(lambda x: 0 * (x**2).sum(), zeros, k=1, method="dense")
+    assert torch.equal(res.eigenvalues, torch.zeros(4, dtype=F64)) and res.converged.all() and res.n_iter < 10
+    assert torch.equal(res.error_bounds, torch.zeros(4, dtype=F64))
+    assert power.eigenvalue == 0.0 and power.converged and power.n_hvp == 1
+    for out in (via_lanczos, via_dense):
+        assert out["eigenvalues"].abs().max() == 0 and out["converged"].all(), out["method"]
+
+
+def test_dense_converged_flag_is_relative_to_the_spectrum():
+    # The dense residuals are round-off, ~1e-15·‖H‖: below tol = 1e-6·‖H‖ at every scale, above tol = 1e-20·‖H‖
+    # at every scale (an absolute max(1, |λ|) floor called the ×1e-8 matrix converged for tol = 1e-20).
+    a0 = wigner(40)
+    for s in (1.0, 1e-4, 1e-8):
+        a = a0 * s
+        for tol, expected in ((1e-6, True), (1e-20, False)):
+            out = hessian_eigs(lambda x, a=a: 0.5 * x @ a @ x, torch.zeros(40, dtype=F64), k=1, method="dense",
+                               tol=tol)
+            assert bool(out["converged"].all()) is expected and bool(out["converged"].any()) is expected, (s, tol)

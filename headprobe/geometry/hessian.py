@@ -110,7 +110,8 @@ class LanczosResult:
     eigenvalues: (p,) Ritz values, ascending. residuals: (p,) ‖Hv − λv‖, see `residual_kind`.
     error_bounds: (p,) min(r, r²/gap), gap = distance to the nearest other Ritz value: an estimate of |λ − λ_true|
     (exact bound when the gap to the rest of H's spectrum is at least the Ritz gap).
-    converged: (p,) residual < tol·max(1, |λ|). eigenvectors: (dim, p) unit Ritz vectors or None.
+    converged: (p,) residual ≤ tol·max(scale, |λ|), scale = max_j |θ_j| over all Ritz values unless given (see
+    `lanczos`). eigenvectors: (dim, p) unit Ritz vectors or None.
     n_hvp: Hessian-vector products used, the checks of the returned vectors included. n_iter: Krylov dimension.
     residual_kind: "lanczos_relation" (β_m|e_mᵀs|, free) or "explicit" (one extra product per returned vector).
     """
@@ -218,12 +219,12 @@ class _LanczosRecurrence:
         self.q[self.m] = vector / vector.norm()
         self.invariant = False
 
-    def ritz(self, indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Ritz values (ascending) at `indices` of T_m and their eigenvectors s: (m, len(indices))."""
+    def ritz(self, indices: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Ritz values (ascending) at `indices` of T_m (all when None) and their eigenvectors s: (m, len(indices))."""
         # All pairs by MRRR, O(m²): LAPACK's index-selected bisection + inverse iteration returns duplicated
         # values and vectors for clustered Ritz values (e.g. the zeros of a low-rank H) when the ends are split.
         theta, s = eigh_tridiagonal(np.asarray(self.alpha), np.asarray(self.beta[:-1]))
-        return theta[indices], s[:, indices]
+        return (theta, s) if indices is None else (theta[indices], s[:, indices])
 
 
 def _wanted(m: int, k: int, which: str) -> list[int]:
@@ -259,15 +260,19 @@ def _rademacher(dim: int, gen: torch.Generator, dtype: torch.dtype, device: torc
 
 def lanczos(hvp: HVP, dim: int, k: int = 6, which: str = "both", max_iter: int | None = None, tol: float = 1e-6,
             seed: int = 0, dtype: torch.dtype = torch.float64, eigenvectors: bool = False,
-            device: torch.device | str | None = None) -> LanczosResult:
+            device: torch.device | str | None = None, scale: float | None = None) -> LanczosResult:
     """Extreme eigenvalues of a symmetric operator by Lanczos with full reorthogonalisation.
 
     which: "largest" / "smallest" (k values) or "both" (k from each end). Stops when every requested Ritz pair
-    has residual bound β_m|e_mᵀs| < tol·max(1, |λ|), or after max_iter products (default min(dim, max(300, 3k))),
-    warning then. With eigenvectors=True the Ritz vectors are formed and their residuals ‖Hv − λv‖ recomputed with
-    one extra product each. When the Krylov space becomes invariant (few distinct eigenvalues, e.g. a low-rank H)
-    Lanczos restarts in its complement, which recovers multiplicities; otherwise a single start vector sees one
-    copy of a repeated eigenvalue: use the dense or per-sample path when multiplicities matter.
+    has residual bound β_m|e_mᵀs| ≤ tol·max_j |θ_j| (θ: all Ritz values of T_m, so max_j |θ_j| = ‖T_m‖ ≤ ‖H‖), or
+    after max_iter products (default min(dim, max(300, 3k))), warning then. tol is thus relative to the operator's
+    scale: H and c·H take the same steps to the same relative accuracy, a small λ_min (1e-3·λ_max, or 1e-7) is
+    known to within tol·‖H‖, and H = 0 gives exact zeros, converged. A given scale (a norm known in advance, in H's
+    units) replaces ‖T_m‖ as the floor: residual ≤ tol·max(scale, |θ|) for each requested θ.
+    With eigenvectors=True the Ritz vectors are formed and their residuals ‖Hv − λv‖ recomputed with one extra
+    product each. When the Krylov space becomes invariant (few distinct eigenvalues, e.g. a low-rank H) Lanczos
+    restarts in its complement, which recovers multiplicities; otherwise a single start vector sees one copy of a
+    repeated eigenvalue: use the dense or per-sample path when multiplicities matter.
     Memory: the Krylov basis, rows × dim numbers in `dtype`. For max_iter < 64, rows = max_iter; else the basis
     starts at 32-63 rows and doubles, ending exactly at max_iter, as steps are taken (rows ≤ max(63, 2·n_iter)), so
     a run that converges early never holds max_iter rows. While it grows, the old and new basis coexist briefly:
@@ -282,6 +287,9 @@ def lanczos(hvp: HVP, dim: int, k: int = 6, which: str = "both", max_iter: int |
         raise ValueError(f"which={which!r} is not one of {_WHICH}.")
     if k < 1 or tol <= 0:
         raise ValueError(f"lanczos needs k >= 1 and tol > 0, got k={k}, tol={tol}.")
+    if scale is not None and not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a positive finite operator norm estimate, got {scale}; "
+                         "leave it None to measure the tolerance against the Ritz values.")
     device, gen = _setup(hvp, dim, seed, dtype, device)
     requested = min(dim, 2 * k if which == "both" else k)
     max_iter = min(dim, max(300, 3 * k)) if max_iter is None else max_iter
@@ -293,18 +301,24 @@ def lanczos(hvp: HVP, dim: int, k: int = 6, which: str = "both", max_iter: int |
     while True:
         rec.step()
         if rec.m >= requested:
-            theta, s = rec.ritz(_wanted(rec.m, k, which))
+            all_theta, all_s = rec.ritz()
+            wanted = _wanted(rec.m, k, which)
+            theta, s = all_theta[wanted], all_s[:, wanted]
             residuals = np.abs(rec.beta[-1] * s[-1])
+            # ‖T_m‖, not max(1, |θ|): an absolute floor would accept anything from an operator far below 1.
+            floor = float(np.abs(all_theta).max()) if scale is None else scale
+            atol = tol * np.maximum(floor, np.abs(theta))
         if rec.invariant and rec.m < max_iter:
             # The Krylov space is exhausted (H has few distinct eigenvalues, e.g. low rank): its Ritz values are
             # exact but blind to multiplicity. Restart in the complement until a restart changes nothing requested.
             unchanged = (rec.m >= requested and before_restart is not None
-                         and np.allclose(theta, before_restart, rtol=0, atol=tol * max(1.0, np.abs(theta).max())))
+                         and np.allclose(theta, before_restart, rtol=0, atol=atol.max()))
             if not unchanged:
                 before_restart = theta if rec.m >= requested else None
                 rec.restart(torch.randn(dim, generator=gen, dtype=dtype).to(device))
                 continue
-        if rec.m >= requested and (np.all(residuals < tol * np.maximum(1.0, np.abs(theta))) or rec.m == max_iter):
+        # ≤, not <: H = 0 has zero Ritz values and zero residuals, which are exact.
+        if rec.m >= requested and (np.all(residuals <= atol) or rec.m == max_iter):
             break
     vectors = None
     kind = "lanczos_relation"
@@ -315,13 +329,12 @@ def lanczos(hvp: HVP, dim: int, k: int = 6, which: str = "both", max_iter: int |
         residuals = np.array([float((matvec(vectors[:, i]) - theta_t[i] * vectors[:, i]).norm())
                               for i in range(len(theta))])
         kind = "explicit"
-    converged = residuals < tol * np.maximum(1.0, np.abs(theta))
+    converged = residuals <= atol
     if not converged.all():
         warnings.warn(f"lanczos stopped after {rec.m} iterations (max_iter={max_iter}) with "
-                      f"{int((~converged).sum())} of {len(theta)} eigenvalues above tol={tol} "
-                      f"(largest residual {residuals.max():.2e}); "
+                      f"{int((~converged).sum())} of {len(theta)} residuals above tol·max(scale, |θ|) "
+                      f"(tol={tol}, scale={floor:.2e}, largest residual {residuals.max():.2e}); "
                       "raise max_iter or loosen tol.", stacklevel=2)
-    all_theta = eigh_tridiagonal(np.asarray(rec.alpha), np.asarray(rec.beta[:-1]), eigvals_only=True)
     gaps = np.array([np.min(np.abs(np.delete(all_theta, np.argmin(np.abs(all_theta - t))) - t), initial=np.inf)
                      for t in theta])
     bounds = np.where(gaps > residuals, np.minimum(residuals, residuals**2 / np.maximum(gaps, 1e-300)), residuals)
@@ -339,8 +352,10 @@ def power_iteration(hvp: HVP, dim: int, iters: int = 20, shift: float | None = N
 
     PyHessian's recipe is λ_max = power_iteration(hvp, dim) -- which converges to the eigenvalue of largest |λ|,
     not the largest, when |λ_min| > λ_max -- then λ_min = power_iteration(hvp, dim, shift=λ_max). `iters` caps the
-    products (the paper uses 20); with tol, stop once ‖Hv − λv‖ < tol·max(1, |λ|). The residual is free: it comes
-    from the product the next step needs anyway.
+    products (the paper uses 20); with tol, stop once ‖Hv − λv‖ ≤ tol·|ρ|, ρ = vᵀ(H − shift·I)v the estimate of
+    the dominant eigenvalue (the norm) of the operator iterated: tol is relative, so H and c·H (with c·shift) take
+    the same steps; (H − shift·I)v = 0 stops at once, converged. The residual is free: it comes from the product
+    the next step needs anyway.
 
     >>> a = torch.diag(torch.tensor([1.0, 2.0, 5.0], dtype=torch.float64))
     >>> round(power_iteration(lambda v: a @ v, 3, iters=200).eigenvalue, 6)
@@ -359,7 +374,8 @@ def power_iteration(hvp: HVP, dim: int, iters: int = 20, shift: float | None = N
         rayleigh = float(torch.dot(v, w))
         residual = float((w - rayleigh * v).norm())
         norm = float(w.norm())
-        if (tol is not None and residual < tol * max(1.0, abs(rayleigh + shift))) or norm == 0.0:
+        # Relative to |ρ| ≈ ‖H − shift·I‖, not max(1, |λ|): that floor made tol absolute for operators below 1.
+        if (tol is not None and residual <= tol * abs(rayleigh)) or norm == 0.0:
             converged = tol is not None
             break
         v = w / norm
@@ -453,6 +469,8 @@ def hessian_eigs(loss_fn: Callable[[Target], torch.Tensor], x: Target, k: int = 
     method: "dense" (exact eigh of `dense_hessian`), "lanczos" (`lanczos` on `hvp_fn`), or "auto": dense when
     dim ≤ 2000. Returns {"eigenvalues": (p,) ascending, "residuals", "residual_kind", "error_bounds",
     "converged", "eigenvectors": (dim, p) or None, "n_hvp", "method", "dim"}; k values per requested end.
+    "converged" is residual ≤ tol·max_j |λ_j|, relative to the operator's scale on both paths (dense: ‖H‖ from
+    the full spectrum; Lanczos: ‖T_m‖, see `lanczos`).
 
     >>> out = hessian_eigs(lambda z: (z ** 2).sum(), torch.ones(2, 2, dtype=torch.float64), k=1)
     >>> out["method"], out["eigenvalues"].tolist()
@@ -483,11 +501,12 @@ def hessian_eigs(loss_fn: Callable[[Target], torch.Tensor], x: Target, k: int = 
         h = torch.stack([hvp(e) for e in torch.eye(hvp.dim, dtype=hvp.dtype, device=hvp.device)]).to(torch.float64)
         h = (h + h.T) / 2
     values, vectors = torch.linalg.eigh((h + h.T) / 2)
+    norm = values.abs().max()
     idx = _wanted(dim, k, which)
     values, vectors = values[idx], vectors[:, idx]
     residuals = (h @ vectors - vectors * values).norm(dim=0)
     return {
         "eigenvalues": values, "residuals": residuals, "residual_kind": "explicit", "error_bounds": residuals,
-        "converged": residuals < tol * values.abs().clamp(min=1.0),
+        "converged": residuals <= tol * norm,
         "eigenvectors": vectors if eigenvectors else None, "n_hvp": 0, "method": "dense", "dim": dim,
     }

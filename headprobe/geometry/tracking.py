@@ -88,7 +88,7 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
     or a LossTerms), as in the training step; for SimSiam pass a closure that applies the predictor, and the
     predictor as `predictor` so its BatchNorm is in the same mode. wrt: "representation" (the Hessian w.r.t. the
     stacked batch [z1; z2], dim 2·B·D, as in the paper) or "head" (w.r.t. the head's parameters that require grad).
-    Lanczos runs to residual < tol·max(s, |λ|) or max_iter products (40 by default, the budget of the paper's two
+    Lanczos runs to residual ≤ tol·max(s, |λ|) or max_iter products (40 by default, the budget of the paper's two
     20-step power iterations), k eigenvalues from each end; the scale s = ‖Hu‖ for a random unit u (one product)
     makes tol relative, since loss Hessians w.r.t. a batch are often far below 1, where an absolute tolerance
     would accept anything. Ritz values never lie below λ_min, so a negative "lambda_min" shows negative curvature
@@ -127,8 +127,9 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
         scale = _operator_scale(hvp, seed)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="lanczos stopped")
+            # On H/s a floor of 1 is s: every eigenvalue to tol·max(s, |λ|), finer than lanczos's tol·‖H‖.
             res = lanczos(lambda v: hvp(v) / scale, hvp.dim, k=k, which="both", max_iter=min(max_iter, hvp.dim),
-                          tol=tol, seed=seed, dtype=torch.float64, device=hvp.device)
+                          tol=tol, seed=seed, dtype=torch.float64, device=hvp.device, scale=1.0)
         values = res.eigenvalues * scale
         with torch.no_grad():
             h1 = head(z1)
