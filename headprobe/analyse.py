@@ -10,16 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
-
 
 def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = False) -> dict:
     """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results."""
     from .distributed import process_state
-    from .pipeline import _Study, _write_report
+    from .pipeline import RunError, _Study, _write_report
     from .recipe import load_recipe
     from .runs import RunDir, read_results
-    from .train import build_head, latest_checkpoint
+    from .train import CheckpointError, build_head, latest_checkpoint, load_checkpoint
 
     run = RunDir(run_dir)
     results = read_results(run.path)
@@ -35,7 +33,10 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
     checkpoint = latest_checkpoint(run.path / "checkpoints")
     if checkpoint is None:
         raise FileNotFoundError(f"{run.path / 'checkpoints'} holds no step-*.pt; the heads' weights are needed.")
-    saved = torch.load(checkpoint, weights_only=False)["heads"]
+    try:
+        saved = load_checkpoint(checkpoint)["heads"]
+    except CheckpointError as err:
+        raise RunError("reading the heads' checkpoint", err, None) from None
     if rows is not None:
         recipe.geometry.rows = rows
     study = _Study(recipe, run, results, process_state(), show=not quiet, resume=False)

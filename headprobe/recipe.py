@@ -24,6 +24,7 @@ from .registry import (
     Registry,
     did_you_mean,
 )
+from .safe_yaml import AliasLimitError, BoundedAliasLoader
 
 
 class RecipeError(ValueError):
@@ -278,8 +279,9 @@ class _DuplicateKey(Exception):
         self.key, self.first, self.line = key, first, line
 
 
-class _RecipeLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+class _RecipeLoader(BoundedAliasLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (PyYAML keeps the last silently) and
+    aliases that expand past `safe_yaml.MAX_ALIAS_NODES` nodes (`safe_yaml.BoundedAliasLoader`)."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -313,7 +315,7 @@ def _resolve(source: str | Path | dict, overrides: list[str] | None, values: dic
             raise RecipeError(f"recipe file {str(path)!r} does not exist; pass the path to a .yaml recipe.")
         try:
             data = _yaml_load(path.read_text())
-        except _DuplicateKey as err:
+        except (_DuplicateKey, AliasLimitError) as err:
             raise RecipeError(f"recipe {str(path)!r}: {err}.") from None
         except yaml.YAMLError as err:
             raise RecipeError(f"recipe {str(path)!r} is not valid YAML: {err}") from None
@@ -391,7 +393,7 @@ def apply_override(data: dict, item: str) -> None:
         )
     try:
         value = _yaml_load(raw) if raw.strip() else None
-    except _DuplicateKey as err:
+    except (_DuplicateKey, AliasLimitError) as err:
         raise RecipeError(f"override {item!r}: {err}.") from None
     except yaml.YAMLError as err:
         raise RecipeError(f"override {item!r}: the value is not valid YAML ({err}).") from None

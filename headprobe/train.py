@@ -188,6 +188,35 @@ def save_checkpoint(path: Path, step: int, states: dict[str, HeadState]) -> None
     tmp.replace(path)
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that holds more than tensors, numbers, strings and plain containers, or cannot be read."""
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint of `save_checkpoint` or `train_tuned`, read onto the CPU with ``weights_only=True``.
+
+    Unpickling an arbitrary file can run code it names, and run directories get shared: only what headprobe
+    writes (tensors, numbers, strings, plain containers) is accepted; anything else raises `CheckpointError`.
+    """
+    import pickle
+
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{path} holds Python objects other than tensors, numbers, strings and plain containers, so it was not "
+            "loaded (unpickling it could run code); delete it, so that the newest checkpoint headprobe wrote is "
+            "read instead, or train the run again."
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        raise CheckpointError(f"{path} is not a readable checkpoint ({err}); delete it, so that the newest "
+                              "checkpoint before it is read instead, or train the run again.") from None
+    if not isinstance(saved, dict) or not {"step", "heads"} <= set(saved):
+        raise CheckpointError(f"{path} is not a headprobe checkpoint (it lacks 'step' and 'heads'); delete it, "
+                              "so that the newest checkpoint before it is read instead, or train the run again.")
+    return saved
+
+
 def latest_checkpoint(folder: Path) -> Path | None:
     found = sorted(folder.glob("step-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
     return found[-1] if found else None
@@ -284,7 +313,7 @@ def train_heads(
             state.modules().to(device)
     start = 0
     if resume_from is not None:
-        saved = torch.load(resume_from, weights_only=False)
+        saved = load_checkpoint(resume_from)
         start = saved["step"]
         for name, state in states.items():
             state.load(saved["heads"][name])

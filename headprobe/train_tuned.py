@@ -49,6 +49,7 @@ from .train import (
     _track,
     batch_for_step,
     build_head,
+    load_checkpoint,
 )
 
 
@@ -165,7 +166,7 @@ def _save_checkpoint(path: Path, step: int, backbone, states: dict[str, HeadStat
 
 
 def _load_checkpoint(path: Path, backbone, states: dict[str, HeadState], optimizer, scheduler, scaler) -> int:
-    saved = torch.load(path, map_location="cpu", weights_only=False)
+    saved = load_checkpoint(path)
     if saved.get("kind") != "tuned":
         raise ValueError(f"{path} is a checkpoint of frozen-backbone head training, not of a tuned backbone.")
     missing = set(trainable_state(backbone)) - set(saved["backbone"])
