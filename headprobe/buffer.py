@@ -1,13 +1,19 @@
-"""The buffer verdict: did this head behave as a geometric buffer on this run?
+"""The buffer verdict: did this head behave as a geometric buffer on this run, beyond the noise?
 
 A head is a buffer when the backbone is more informative than the head output (class probes,
 rotation probe, augmentation R², label MI) and the head output is more invariant to the
 augmentations (alignment, scale-free orbit spread, view MI relative to its ceiling). Each piece of
-evidence is the signed margin in the direction the claim predicts (positive = as predicted);
-margins within `tolerance` count as ties.
+evidence is the signed margin in the direction the claim predicts (positive = as predicted), with a
+95% interval from a paired bootstrap over the units both taps were measured on (`headprobe.stats`).
+A piece is resolved "for" or "against" only when its Holm-adjusted p-value over that head's pieces of
+evidence is below 0.05; pieces without per-unit values stay "unresolved" and say why.
 """
 
 from __future__ import annotations
+
+import torch
+
+from .stats import ALPHA, PerUnit, bootstrap_p_value, holm, percentile_interval, resampled_means
 
 # Information the backbone should keep and the head lose: higher at the backbone supports the claim.
 INFORMATION = ("linear.acc", "rotation.acc", "rotation.mlp.acc", "aug_r2.mean", "mi.label")
@@ -24,39 +30,77 @@ def _lower_is_more(before: dict, after: dict) -> list[str]:
     return [m for m in INVARIANCE_LOWER_IS_MORE if m in before and m in after] + sweeps
 
 
-def buffer_verdict(taps: dict, head: str, tolerance: float = 0.01) -> dict:
-    """Compare tap "backbone" with tap `head` (the head output). Returns verdict + evidence.
+VERDICTS = ("buffer", "no-buffer", "mixed", "inconclusive")
 
-    verdict: "buffer" if every available piece of evidence points the predicted way (or ties) and at
-    least one is beyond the tolerance; "no-buffer" if every piece points the other way or ties;
-    "mixed" otherwise; "insufficient" when no shared metric exists.
-    """
-    before, after = taps["backbone"]["metrics"], taps[head]["metrics"]
-    evidence: dict[str, dict] = {}
+
+def _pieces(before: dict, after: dict) -> dict[str, tuple[float, float, float, str]]:
+    """{metric: (backbone value, head value, sign, claim)}; margin = sign · (backbone − head)."""
+    pieces: dict[str, tuple] = {}
     for metric in INFORMATION:
         if metric in before and metric in after:
-            evidence[metric] = {"backbone": before[metric], "head": after[metric],
-                                "margin": before[metric] - after[metric], "claim": "backbone keeps more"}
+            pieces[metric] = (before[metric], after[metric], 1.0, "backbone keeps more")
     for metric in _lower_is_more(before, after):
-        evidence[metric] = {"backbone": before[metric], "head": after[metric],
-                            "margin": before[metric] - after[metric], "claim": "head more invariant"}
+        pieces[metric] = (before[metric], after[metric], 1.0, "head more invariant")
     for metric in INVARIANCE_HIGHER_IS_MORE:
         if metric in before and metric in after:
-            evidence[metric] = {"backbone": before[metric], "head": after[metric],
-                                "margin": after[metric] - before[metric], "claim": "head more invariant"}
+            pieces[metric] = (before[metric], after[metric], -1.0, "head more invariant")
     if "mi.infonce" in before and "mi.infonce" in after and before.get("mi.infonce.ceiling"):
+        # Invariance: views of one image should be more mutually predictable after the head.
         b = before["mi.infonce"] / before["mi.infonce.ceiling"]
         h = after["mi.infonce"] / after["mi.infonce.ceiling"]
-        # Invariance: views of one image should be more mutually predictable after the head.
-        evidence["mi.infonce/ceiling"] = {"backbone": b, "head": h, "margin": h - b, "claim": "head more invariant"}
-    if not evidence:
-        return {"verdict": "insufficient", "evidence": {}, "tolerance": tolerance}
-    signs = [0 if abs(e["margin"]) <= tolerance else (1 if e["margin"] > 0 else -1) for e in evidence.values()]
-    if all(s >= 0 for s in signs) and any(s > 0 for s in signs):
-        verdict = "buffer"
-    elif all(s <= 0 for s in signs):
-        verdict = "no-buffer"
-    else:
-        verdict = "mixed"
-    return {"verdict": verdict, "evidence": evidence, "tolerance": tolerance,
-            "support": sum(s > 0 for s in signs), "against": sum(s < 0 for s in signs)}
+        pieces["mi.infonce/ceiling"] = (b, h, -1.0, "head more invariant")
+    return pieces
+
+
+# Features are float32: per-unit differences within a few float32 round-offs of the values are ties, not evidence
+# (an orthogonal head's alignment differs from the backbone's by ~1e-8 on every image, always the same sign).
+ROUNDOFF = 16 * 2.0**-23
+
+
+def _paired_difference(backbone: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    b, h = backbone.detach().double().cpu(), head.detach().double().cpu()
+    difference = b - h
+    return torch.where(difference.abs() <= ROUNDOFF * (b.abs() + h.abs()), 0.0, difference)
+
+
+def buffer_verdict(taps: dict, head: str, samples: dict[str, dict[str, PerUnit]] | None = None,
+                   resamples: dict[str, torch.Tensor] | None = None) -> dict:
+    """Compare tap "backbone" with tap `head` (the head output). Returns the verdict and its evidence.
+
+    samples: {tap: {metric: PerUnit}} per-unit values of the metrics that are means over units;
+    resamples: {unit: (n_boot, n) indices} shared by every tap (`stats.bootstrap_resamples`).
+    evidence[M]: backbone, head, margin (as the claim predicts when positive), claim, ci95 of the margin (paired
+    bootstrap of the per-unit differences) or null, p and p_holm, resolved ("for" | "against" | "unresolved")
+    and, when unresolved for want of an interval, why.
+    verdict: "buffer" (≥ 1 resolved for, none against), "no-buffer" (≥ 1 against, none for), "mixed" (both),
+    "inconclusive" (nothing resolved, or no shared metric).
+    """
+    before, after = taps["backbone"]["metrics"], taps[head]["metrics"]
+    samples, resamples = samples or {}, resamples or {}
+    evidence: dict[str, dict] = {}
+    p_values: dict[str, float] = {}
+    for metric, (b, h, sign, claim) in _pieces(before, after).items():
+        entry = {"backbone": b, "head": h, "margin": sign * (b - h), "claim": claim, "ci95": None,
+                 "p": None, "p_holm": None}
+        pb, ph = samples.get("backbone", {}).get(metric), samples.get(head, {}).get(metric)
+        if pb is not None and ph is not None and pb.unit == ph.unit and pb.unit in resamples:
+            boot = sign * resampled_means(_paired_difference(pb.values, ph.values), resamples[pb.unit])
+            entry |= {"ci95": percentile_interval(boot), "method": f"paired bootstrap over {pb.unit}",
+                      "n_boot": int(boot.numel())}
+            p_values[metric] = entry["p"] = bootstrap_p_value(boot)
+        else:
+            entry["why_unresolved"] = "no per-unit values to pair (not a mean over images, views or orbits)"
+        evidence[metric] = entry
+    adjusted = holm(p_values)
+    for metric, entry in evidence.items():
+        entry["p_holm"] = adjusted.get(metric)
+        resolved = metric in adjusted and adjusted[metric] < ALPHA
+        entry["resolved"] = ("for" if entry["margin"] > 0 else "against") if resolved else "unresolved"
+    support = sum(e["resolved"] == "for" for e in evidence.values())
+    against = sum(e["resolved"] == "against" for e in evidence.values())
+    verdict = ("mixed" if support and against else "buffer" if support else "no-buffer" if against
+               else "inconclusive")
+    return {"verdict": verdict, "evidence": evidence, "support": support, "against": against,
+            "unresolved": len(evidence) - support - against,
+            "rule": f"resolved when the Holm-adjusted paired-bootstrap p-value over this head's {len(p_values)} "
+                    f"testable pieces of evidence is below {ALPHA}"}

@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from .objectives import objective_protocol
 from .recipe import Recipe, RecipeError, dump_recipe, load_recipe
 from .runs import RunDir, default_run_dir, new_results
+from .stats import TEST_IMAGES, bootstrap_resamples, load_per_unit, save_per_unit, tap_uncertainty
 
 VIEW_PROBES = ("invariance", "view_mi", "augment_r2")
 
@@ -81,6 +83,10 @@ class _Study:
         self.show, self.resume = show, resume
         self.tuned = False  # set once the backbone has been tuned (backbone.tune != frozen)
         self.timing = results["timing"]
+        # Per tap, the per-unit values of its mean-over-units metrics, and one set of bootstrap resamples per
+        # kind of unit shared by every tap (paired comparisons): see headprobe.stats.
+        self.per_unit: dict[str, dict] = {}
+        self.resamples: dict = {}
 
     def stage(self, name: str, fn, *args, **kwargs):
         try:
@@ -204,14 +210,17 @@ class _Study:
         if self.rotated is not None:
             for split, (x, y) in self.rotated.items():
                 rot[f"rotated_{split}_x"], rot[f"rotated_{split}_y"] = at(x), y
-        orbits = None
+        orbits = orbit_labels = None
         if self.orbits is not None:
             orbits = {s: at(t.reshape(-1, t.shape[-1])).reshape(t.shape[0], t.shape[1], -1)
                       for s, t in self.orbits.items()}
+            # extract_orbits takes the first N test images, so their classes are the first N test labels
+            orbit_labels = self.feats["test"].labels[: next(iter(self.orbits.values())).shape[0]]
         return TapData(name, at(self.feats["train"].features), self.feats["train"].labels,
                        at(self.feats["test"].features), self.feats["test"].labels, self.data.n_classes,
                        seed=self.recipe.seed, val_fraction=self.recipe.data.val_fraction, views=views,
-                       view_params=params, orbits=orbits, inert_params=self._inert_params, **rot)
+                       view_params=params, orbits=orbits, orbit_labels=orbit_labels,
+                       inert_params=self._inert_params, **rot)
 
     @functools.cached_property
     def _inert_params(self) -> dict[str, str] | None:
@@ -227,7 +236,10 @@ class _Study:
         tap = self.results["taps"].setdefault(tap_name, {"head": head, "depth": depth, "metrics": {},
                                                          "protocol": {}})
         todo = [name for name in self.recipe.probes if name not in tap["protocol"]]
+        store = self.run_dir.path / "per_unit" / f"{tap_name}.safetensors"
+        per_unit = self.per_unit.setdefault(tap_name, load_per_unit(store) if self.resume else {})
         if not todo:
+            self._record_uncertainty(tap_name)
             return  # finished in the run being resumed
         data = self.tap_data(tap_name, transform)
         for name in todo:
@@ -235,9 +247,25 @@ class _Study:
             out = self.stage(f"running probe {name!r} on tap {tap_name!r}", PROBES.get(name), data, **options)
             tap["metrics"].update(out.metrics)
             tap["protocol"][name] = out.protocol
+            per_unit.update(out.per_unit)
+            if out.per_unit and self.run_dir.writable:
+                store.parent.mkdir(exist_ok=True)
+                save_per_unit(store, per_unit)
             self.run_dir.log_metrics({"stage": "probe", "tap": tap_name, "probe": name, **out.metrics})
             self.run_dir.write_results(self.results)
+        self._record_uncertainty(tap_name)
         self._clock("probe_s", t0)
+
+    def _record_uncertainty(self, tap_name: str) -> None:
+        """taps[tap]["uncertainty"][metric]: a 95% interval and how it was obtained (headprobe.stats)."""
+        for p in self.per_unit[tap_name].values():
+            if p.unit not in self.resamples:
+                strata = self.feats["test"].labels if p.unit == TEST_IMAGES else None
+                self.resamples[p.unit] = bootstrap_resamples(len(p.values), seed=self.recipe.seed, strata=strata)
+        tap = self.results["taps"][tap_name]
+        stratified = {TEST_IMAGES: True}
+        tap["uncertainty"] = tap_uncertainty(tap["metrics"], self.per_unit[tap_name], self.resamples, stratified)
+        self.run_dir.write_results(self.results)
 
     # --- heads ----------------------------------------------------------------------------------
 
@@ -263,7 +291,8 @@ class _Study:
             self.results.setdefault("timing_ratios", {})["track_over_train"] = track_s / max(self.timing["train_s"],
                                                                                                1e-9)
         self.results["protocol"]["train"] = dataclasses.asdict(recipe.train) | {
-            "objective": recipe.objective.name, "objective_options": recipe.objective.options, **summary}
+            "objective": recipe.objective.name, "objective_options": recipe.objective.options,
+            "objective_protocol": objective_protocol(recipe.objective.name, recipe.objective.options), **summary}
         for spec in recipe.heads:
             trained = self.states.get(spec.name)
             self.results["heads"][spec.name] = {
@@ -314,7 +343,8 @@ class _Study:
             saved = self.stage("saving the tuned backbone", save_tuned_backbone, self.backbone, checkpoints)
             self.results["backbone_tuned"]["saved"] = str(saved.relative_to(run_dir.path))
         protocol["train"] = dataclasses.asdict(recipe.train) | {
-            "objective": recipe.objective.name, "objective_options": recipe.objective.options, **summary,
+            "objective": recipe.objective.name, "objective_options": recipe.objective.options,
+            "objective_protocol": objective_protocol(recipe.objective.name, recipe.objective.options), **summary,
             "tuning": record}
         for head in recipe.heads:
             trained = states[head.name]
@@ -357,7 +387,8 @@ class _Study:
                 tap_name = spec.name if depth == head.depth else f"{spec.name}@{depth}"
                 self.probe_tap(tap_name, spec.name, depth,
                                transform=lambda x, d=depth, h=head: head_taps(h, x)[d - 1])
-            self.results["buffer"][spec.name] = buffer_verdict(self.results["taps"], spec.name)
+            self.results["buffer"][spec.name] = buffer_verdict(self.results["taps"], spec.name, self.per_unit,
+                                                               self.resamples)
             self.run_dir.write_results(self.results)
 
 

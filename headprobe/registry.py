@@ -175,7 +175,8 @@ PROBES.add("augment_r2", "headprobe.probes.suite:augment_r2",
 PROBES.add("rotation", "headprobe.probes.suite:rotation",
            "4-way rotation prediction (0/90/180/270°), linear and MLP: the paper's guillotine measure")
 PROBES.add("orbits", "headprobe.probes.suite:orbits",
-           "orbits along rotation/hue/saturation/blur sweeps: spread (raw and scale-free), D_inter/D_intra, curvature")
+           "orbits along rotation/hue/saturation/blur sweeps: spread (raw and scale-free), D_inter/D_intra between "
+           "class centroids (the paper's; d_*_image: between image orbits), curvature")
 
 OBJECTIVES = Registry("objective")
 OBJECTIVES.add("info_nce", "headprobe.objectives:info_nce",

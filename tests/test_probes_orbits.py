@@ -21,6 +21,7 @@ SCALE_FREE = (
     "orbit.spread_rel",
     "orbit.d_intra_rel",
     "orbit.d_ratio",
+    "orbit.d_ratio_image",
     "orbit.curvature",
     "orbit.cos_anchor",
     "orbit.eff_rank",
@@ -54,13 +55,14 @@ def test_circle_orbits_match_closed_forms():
     angles = torch.arange(t, dtype=torch.float64) * 2 * math.pi / t
     # image k: a circle in the plane (e_{3+2k}, e_{4+2k}) around the centre 10 e_k; centres are 10√2 apart
     traj = torch.stack([circle(r, angles, (eye[3 + 2 * k], eye[4 + 2 * k]), 10 * eye[k]) for k in range(n)])
-    m = orbit_measures(traj)
+    m = orbit_measures(traj, labels=torch.tensor([0, 1, 2]))  # one image per class: both D_inter agree
     # mean chord over the T−1 other points: (1/(T−1)) Σ_k 2r sin(πk/T) = 2r cot(π/2T) / (T−1)
     d_intra = 2 * r / math.tan(math.pi / (2 * t)) / (t - 1)
     assert m["orbit.spread"] == pytest.approx(r**2, rel=1e-12)
     assert m["orbit.d_intra"] == pytest.approx(d_intra, rel=1e-12)
-    assert m["orbit.d_inter"] == pytest.approx(10 * math.sqrt(2), rel=1e-12)
-    assert m["orbit.d_ratio"] == pytest.approx(10 * math.sqrt(2) / d_intra, rel=1e-12)
+    for suffix in ("", "_image"):
+        assert m["orbit.d_inter" + suffix] == pytest.approx(10 * math.sqrt(2), rel=1e-12)
+        assert m["orbit.d_ratio" + suffix] == pytest.approx(10 * math.sqrt(2) / d_intra, rel=1e-12)
     assert m["orbit.pair_sq_dist"] == pytest.approx(200 + 2 * r**2, rel=1e-12)
     assert m["orbit.spread_rel"] == pytest.approx(r**2 / (200 + 2 * r**2), rel=1e-12)
     assert m["orbit.eff_rank"] == pytest.approx(2.0, rel=1e-9)
@@ -88,7 +90,77 @@ def test_curvature_closed_forms():
     assert trajectory_curvature((steps + 1) * direction[:, None], on_sphere=True) == pytest.approx(0.0, abs=1e-12)
 
 
-def brute_force(traj, anchor):
+def test_class_and_image_centroids_give_different_d_inter():
+    """The paper's D_inter, in its words: the mean distance between the class centroids (not the orbit centroids)."""
+    n, t, r, d = 4, 12, 0.5, 12
+    eye = torch.eye(d, dtype=torch.float64)
+    angles = torch.arange(t, dtype=torch.float64) * 2 * math.pi / t
+    # class 0: images around 0 and 4 e_0; class 1: around 10 e_1 and 10 e_1 + 4 e_0
+    centres = [0 * eye[0], 4 * eye[0], 10 * eye[1], 10 * eye[1] + 4 * eye[0]]
+    traj = torch.stack([circle(r, angles, (eye[4 + 2 * k], eye[5 + 2 * k]), centres[k]) for k in range(n)])
+    m = orbit_measures(traj, labels=torch.tensor([0, 0, 1, 1]))
+    d_intra = 2 * r / math.tan(math.pi / (2 * t)) / (t - 1)
+    # class centroids 2 e_0 and 10 e_1 + 2 e_0 are 10 apart; the six image-centroid distances are 4, 10, √116 twice each
+    assert m["orbit.d_intra"] == pytest.approx(d_intra, rel=1e-12)
+    assert m["orbit.d_inter"] == pytest.approx(10.0, rel=1e-12)
+    assert m["orbit.d_ratio"] == pytest.approx(10.0 / d_intra, rel=1e-12)
+    assert m["orbit.d_inter_image"] == pytest.approx((28 + 2 * math.sqrt(116)) / 6, rel=1e-12)
+    assert m["orbit.d_ratio_image"] == pytest.approx((28 + 2 * math.sqrt(116)) / 6 / d_intra, rel=1e-12)
+    assert "2 class centroids" in m["centroids"] and "4 image-orbit centroids" in m["centroids"]
+
+
+def test_class_d_inter_matches_numpy_with_unequal_classes():
+    g = torch.Generator().manual_seed(9)
+    traj = torch.randn(6, 5, 7, generator=g, dtype=torch.float64) + 3 * torch.randn(6, 1, 7, generator=g)
+    labels = np.array([9, 3, 7, 9, 3, 9])  # classes of 1, 2 and 3 images, out of order
+    x = traj.numpy()
+    nu = [x[labels == c].reshape(-1, 7).mean(axis=0) for c in np.unique(labels)]
+    d_inter = np.mean([np.linalg.norm(a - b) for a, b in itertools.permutations(nu, 2)])
+    for given in (labels, torch.as_tensor(labels)):
+        m = orbit_measures(traj, labels=given)
+        assert m["orbit.d_inter"] == pytest.approx(d_inter, rel=1e-12)
+        assert m["orbit.d_ratio"] == pytest.approx(d_inter / m["orbit.d_intra"], rel=1e-12)
+    assert abs(m["orbit.d_inter"] - m["orbit.d_inter_image"]) > 0.1 * m["orbit.d_inter"]
+
+
+def test_without_labels_the_papers_d_inter_is_absent():
+    traj = torch.randn(4, 5, 3, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    m = orbit_measures(traj)
+    assert "orbit.d_inter" not in m and "orbit.d_ratio" not in m
+    assert "orbit.d_inter_image" in m and "absent" in m["centroids"]
+    with pytest.raises(ValueError, match="all of class 3.*needs >= 2 classes"):
+        orbit_measures(traj, labels=torch.full((4,), 3))
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        orbit_measures(traj, labels=torch.tensor([0, 1, 0]))
+    with pytest.raises(ValueError, match="integer"):
+        orbit_measures(traj, labels=torch.tensor([0.0, 1.0, 0.0, 1.0]))
+
+
+def test_orbits_probe_names_the_class_and_image_versions():
+    from headprobe.probes.suite import TapData
+    from headprobe.probes.suite import orbits as orbits_probe
+
+    traj = torch.randn(4, 10, 3, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    empty = torch.zeros(0, 3)
+
+    def probe(labels):
+        tap = TapData("t", empty, torch.zeros(0), empty, torch.zeros(0), 2, orbits={"rotation45": traj},
+                      orbit_labels=labels)
+        return orbits_probe(tap)
+
+    labelled = probe(torch.tensor([0, 1, 0, 1]))
+    direct = orbit_measures(traj, sweep="rotation45", labels=torch.tensor([0, 1, 0, 1]))
+    for key in ("orbit.d_inter", "orbit.d_ratio", "orbit.d_inter_image", "orbit.d_ratio_image"):
+        assert labelled.metrics["rotation45." + key] == direct[key], key
+    assert "2 class centroids" in labelled.protocol["centroids"]
+    for labels, reason in ((None, "without labels"), (torch.tensor([5, 5, 5, 5]), "all of class 5")):
+        out = probe(labels)
+        assert "rotation45.orbit.d_inter" not in out.metrics and "rotation45.orbit.d_ratio" not in out.metrics
+        assert out.metrics["rotation45.orbit.d_inter_image"] == direct["orbit.d_inter_image"]
+        assert reason in out.protocol["centroids"], out.protocol
+
+
+def brute_force(traj, anchor, labels):
     x = traj.numpy()
     n, t, _ = x.shape
     mu = x.mean(axis=1)
@@ -96,7 +168,10 @@ def brute_force(traj, anchor):
     d_intra = np.mean(
         [np.linalg.norm(x[i, a] - x[i, b]) for i in range(n) for a in range(t) for b in range(t) if a != b]
     )
-    d_inter = np.mean([np.linalg.norm(mu[i] - mu[j]) for i in range(n) for j in range(n) if i != j])
+    d_inter_image = np.mean([np.linalg.norm(mu[i] - mu[j]) for i in range(n) for j in range(n) if i != j])
+    classes = sorted(set(labels))
+    nu = [np.mean([x[i, s] for i in range(n) if labels[i] == c for s in range(t)], axis=0) for c in classes]
+    d_inter = np.mean([np.linalg.norm(nu[a] - nu[b]) for a in range(len(nu)) for b in range(len(nu)) if a != b])
     between = [x[i, a] - x[j, b] for i in range(n) for j in range(n) if i != j for a in range(t) for b in range(t)]
     pair_sq = np.mean([np.sum(v**2) for v in between])
     pair = np.mean([np.linalg.norm(v) for v in between])
@@ -117,6 +192,8 @@ def brute_force(traj, anchor):
         "orbit.d_intra_rel": d_intra / pair,
         "orbit.d_inter": d_inter,
         "orbit.d_ratio": d_inter / d_intra,
+        "orbit.d_inter_image": d_inter_image,
+        "orbit.d_ratio_image": d_inter_image / d_intra,
         "orbit.pair_sq_dist": pair_sq,
         "orbit.pair_dist": pair,
         "orbit.curvature": curvature,
@@ -128,19 +205,22 @@ def brute_force(traj, anchor):
 def test_measures_match_brute_force_in_several_blocks(monkeypatch):
     traj = torch.randn(5, 5, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64) + 1.0
     monkeypatch.setattr(orbits, "_PAIR_BLOCK", 2 * 5 * 5 * 5)  # blocks of 2 images: 2 + 2 + 1
-    m = orbit_measures(traj, sweep="hue")
-    expected = brute_force(traj, anchor=2)
-    assert set(m) == set(expected) | {"space"}
+    labels = [0, 1, 1, 0, 2]
+    m = orbit_measures(traj, sweep="hue", labels=torch.tensor(labels))
+    expected = brute_force(traj, anchor=2, labels=labels)
+    assert set(m) == set(expected) | {"space", "centroids"}
     for key, value in expected.items():
         assert m[key] == pytest.approx(value, rel=1e-10), key
 
 
 def test_scaling_everything_moves_only_the_raw_numbers():
     traj = torch.randn(6, 10, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-    base, scaled = orbit_measures(traj), orbit_measures(10 * traj)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    base, scaled = orbit_measures(traj, labels=labels), orbit_measures(10 * traj, labels=labels)
     assert scaled["orbit.spread"] == pytest.approx(100 * base["orbit.spread"], rel=1e-12)
     assert scaled["orbit.pair_sq_dist"] == pytest.approx(100 * base["orbit.pair_sq_dist"], rel=1e-12)
-    assert scaled["orbit.d_intra"] == pytest.approx(10 * base["orbit.d_intra"], rel=1e-12)
+    for key in ("orbit.d_intra", "orbit.d_inter", "orbit.d_inter_image"):
+        assert scaled[key] == pytest.approx(10 * base[key], rel=1e-12), key
     for key in SCALE_FREE:
         assert scaled[key] == pytest.approx(base[key], rel=1e-10), key
 
@@ -157,7 +237,7 @@ def test_uniform_shrinking_is_not_invariance():
     invariant = orbit_measures(centroids + 0.1 * (traj - centroids))
     assert invariant["orbit.spread"] == pytest.approx(0.01 * base["orbit.spread"], rel=1e-12)
     assert invariant["orbit.spread_rel"] < 0.1 * base["orbit.spread_rel"]
-    assert invariant["orbit.d_ratio"] > 5 * base["orbit.d_ratio"]
+    assert invariant["orbit.d_ratio_image"] > 5 * base["orbit.d_ratio_image"]
 
 
 def test_normalize_measures_on_the_sphere():
@@ -165,10 +245,12 @@ def test_normalize_measures_on_the_sphere():
     traj = torch.randn(4, 5, 6, generator=g, dtype=torch.float64) * torch.rand(
         4, 5, 1, generator=g, dtype=torch.float64
     )
-    on_sphere = orbit_measures(traj, normalize=True)
-    expected = orbit_measures(traj / traj.norm(dim=-1, keepdim=True))
+    labels = torch.tensor([1, 0, 1, 0])
+    on_sphere = orbit_measures(traj, normalize=True, labels=labels)
+    expected = orbit_measures(traj / traj.norm(dim=-1, keepdim=True), labels=labels)
+    assert "orbit.d_inter" in expected
     for key, value in expected.items():
-        if key != "space":
+        if key not in ("space", "centroids"):
             assert on_sphere[key] == pytest.approx(value, rel=1e-12), key
     assert orbit_measures(7 * traj, normalize=True)["orbit.spread"] == pytest.approx(on_sphere["orbit.spread"])
     assert "l2-normalised" in on_sphere["space"] and on_sphere["space"] != expected["space"]

@@ -30,7 +30,11 @@ def test_quickstart_subset_with_real_weights(tmp_path, capsys):
     assert results["backbone"]["params"] == 22_056_192
     assert metrics["linear.acc"] > 0.9, metrics
     assert metrics["knn.k10.acc"] > 0.5, metrics  # chance is 0.1
+    assert {"rotation45.orbit.d_ratio", "rotation45.orbit.d_ratio_image"} <= set(metrics)  # class vs image centroids
     assert set(results["taps"]) == {"backbone", "lin@1", "lin", "mlp_relu@1", "mlp_relu", "mlp_swish@1", "mlp_swish"}
-    assert {v["verdict"] for v in results["buffer"].values()} <= {"buffer", "no-buffer", "mixed"}
+    assert {v["verdict"] for v in results["buffer"].values()} <= {"buffer", "no-buffer", "mixed", "inconclusive"}
+    low, high = results["taps"]["backbone"]["uncertainty"]["linear.acc"]["ci95"]
+    assert low < metrics["linear.acc"] < high and high - low < 0.2  # 100 test images: about ±0.05
+    assert all("resolved" in e for v in results["buffer"].values() for e in v["evidence"].values())
     out = capsys.readouterr().out
     assert "linear.acc" in out and "buffer verdicts" in out

@@ -37,3 +37,7 @@ def test_offline_recipe_runs_reduced(path, tiny_dinov2, tmp_path):
         assert data["status"] == "complete"
         assert set(data["taps"]) >= {"backbone"} | {h["name"] for h in recipe.get("heads", [])}
         assert all(h["train"]["status"] == "complete" for h in data["heads"].values())
+        if "orbits" in recipe.get("probes", {}):  # the paper's class-centroid D_inter and the image-centroid one
+            metrics = data["taps"]["backbone"]["metrics"]
+            measured = [k.removesuffix(".orbit.d_ratio_image") for k in metrics if k.endswith(".orbit.d_ratio_image")]
+            assert measured and all(f"{sweep}.orbit.d_ratio" in metrics for sweep in measured), sorted(metrics)

@@ -102,6 +102,15 @@ def test_a_broken_section_or_figure_is_noted_and_the_page_still_written():
     assert page.row("linear.acc")[1].startswith("0.9500")  # the other sections are intact
 
 
+def test_orbit_section_says_which_d_inter_is_the_papers():
+    results = results_dict()
+    assert "orbit.d_inter" not in render_report(results, [])  # no orbit metrics, no legend
+    results["taps"]["backbone"]["metrics"] |= {"rotation360.orbit.d_ratio": 2.0, "rotation360.orbit.d_ratio_image": 3.0}
+    text = render_report(results, [])
+    assert "&lt;sweep&gt;.orbit.d_inter and .d_ratio are the paper's D_inter and D_inter / D_intra" in text
+    assert ".d_inter_image and .d_ratio_image compare the centroids of single images' orbits" in text
+
+
 def test_a_failed_run_shows_its_error():
     results = results_dict() | {"status": "failed",
                                 "error": {"stage": "running probe 'knn' on tap 'mlp'", "message": "OOM"}}

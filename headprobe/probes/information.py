@@ -13,6 +13,7 @@ import torch
 
 from headprobe.probes.mi_bounds import (
     BOUNDS,
+    CriticFit,
     InfoNCEBound,
     SeparableCritic,
     _check_clip,
@@ -26,6 +27,7 @@ from headprobe.probes.mi_bounds import (
 )
 
 __all__ = [
+    "CriticFit",
     "InfoNCEBound",
     "SeparableCritic",
     "cosine_critic",
@@ -219,11 +221,14 @@ def mutual_information(
     temperature: float = 0.1,
     clip: float = 5.0,
     train_bound: str | None = None,
-    steps: int = 400,
-    lr: float = 3e-3,
+    steps: int = 1000,
+    lr: float = 2e-3,
+    weight_decay: float = 1.0,
     hidden: int = 64,
     out: int = 32,
     ema_rate: float = 0.01,
+    validation_fraction: float = 0.25,
+    patience: int = 10,
     shrinkage: float | str | None = "auto",
     seed: int = 0,
 ) -> dict:
@@ -234,12 +239,19 @@ def mutual_information(
     B×B critic matrix:
     - critic "cosine": the fixed `cosine_critic` at `temperature`; nothing is fitted, so all N pairs are
       evaluated (n_train = 0).
-    - critic "separable": a seeded `eval_fraction` of the pairs is held out; `train_critic` fits on the rest
-      with `train_bound` (default: the bound being evaluated) and the bound is read out on the held-out pairs.
+    - critic "separable": three disjoint seeded splits. An `eval_fraction` of the pairs is held out for the
+      read-out; `train_critic` takes the rest, fits on (1 − `validation_fraction`) of them with `train_bound`
+      (default: the bound being evaluated) and early-stops on the others (the step with the best validation
+      objective is kept), and the bound is read out on the held-out pairs only, which the critic never trained
+      or early-stopped on. On 20-d Gaussians at B = 128 with 15k fitting pairs, the defaults read within 4% of
+      the optimal critic at I = 2 and 4 nats, and at or above the cosine critic on the same held-out batches
+      (tests/test_probes_information.py); with much fewer pairs the cosine critic can be the tighter one.
     Pairs left over after the last full batch are unused (reported as n_unused).
 
     Returns every knob next to the number, ready for results.json: "mi", "stderr" (std over batches / √n_batches,
-    None for one batch), "ceiling" (log B for InfoNCE, else None), the split sizes, and "warning" when InfoNCE
+    None for one batch), "ceiling" (log B for InfoNCE, else None), the split sizes (n_fit + n_val = n_train,
+    n_eval), "train" (`train_critic`'s protocol: the step early stopping chose, the validation curve, every
+    setting), "evaluated_on" (which pairs "mi" comes from), and "warning" when InfoNCE
     lies within 1 nat of log B (the true MI may be far larger; raise batch_size) or when SMILE is read out
     with the untrained cosine critic (whose scores the clip was not designed for).
     """
@@ -256,12 +268,13 @@ def mutual_information(
     if method == "smile":
         _check_clip(clip)
     generator = torch.Generator().manual_seed(seed)
-    train_knobs = None
+    train_knobs, n_fit, n_val = None, 0, 0
     if critic == "cosine":
         if not temperature > 0:
             raise ValueError(f"temperature must be positive but got {temperature}; SimCLR uses 0.1.")
         x_eval, y_eval, n_train = x, y, 0
         score = functools.partial(cosine_critic, temperature=temperature)
+        evaluated_on = "all pairs (the cosine critic is fixed; nothing is fitted)"
     else:
         if not 0 < eval_fraction < 1:
             raise ValueError(f"eval_fraction must lie strictly between 0 and 1 but got {eval_fraction}.")
@@ -269,19 +282,21 @@ def mutual_information(
         order = torch.randperm(n, generator=generator).to(x.device)
         n_eval = round(n * eval_fraction)
         eval_idx, train_idx = order[:n_eval], order[n_eval:]
-        if len(train_idx) < batch_size:
+        if len(train_idx) < 2 * batch_size:
             raise ValueError(
-                f"only {len(train_idx)} training pairs for batch_size {batch_size}; pass more pairs, a smaller "
+                f"only {len(train_idx)} training pairs for batch_size {batch_size}; the critic needs at least "
+                f"{2 * batch_size} (a batch to fit on and one to early-stop on). Pass more pairs, a smaller "
                 "batch_size or a smaller eval_fraction."
             )
-        score = train_critic(
-            x[train_idx], y[train_idx], train_bound, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-            hidden=hidden, out=out, ema_rate=ema_rate,
+        fit = train_critic(
+            x[train_idx], y[train_idx], train_bound, steps=steps, batch_size=batch_size, lr=lr,
+            weight_decay=weight_decay, seed=seed, hidden=hidden, out=out, ema_rate=ema_rate,
+            validation_fraction=validation_fraction, patience=patience,
         )
+        score, train_knobs = fit.critic, fit.protocol
+        n_fit, n_val = train_knobs["n_fit"], train_knobs["n_val"]
         x_eval, y_eval, n_train = x[eval_idx], y[eval_idx], len(train_idx)
-        train_knobs = {"bound": train_bound, "steps": steps, "lr": lr, "hidden": hidden, "out": out,
-                       "batch_size": batch_size, "optimizer": "adam",
-                       "ema_rate": ema_rate if train_bound == "dv" else None}
+        evaluated_on = "held-out pairs, disjoint from the fitting and the early-stopping (validation) pairs"
     n_eval = x_eval.shape[0]
     if n_eval < batch_size:
         raise ValueError(
@@ -316,7 +331,10 @@ def mutual_information(
         "n_batches": len(values),
         "n_samples": n,
         "n_train": n_train,
+        "n_fit": n_fit,
+        "n_val": n_val,
         "n_eval": n_eval,
+        "evaluated_on": evaluated_on,
         "n_unused": n_eval - len(values) * batch_size,
         "eval_fraction": eval_fraction if critic == "separable" else None,
         "temperature": temperature if critic == "cosine" else None,

@@ -194,10 +194,14 @@ def _mlp(dim: int, hidden: int, out: int) -> nn.Sequential:
 
 
 class SeparableCritic(nn.Module):
-    """Separable critic f(x, y) = g(x)ᵀ h(y) with a two-hidden-layer ReLU MLP per side (Poole et al., sec. 4).
+    """Separable critic f(x, y) = g(x)ᵀ h(y) (Poole et al., sec. 4), each side a linear map plus a two-hidden-layer
+    ReLU MLP: g(x) = W_g x + MLP_g(x), likewise h.
 
-    Inputs are standardised with per-feature statistics stored as buffers (set by `train_critic` from the
-    training pairs), so features of any scale train with one learning rate.
+    The linear path makes the bilinear critic xᵀ W_gᵀ W_h y, the optimal one for Gaussian views up to a norm
+    term, reachable without the MLP; the MLP then only has to learn what is non-linear, which is what lets a
+    critic fitted on a few thousand pairs match the fixed cosine critic. Inputs are standardised with
+    per-feature statistics stored as buffers (set by `train_critic` from the fitting pairs), so features of any
+    scale train with one learning rate.
 
     >>> SeparableCritic(3, 5, hidden=8, out=4)(torch.zeros(6, 3), torch.zeros(6, 5)).shape
     torch.Size([6, 6])
@@ -210,6 +214,8 @@ class SeparableCritic(nn.Module):
                 raise ValueError(f"SeparableCritic needs {name} ≥ 1 but got {value}.")
         self.g = _mlp(dim1, hidden, out)
         self.h = _mlp(dim2, hidden, out)
+        self.g_linear = nn.Linear(dim1, out, bias=False)
+        self.h_linear = nn.Linear(dim2, out, bias=False)
         self.register_buffer("x_mean", torch.zeros(dim1))
         self.register_buffer("x_scale", torch.ones(dim1))
         self.register_buffer("y_mean", torch.zeros(dim2))
@@ -224,9 +230,17 @@ class SeparableCritic(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x: (B, dim1), y: (B, dim2) -> scores (B, B) with scores[i, j] = f(x_i, y_j)."""
-        gx = self.g((x.to(self.x_mean) - self.x_mean) / self.x_scale)
-        hy = self.h((y.to(self.y_mean) - self.y_mean) / self.y_scale)
-        return gx @ hy.T
+        x = (x.to(self.x_mean) - self.x_mean) / self.x_scale
+        y = (y.to(self.y_mean) - self.y_mean) / self.y_scale
+        return (self.g_linear(x) + self.g(x)) @ (self.h_linear(y) + self.h(y)).T
+
+
+class CriticFit(NamedTuple):
+    """What `train_critic` returns: the critic holding its best-validation weights, and how it was fitted
+    (split sizes, the step early stopping chose, the validation curve and every setting) for results.json."""
+
+    critic: SeparableCritic
+    protocol: dict
 
 
 def _mine_loss(scores: torch.Tensor, log_ema: torch.Tensor | None, rate: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,51 +256,101 @@ def _mine_loss(scores: torch.Tensor, log_ema: torch.Tensor | None, rate: float) 
     return -(scores.diagonal().mean() - (log_mean - log_ema).exp()), log_ema
 
 
+def _validation_objective(
+    critic: SeparableCritic, x: torch.Tensor, y: torch.Tensor, objective: Callable[[torch.Tensor], torch.Tensor],
+    batch_size: int,
+) -> float:
+    """Mean of `objective` over the disjoint batches of the validation pairs, in their (already shuffled) order."""
+    with torch.no_grad():
+        values = [objective(critic(x[i : i + batch_size], y[i : i + batch_size]).double()).item()
+                  for i in range(0, x.shape[0] - batch_size + 1, batch_size)]
+    return sum(values) / len(values)
+
+
 def train_critic(
     x_train: torch.Tensor,
     y_train: torch.Tensor,
     bound: str = "infonce",
     *,
-    steps: int = 400,
+    steps: int = 1000,
     batch_size: int = 128,
-    lr: float = 3e-3,
+    lr: float = 2e-3,
+    weight_decay: float = 1.0,
     seed: int = 0,
     hidden: int = 64,
     out: int = 32,
     ema_rate: float = 0.01,
-) -> SeparableCritic:
-    """Fit a `SeparableCritic` by maximising a bound on random batches of the training pairs.
+    validation_fraction: float = 0.25,
+    eval_every: int = 50,
+    patience: int = 10,
+) -> CriticFit:
+    """Fit a `SeparableCritic` by maximising a bound on random batches, early-stopped on held-out pairs.
 
-    x_train: (N, D1), y_train: (N, D2), row i of each is one positive pair. Each of `steps` Adam steps draws
-    `batch_size` distinct pairs (a seeded permutation) and ascends the bound: "infonce", "nwj", "dv" (MINE:
-    moving-average denominator with rate `ema_rate`) or "smile" (trained with the Jensen–Shannon objective,
-    as Song & Ermon do, and read out with the clipped DV). Initialisation and batches depend only on `seed`;
-    the global RNG is left untouched. Evaluate the returned critic on pairs it was not trained on.
+    x_train: (N, D1), y_train: (N, D2), row i of each is one positive pair. A seeded `validation_fraction` of
+    the pairs is set aside for validation; the rest (the fitting pairs) set the input scaling and the batches.
+    Each of at most `steps` AdamW steps (decoupled `weight_decay`, learning rate `lr` annealed to 0 on a cosine
+    over `steps`) draws `batch_size` distinct fitting pairs and ascends the bound: "infonce", "nwj", "dv" (MINE:
+    moving-average denominator with rate `ema_rate`) or "smile" (trained with the Jensen–Shannon objective, as
+    Song & Ermon do). Every `eval_every` steps the same objective is averaged over disjoint batches of the
+    validation pairs; training stops once it has not improved for `patience` evaluations, and the critic is
+    returned with the weights of its best evaluation. Run to its last step without weight decay, an MLP critic
+    fitted on 10k pairs of 20-d Gaussians (I = 2 nats) read 2.08 nats on its own pairs and 1.28 on new ones,
+    below the fixed cosine critic's 1.81 (issue #13). The validation pairs choose the step, so the value they
+    give is optimistic: read the bound out on pairs passed to neither (`mutual_information` does).
+    Initialisation, split and batches depend only on `seed`; the global RNG is left untouched.
+
+    >>> x = torch.randn(600, 2); fit = train_critic(x, x + torch.randn(600, 2), steps=20, batch_size=64)
+    >>> fit.protocol["n_fit"], fit.protocol["n_val"], fit.protocol["best_step"] <= 20
+    (450, 150, True)
     """
     _check_pairs(x_train, y_train)
     if bound not in BOUNDS:
         raise ValueError(f"bound {bound!r} is not one of {BOUNDS}.")
-    n = x_train.shape[0]
-    if not 2 <= batch_size <= n:
-        raise ValueError(f"batch_size must lie in 2..{n} (the number of training pairs) but got {batch_size}.")
-    if steps < 1 or not lr > 0:
-        raise ValueError(f"steps must be ≥ 1 and lr positive but got steps={steps}, lr={lr}.")
+    if steps < 1 or not lr > 0 or weight_decay < 0:
+        raise ValueError(
+            f"steps must be ≥ 1, lr positive and weight_decay ≥ 0 but got steps={steps}, lr={lr}, "
+            f"weight_decay={weight_decay}."
+        )
     if not 0 < ema_rate < 1:
         raise ValueError(f"ema_rate must lie strictly between 0 and 1 but got {ema_rate}.")
+    if not 0 < validation_fraction < 1:
+        raise ValueError(
+            f"validation_fraction must lie strictly between 0 and 1 but got {validation_fraction}; the critic is "
+            "early-stopped on those pairs."
+        )
+    if eval_every < 1 or patience < 1:
+        raise ValueError(f"eval_every and patience must be ≥ 1 but got {eval_every} and {patience}.")
+    n = x_train.shape[0]
+    n_val = round(n * validation_fraction)
+    if batch_size < 2 or min(n_val, n - n_val) < batch_size:
+        raise ValueError(
+            f"{n} training pairs split into {n - n_val} fitting and {n_val} validation pairs, but both need at "
+            f"least batch_size = {batch_size} (≥ 2); pass more pairs or a smaller batch_size."
+        )
     device = x_train.device
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n, generator=generator).to(device)
+    x_train, y_train = x_train.to(device, torch.float32), y_train.to(device, torch.float32)
+    x_val, y_val = x_train[order[:n_val]], y_train[order[:n_val]]
+    x_fit, y_fit = x_train[order[n_val:]], y_train[order[n_val:]]
+    n_fit = n - n_val
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        critic = SeparableCritic(x_train.shape[1], y_train.shape[1], hidden=hidden, out=out).to(device)
-    x_train, y_train = x_train.to(device, torch.float32), y_train.to(device, torch.float32)
-    critic.set_input_scaling(x_train, y_train)
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(critic.parameters(), lr=lr)
-    objectives: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"infonce": _infonce, "nwj": _nwj, "smile": _js}
+        critic = SeparableCritic(x_fit.shape[1], y_fit.shape[1], hidden=hidden, out=out).to(device)
+    critic.set_input_scaling(x_fit, y_fit)
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=lr, weight_decay=weight_decay)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
+    objectives: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "infonce": _infonce, "nwj": _nwj, "dv": _dv, "smile": _js,
+    }
     log_ema = None
-    critic.train()
-    for _ in range(steps):
-        idx = torch.randperm(n, generator=generator)[:batch_size].to(device)
-        scores = critic(x_train[idx], y_train[idx])
+    best_value, best_step, best_state, curve = -math.inf, 0, None, []
+    step = 0
+    while step < steps and step - best_step < patience * eval_every:
+        critic.train()
+        step += 1
+        idx = torch.randperm(n_fit, generator=generator)[:batch_size].to(device)
+        scores = critic(x_fit[idx], y_fit[idx])
         if bound == "dv":
             loss, log_ema = _mine_loss(scores, log_ema, ema_rate)
         else:
@@ -294,4 +358,39 @@ def train_critic(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    return critic.eval()
+        schedule.step()
+        if step % eval_every == 0 or step == steps:
+            critic.eval()
+            value = _validation_objective(critic, x_val, y_val, objectives[bound], batch_size)
+            curve.append([step, value])
+            if value > best_value:
+                best_value, best_step = value, step
+                best_state = {k: v.detach().clone() for k, v in critic.state_dict().items()}
+    if best_state is not None:
+        critic.load_state_dict(best_state)
+    protocol = {
+        "bound": bound,
+        "validated_on": {"infonce": "InfoNCE", "nwj": "NWJ", "dv": "DV", "smile": "Jensen–Shannon"}[bound]
+        + " objective over disjoint batches of the validation pairs",
+        "n_fit": n_fit,
+        "n_val": n_val,
+        "validation_fraction": validation_fraction,
+        "best_step": best_step,
+        "best_validation": best_value,
+        "stopped_at": step,
+        "stopped_early": step < steps,
+        "validation_curve": curve,
+        "max_steps": steps,
+        "eval_every": eval_every,
+        "patience": patience,
+        "batch_size": batch_size,
+        "optimizer": "adamw",
+        "lr": lr,
+        "lr_schedule": "cosine to 0 over max_steps",
+        "weight_decay": weight_decay,
+        "hidden": hidden,
+        "out": out,
+        "ema_rate": ema_rate if bound == "dv" else None,
+        "seed": seed,
+    }
+    return CriticFit(critic.eval(), protocol)

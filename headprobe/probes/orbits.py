@@ -1,7 +1,8 @@
 """Orbits: how a representation moves when one augmentation is swept over a fixed image.
 
 The paper rotates test images "in 12 steps" and measures, per representation space, the orbit spread (mean
-squared distance to the orbit centroid), D_intra, D_inter and D_inter/D_intra, and the trajectory curvature
+squared distance to the orbit centroid), D_intra, D_inter (between *class* centroids) and D_inter/D_intra, and the
+trajectory curvature
 "κ = mean |r_{i+1} − 2r_i + r_{i−1}| on L2-normalised representations over 10 angles in 0–45°"; on pretrained
 models it sweeps hue, saturation and blur too and adds the effective rank of the trajectory and the cosine to the
 anchor. Its orbit spreads were compared across spaces of different scale, and the head was fed L2-normalised z
@@ -252,18 +253,64 @@ def _space_note(normalize: bool) -> str:
         )
     return (
         "raw: measured in the tap's own space, unnormalised (for the backbone, the space its heads were trained "
-        "on); raw spread and distances carry that space's scale, so compare spaces with *_rel, d_ratio, curvature "
-        "(on L2-normalised representations) and cos_anchor."
+        "on); raw spread and distances carry that space's scale, so compare spaces with *_rel, d_ratio(_image), "
+        "curvature (on L2-normalised representations) and cos_anchor."
     )
 
 
-def orbit_measures(traj: torch.Tensor | np.ndarray, normalize: bool = False, *, sweep: str | None = None) -> dict:
-    """Invariance of one tap to one sweep, from its orbits traj: (N images, T steps, D).
+def _class_centroids(space: torch.Tensor, labels: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """ν_c = mean of r_it over the images i of class c and all steps t, one row per class present: (K, D)."""
+    labels = torch.as_tensor(labels)
+    n = space.shape[0]
+    if labels.shape != (n,) or labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(
+            f"labels must be an integer tensor of shape ({n},), the class of each orbit's image, but has shape "
+            f"{tuple(labels.shape)} and dtype {labels.dtype}."
+        )
+    classes, owner = torch.unique(labels.to(space.device), return_inverse=True)
+    if len(classes) < 2:
+        raise ValueError(
+            f"the {n} orbit images are all of class {int(classes[0])}; D_inter is the distance between class "
+            "centroids and needs >= 2 classes: use more orbit images, or pass labels=None to get only the "
+            "image-centroid d_inter_image and d_ratio_image."
+        )
+    sums = torch.zeros(len(classes), space.shape[-1], dtype=space.dtype, device=space.device)
+    sums.index_add_(0, owner, space.sum(dim=1))
+    return sums / (torch.bincount(owner, minlength=len(classes)) * space.shape[1])[:, None]
 
-    With μ_i the centroid of image i's orbit and pairs (i, t), (j, s) over distinct images i ≠ j:
+
+def _mean_distinct_distance(points: torch.Tensor) -> float:
+    """mean_{a≠b} ‖p_a − p_b‖ over the rows of points (M ≥ 2, D)."""
+    m = points.shape[0]
+    return float(torch.cdist(points, points, compute_mode="donot_use_mm_for_euclid_dist").sum()) / (m * (m - 1))
+
+
+def _centroid_note(n: int, n_classes: int | None) -> str:
+    image = f"d_inter_image, d_ratio_image: between the {n} image-orbit centroids (not the paper's D_inter)"
+    if n_classes is None:
+        return f"{image}; without labels the paper's d_inter and d_ratio (between class centroids) are absent."
+    return f"d_inter, d_ratio: between the {n_classes} class centroids of the orbit images (the paper's); {image}."
+
+
+def orbit_measures(
+    traj: torch.Tensor | np.ndarray,
+    normalize: bool = False,
+    *,
+    sweep: str | None = None,
+    labels: torch.Tensor | np.ndarray | None = None,
+) -> dict:
+    """Invariance of one tap to one sweep, from its orbits traj: (N images, T steps, D), image i of class labels[i].
+
+    With μ_i the centroid of image i's orbit, ν_c = mean of r_it over the images i of class c and all t (the class
+    centroid; K classes present), and pairs (i, t), (j, s) over distinct images i ≠ j:
         orbit.spread      mean_i mean_t ‖r_it − μ_i‖²  (the paper's "mean squared distance to orbit centroid")
-        orbit.d_intra     mean_i mean_{t≠s} ‖r_it − r_is‖
-        orbit.d_inter     mean_{i≠j} ‖μ_i − μ_j‖;  orbit.d_ratio = d_inter / d_intra
+        orbit.d_intra     mean_i mean_{t≠s} ‖r_it − r_is‖  (the paper's D_intra)
+        orbit.d_inter     mean_{c≠c'} ‖ν_c − ν_c'‖, the paper's D_inter: the mean distance between class
+                          centroids (its released CIFAR-10 arrays: 5 classes among 15 orbits); orbit.d_ratio =
+                          d_inter / d_intra, the paper's D_inter / D_intra. Only with `labels` naming >= 2 classes.
+        orbit.d_inter_image  mean_{i≠j} ‖μ_i − μ_j‖, between image-orbit centroids (not the paper's: on its
+                          arrays this gives 0.684 vs 0.180 where class centroids give 0.432 vs 0.111);
+                          orbit.d_ratio_image = d_inter_image / d_intra
         orbit.pair_sq_dist, orbit.pair_dist   mean ‖r_it − r_js‖², mean ‖r_it − r_js‖: the space's scale, what
                           random pairs of different images are apart (the exact mean over all pairs, not a sample)
         orbit.spread_rel  spread / pair_sq_dist, in [0, 1/2]: 0 for invariance, 1/2 when the orbits are as
@@ -279,13 +326,16 @@ def orbit_measures(traj: torch.Tensor | np.ndarray, normalize: bool = False, *, 
         was trained on; the returned "space" note says which.
     sweep: the `ORBIT_SWEEPS` name that made the orbits: sets the anchor (`anchor_index(sweep, T)`) and closes
         the trajectory of cyclic sweeps. Without it the anchor is step 0 and the trajectory is open.
+    labels: (N,) integer class of each orbit's image. Without it d_inter and d_ratio are absent (never replaced
+        by the image-centroid numbers); with fewer than 2 classes it is a ValueError.
 
-    Returns the "orbit.*" floats above and "space", a sentence. Cost O((N·T)² D) for pair_dist, computed in blocks.
+    Returns the "orbit.*" floats above, "space" and "centroids", sentences saying where it measured and which
+    centroids each D_inter compares. Cost O((N·T)² D) for pair_dist, computed in blocks.
 
     >>> square = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]])
-    >>> m = orbit_measures(torch.stack([square, square + 10]))
-    >>> m["orbit.spread"], round(m["orbit.d_ratio"], 4), m["orbit.eff_rank"]
-    (1.0, 8.7868, 2.0)
+    >>> m = orbit_measures(torch.stack([square, square + 10, square + 12]), labels=torch.tensor([0, 1, 1]))
+    >>> m["orbit.spread"], round(m["orbit.d_ratio"], 4), round(m["orbit.d_ratio_image"], 4), m["orbit.eff_rank"]
+    (1.0, 9.6655, 7.0294, 2.0)
     """
     traj = _check_traj(traj)
     n, t, _ = traj.shape
@@ -300,9 +350,9 @@ def orbit_measures(traj: torch.Tensor | np.ndarray, normalize: bool = False, *, 
     spread = float(spread_per_image.mean())
     within = torch.cdist(space, space, compute_mode="donot_use_mm_for_euclid_dist")
     d_intra = float(within.sum()) / (n * t * (t - 1))
-    d_inter = float(torch.cdist(centroids, centroids, compute_mode="donot_use_mm_for_euclid_dist").sum()) / (
-        n * (n - 1)
-    )
+    d_inter_image = _mean_distinct_distance(centroids)
+    class_centroids = None if labels is None else _class_centroids(space, labels)
+    d_inter = None if class_centroids is None else _mean_distinct_distance(class_centroids)
     # E‖r_it − r_js‖² = ‖μ_i − μ_j‖² + spread_i + spread_j, and the mean of ‖μ_i − μ_j‖² over i ≠ j is
     # 2N/(N−1) times the centroids' mean squared distance to their mean.
     centroid_scatter = float((centroids - centroids.mean(dim=0)).square().sum(dim=-1).mean())
@@ -320,19 +370,22 @@ def orbit_measures(traj: torch.Tensor | np.ndarray, normalize: bool = False, *, 
 
     others = [s for s in range(t) if s != anchor]
     cos_anchor = float((unit[:, others] * unit[:, anchor : anchor + 1]).sum(dim=-1).mean())
+    class_measures = {} if d_inter is None else {"orbit.d_inter": d_inter, "orbit.d_ratio": d_inter / d_intra}
     return {
         "orbit.spread": spread,
         "orbit.spread_rel": spread / pair_sq_dist,
         "orbit.d_intra": d_intra,
         "orbit.d_intra_rel": d_intra / pair_dist,
-        "orbit.d_inter": d_inter,
-        "orbit.d_ratio": d_inter / d_intra,
+        **class_measures,
+        "orbit.d_inter_image": d_inter_image,
+        "orbit.d_ratio_image": d_inter_image / d_intra,
         "orbit.pair_sq_dist": pair_sq_dist,
         "orbit.pair_dist": pair_dist,
         "orbit.curvature": trajectory_curvature(traj, cyclic=cyclic),
         "orbit.cos_anchor": cos_anchor,
         "orbit.eff_rank": sum(_effective_rank(orbit) for orbit in space) / n,
         "space": _space_note(normalize),
+        "centroids": _centroid_note(n, None if class_centroids is None else len(class_centroids)),
     }
 
 

@@ -13,6 +13,7 @@ import torch
 
 __all__ = [
     "alignment",
+    "alignment_per_pair",
     "alpha_req",
     "alpha_req_fit_range",
     "covariance_spectrum",
@@ -20,6 +21,7 @@ __all__ = [
     "rankme",
     "uniformity",
     "view_cosine",
+    "view_cosine_per_pair",
 ]
 
 # Below this many samples per dimension the smallest sample eigenvalues are visibly biased low.
@@ -191,11 +193,17 @@ def alignment(z1: torch.Tensor, z2: torch.Tensor, alpha: float = 2.0) -> float:
     >>> alignment(torch.tensor([[1.0, 0.0]]), torch.tensor([[-3.0, 0.0]]))
     4.0
     """
+    return float(alignment_per_pair(z1, z2, alpha).mean())
+
+
+def alignment_per_pair(z1: torch.Tensor, z2: torch.Tensor, alpha: float = 2.0) -> torch.Tensor:
+    """‖f(x_i) − f(y_i)‖^α of each positive pair on L2-normalised features: (N,) float64; `alignment` is its mean
+    (the per-pair values are what a bootstrap over images resamples)."""
     _check_views(z1, z2)
     if not alpha > 0:
         raise ValueError(f"alpha must be positive but got {alpha}; Wang & Isola use 2.")
     difference = _on_sphere("z1", z1) - _on_sphere("z2", z2)
-    return float(difference.norm(dim=1).pow(alpha).mean())
+    return difference.norm(dim=1).pow(alpha)
 
 
 def uniformity(z: torch.Tensor, t: float = 2.0, chunk_size: int = 1024) -> float:
@@ -231,8 +239,13 @@ def view_cosine(z1: torch.Tensor, z2: torch.Tensor) -> float:
     >>> view_cosine(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([[3.0, 0.0], [1.0, 0.0]]))
     0.5
     """
+    return float(view_cosine_per_pair(z1, z2).mean())
+
+
+def view_cosine_per_pair(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity of each pair of views: (N,) float64; `view_cosine` is its mean."""
     _check_views(z1, z2)
-    return float((_on_sphere("z1", z1) * _on_sphere("z2", z2)).sum(dim=1).mean())
+    return (_on_sphere("z1", z1) * _on_sphere("z2", z2)).sum(dim=1)
 
 
 def covariance_spectrum(z: torch.Tensor, top_k: int | None = None) -> dict:

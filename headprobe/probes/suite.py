@@ -12,12 +12,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..stats import TEST_IMAGES, VIEW_IMAGES, PerUnit
+
 
 @dataclass
 class TapData:
     """What one tap offers. Shapes: train_x (N, D), test_x (M, D), views (N_v, K, D) with
     view_params (N_v, K, P), rotated_train_x (4N', D) with rotated_train_y in {0,1,2,3},
-    orbits {sweep: (N_o, T, D)} (test images along each augmentation sweep)."""
+    orbits {sweep: (N_o, T, D)} (test images along each augmentation sweep) with orbit_labels (N_o,) their
+    classes (the same images in every sweep)."""
 
     name: str
     train_x: torch.Tensor
@@ -34,6 +37,7 @@ class TapData:
     rotated_test_x: torch.Tensor | None = None
     rotated_test_y: torch.Tensor | None = None
     orbits: dict[str, torch.Tensor] | None = None
+    orbit_labels: torch.Tensor | None = None
     # Augmentation parameters that vary in view_params but cannot change these images, with the reason
     # (e.g. {"hue": "grey images"}): augment_r2 reports them as skipped instead of scoring them.
     inert_params: dict[str, str] | None = None
@@ -41,8 +45,13 @@ class TapData:
 
 @dataclass
 class ProbeOutput:
+    """metrics and how they were obtained; per_unit: for metrics that are means over units (test images, images
+    with views), the per-unit values whose mean is the metric, so intervals and paired comparisons between taps
+    need no refit (`headprobe.stats`)."""
+
     metrics: dict[str, float]
     protocol: dict = field(default_factory=dict)
+    per_unit: dict[str, PerUnit] = field(default_factory=dict)
 
 
 class MissingInputError(ValueError):
@@ -68,19 +77,26 @@ def linear(tap: TapData, **options) -> ProbeOutput:
     bound = label_mi_lower_bound(result.probabilities, tap.test_y)
     metrics = dict(result.metrics) | {"mi.label": bound["mi_lower_bound"]}
     protocol = result.protocol | {"mi.label": {k: v for k, v in bound.items() if k != "mi_lower_bound"}}
-    return ProbeOutput(metrics, protocol)
+    y = tap.test_y.cpu().long()
+    # H(Y) + log q(y_i | z_i) per image: its mean is the bound (H(Y) is fixed under a class-stratified resample).
+    log_q = result.probabilities.double()[torch.arange(len(y)), y].clamp_min(bound["eps"]).log()
+    per_unit = {"linear.acc": PerUnit((result.predictions == y).double(), TEST_IMAGES),
+                "mi.label": PerUnit(bound["entropy_y"] + log_q, TEST_IMAGES)}
+    return ProbeOutput(metrics, protocol, per_unit)
 
 
 def knn(tap: TapData, **options) -> ProbeOutput:
     from .knn import knn as knn_probe
 
     result = knn_probe(tap.train_x, tap.train_y, tap.test_x, tap.test_y, num_classes=tap.n_classes, **options)
-    return ProbeOutput(dict(result.metrics), result.protocol)
+    y = tap.test_y.cpu().long()
+    per_unit = {f"knn.k{k}.acc": PerUnit((pred == y).double(), TEST_IMAGES) for k, pred in result.predictions.items()}
+    return ProbeOutput(dict(result.metrics), result.protocol, per_unit)
 
 
 def spectrum(tap: TapData, top_k: int | None = None) -> ProbeOutput:
     """RankMe, α-ReQ and the covariance spectrum of the clean training features (honest conditioning)."""
-    from .spectrum import alpha_req, covariance_spectrum, rankme
+    from .spectrum import alpha_req, alpha_req_fit_range, covariance_spectrum, rankme
 
     # Collapsed features (the paper's collapse experiments; a dead ReLU head gives all zeros) leave some of these
     # undefined: α-ReQ needs two resolved eigenvalues, the spectrum a non-zero covariance, RankMe a non-zero z.
@@ -97,14 +113,19 @@ def spectrum(tap: TapData, top_k: int | None = None) -> ProbeOutput:
     metrics, protocol = {}, {}
     if (value := attempt("rankme", lambda: rankme(tap.train_x))) is not None:
         metrics["rankme"] = value
-    if (value := attempt("alpha_req", lambda: alpha_req(tap.train_x))) is not None:
-        metrics["alpha_req"] = value
+    fit_range = attempt("alpha_req", lambda: alpha_req_fit_range(tap.train_x))
+    if fit_range is not None:
+        if (value := attempt("alpha_req", lambda: alpha_req(tap.train_x, fit_range))) is not None:
+            metrics["alpha_req"] = value
     spec = attempt("cond", lambda: covariance_spectrum(tap.train_x, top_k=top_k))
     if spec is not None:
         metrics |= {"cond": spec["condition_number"], "eff_rank": spec["effective_rank"]}
         protocol = {k: spec[k] for k in ("n_samples", "dim", "rank_limit", "numerical_rank", "top_k",
                                          "condition_number_scope", "note")}
         protocol["eigenvalues_top"] = list(spec["eigenvalues"][:64])
+    if "alpha_req" in metrics:
+        protocol["alpha_req_fit_range"] = list(fit_range)
+        protocol["alpha_req_fit"] = "ranks 1..ceil(r/2) of the r resolved covariance eigenvalues"
     if undefined:
         protocol["undefined"] = undefined
     return ProbeOutput(metrics, protocol)
@@ -112,18 +133,20 @@ def spectrum(tap: TapData, top_k: int | None = None) -> ProbeOutput:
 
 def invariance(tap: TapData, uniformity_t: float = 2.0) -> ProbeOutput:
     """Alignment, uniformity, view cosine (first two views of each image) and LiDAR over all views."""
-    from .spectrum import alignment, lidar, uniformity, view_cosine
+    from .spectrum import alignment_per_pair, lidar, uniformity, view_cosine_per_pair
 
     views = _need_views(tap, "invariance")
     z1, z2 = views[:, 0], views[:, 1]
-    metrics = {"align": alignment(z1, z2), "uniform": uniformity(z1, t=uniformity_t),
-               "view_cos": view_cosine(z1, z2), "lidar": lidar(views)}
+    align, cosine = alignment_per_pair(z1, z2).cpu(), view_cosine_per_pair(z1, z2).cpu()
+    metrics = {"align": float(align.mean()), "uniform": uniformity(z1, t=uniformity_t),
+               "view_cos": float(cosine.mean()), "lidar": lidar(views)}
     return ProbeOutput(metrics, {"pairs": "views 0 and 1 of each image", "n_images": len(views),
-                                 "views": views.shape[1], "uniformity_t": uniformity_t})
+                                 "views": views.shape[1], "uniformity_t": uniformity_t},
+                       {"align": PerUnit(align, VIEW_IMAGES), "view_cos": PerUnit(cosine, VIEW_IMAGES)})
 
 
 def view_mi(tap: TapData, batch_size: int = 128, temperature: float = 0.1, pca_dims: int = 32,
-            critic: str = "cosine", critic_steps: int = 400) -> ProbeOutput:
+            critic: str = "cosine", critic_steps: int = 1000) -> ProbeOutput:
     """MI between two views of an image: InfoNCE (ceiling log B) with the fixed cosine critic or a trained
     separable critic (held-out pairs), and the Gaussian (CCA) closed form on the top k = min(pca_dims, D, N//10)
     principal components, fitted on the views themselves. The Gaussian value is the plug-in minus its exact
@@ -294,20 +317,32 @@ def _mlp_probe(tap: TapData, hidden: int, epochs: int) -> float:
 
 def orbits(tap: TapData, sweeps: list[str] | None = None, n_images: int = 64, pca_images: int = 8) -> ProbeOutput:
     """Orbit geometry along each augmentation sweep (see `probes.orbits`), raw and scale-free, in the
-    space the head was trained on (unnormalised taps); metrics are prefixed by the sweep name."""
+    space the head was trained on (unnormalised taps); metrics are prefixed by the sweep name.
+
+    `<sweep>.orbit.d_inter` and `.d_ratio` are the paper's (between class centroids, from `tap.orbit_labels`);
+    they are absent when the tap has no orbit labels or the orbit images hold fewer than 2 classes, and the
+    protocol's "centroids" sentence says so. `.d_inter_image` and `.d_ratio_image` compare image-orbit centroids
+    and are always there."""
     from .orbits import orbit_measures, orbit_pca, sweep_values
 
     if tap.orbits is None:
         raise MissingInputError("probe 'orbits' needs orbit features; the pipeline extracts them when "
                                 "probes.orbits is in the recipe.")
     metrics, protocol = {}, {"n_images": n_images, "sweeps": {}}
+    labels, too_few = tap.orbit_labels, None
+    if labels is not None and len(classes := torch.unique(labels)) < 2:
+        too_few = (f"d_inter_image, d_ratio_image: between the {len(labels)} image-orbit centroids (not the paper's "
+                   f"D_inter); the orbit images are all of class {int(classes[0])}, so the paper's d_inter and "
+                   "d_ratio (between >= 2 class centroids) are absent: raise probes.orbits.n_images.")
+        labels = None
     for sweep, traj in tap.orbits.items():
         try:
-            out = orbit_measures(traj.double(), sweep=sweep)
+            out = orbit_measures(traj.double(), sweep=sweep, labels=labels)
         except ValueError as err:  # e.g. a hue sweep on grey images: record why, keep the other sweeps
             protocol["sweeps"][sweep] = {"skipped": str(err)}
             continue
-        space = out.pop("space")
+        space, centroids = out.pop("space"), out.pop("centroids")
+        protocol["centroids"] = too_few or centroids  # the same images, labels and sentence in every sweep
         metrics |= {f"{sweep}.{k}": float(v) for k, v in out.items()}
         protocol["sweeps"][sweep] = {"values": sweep_values(sweep, traj.shape[1]), "space": space,
                                      "pca": orbit_pca(traj.double(), n_images=pca_images).round(5).tolist()}

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .plots import Plot, metric_names, read_records, render_plots
+from .table import half_width
 
 CSS = """
 :root { --ink:#1d2330; --muted:#5f6b7a; --line:#d9dee5; --soft:#f4f6f9; --bb:#eef0f3; --out:#e7f0fb;
@@ -224,12 +225,15 @@ def _metrics(results: dict, plots: list[Plot]) -> str:
         for names in groups.values():
             for t in names:
                 value = taps[t].get("metrics", {}).get(metric)
-                cells.append(f"<td class='num {kinds[t]}{' knob' if knob else ''}'>{esc(fmt(value))}"
+                half = half_width(taps[t], metric)
+                ci = f"<span class='ci'> ±{esc(fmt(float(half)))}</span>" if half is not None else ""
+                cells.append(f"<td class='num {kinds[t]}{' knob' if knob else ''}'>{esc(fmt(value))}{ci}"
                              f"{_delta(value, base.get(metric)) if kinds[t] != 'bb' and not knob else ''}</td>")
         rows.append(f"<tr><th>{esc(metric)}</th>{''.join(cells)}</tr>")
     legend = ("<p class='legend'>Grey column: backbone features (before the head). Blue columns: head outputs "
               "(after). Other columns: hidden layers (inside). Small numbers: difference from the backbone. "
-              "Greyed rows are protocol values chosen on validation data, not measurements.</p>")
+              "Greyed rows are protocol values chosen on validation data, not measurements. ±: the larger half "
+              "of the 95% interval (paired bootstrap over test images or views; see the uncertainty records).</p>")
     body = (f"<table class='metrics'><thead><tr><th rowspan='2'>metric</th>{top}</tr><tr>{sub}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
     return legend + body + "".join(figure(p) for p in plots if p.section == "metrics")
@@ -267,12 +271,21 @@ def _buffer(results: dict, plots: list[Plot]) -> str:
         facts = {k: v for k, v in entry.items() if k not in ("verdict", "evidence")}
         facts |= {k: v for k, v in evidence.items() if not isinstance(v, dict)}
         rows = {k: v for k, v in evidence.items() if isinstance(v, dict)}
-        columns = list(dict.fromkeys(c for v in rows.values() for c in v))
-        body = "".join(
-            f"<tr><th>{esc(name)}</th>" + "".join(_evidence_cell(col, v.get(col)) for col in columns) + "</tr>"
-            for name, v in rows.items())
-        table_html = (f"<table><thead><tr><th>evidence</th>{''.join(f'<th>{esc(c)}</th>' for c in columns)}</tr>"
-                      f"</thead><tbody>{body}</tbody></table>") if rows else ""
+        # Resolved evidence first, then what the intervals leave open, each in its own table.
+        table_html = ""
+        for title, group in (("resolved", {k: v for k, v in rows.items() if v.get("resolved") in ("for", "against")}),
+                             ("unresolved", {k: v for k, v in rows.items()
+                                             if v.get("resolved") not in ("for", "against")})):
+            if not group:
+                continue
+            columns = [c for c in dict.fromkeys(c for v in group.values() for c in v)
+                       if c not in ("n_boot", "method") and (title == "unresolved" or c != "why_unresolved")]
+            body = "".join(
+                f"<tr><th>{esc(name)}</th>" + "".join(_evidence_cell(col, v.get(col)) for col in columns) + "</tr>"
+                for name, v in group.items())
+            table_html += (f"<h4>{esc(title)} evidence ({len(group)})</h4><table><thead><tr><th>evidence</th>"
+                           f"{''.join(f'<th>{esc(c)}</th>' for c in columns)}</tr></thead><tbody>{body}</tbody>"
+                           "</table>")
         out.append(f"<div class='card'><h3>{esc(head)} <span class='badge {esc(entry.get('verdict', ''))}'>"
                    f"{esc(entry.get('verdict', '?'))}</span></h3>"
                    f"<p class='legend'>{esc(', '.join(f'{k} {fmt(v)}' for k, v in facts.items()))}</p>"
@@ -318,11 +331,18 @@ def _geometry(results: dict, plots: list[Plot]) -> str:
         figure(p) for p in figures)
 
 
+ORBIT_LEGEND = ("<p class='legend'>&lt;sweep&gt;.orbit.d_inter and .d_ratio are the paper's D_inter and "
+                "D_inter / D_intra: the mean distance between class centroids (over D_intra, the mean distance "
+                "within one image's orbit). .d_inter_image and .d_ratio_image compare the centroids of single "
+                "images' orbits instead, which is not the paper's measure.</p>")
+
+
 def _orbits(results: dict, plots: list[Plot]) -> str:
     figures = [p for p in plots if p.section == "orbits"]
-    if not figures:
+    measured = any(".orbit.d_" in m for tap in results.get("taps", {}).values() for m in tap.get("metrics", {}))
+    if not figures and not measured:
         return "<p class='note'>No orbits were recorded in this run.</p>"
-    return "".join(figure(p) for p in figures)
+    return (ORBIT_LEGEND if measured else "") + "".join(figure(p) for p in figures)
 
 
 def _timing(results: dict, plots: list[Plot]) -> str:

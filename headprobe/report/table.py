@@ -14,6 +14,22 @@ def _fmt(value) -> str:
     return "—" if value is None else str(value)
 
 
+def half_width(tap: dict, metric: str) -> float | None:
+    """The larger half of the 95% interval of `metric` at this tap (results.json "uncertainty"), or None."""
+    record = (tap.get("uncertainty") or {}).get(metric) or {}
+    ci, value = record.get("ci95"), tap.get("metrics", {}).get(metric)
+    if not isinstance(ci, list) or len(ci) != 2 or not isinstance(value, (int, float)) or None in ci:
+        return None
+    return max(ci[1] - value, value - ci[0], 0.0)
+
+
+def with_interval(tap: dict, metric: str) -> str:
+    """`0.9620 ±0.0090` where the metric has an interval, else the value alone."""
+    text = _fmt(tap.get("metrics", {}).get(metric))
+    half = half_width(tap, metric)
+    return text if half is None else f"{text} ±{_fmt(float(half))}"
+
+
 def _metric_names(taps: dict) -> list[str]:
     names: list[str] = []
     for tap in taps.values():
@@ -33,7 +49,7 @@ def summary_table(results: dict) -> Table:
     for name in taps:
         table.add_column(name, justify="right")
     for metric in _metric_names(taps):
-        table.add_row(metric, *(_fmt(tap["metrics"].get(metric)) for tap in taps.values()))
+        table.add_row(metric, *(with_interval(tap, metric) for tap in taps.values()))
     return table
 
 
@@ -64,7 +80,8 @@ def print_summary(results: dict, run_dir: Path | None = None, console: Console |
     verdicts = results.get("buffer", {})
     if verdicts:
         console.print("buffer verdicts: " + ", ".join(
-            f"{head} → {v.get('verdict')} ({v.get('support', 0)} for, {v.get('against', 0)} against)"
+            f"{head} → {v.get('verdict')} ({v.get('support', 0)} for, {v.get('against', 0)} against, "
+            f"{v.get('unresolved', 0)} unresolved)"
             for head, v in verdicts.items()))
     timing = results.get("timing", {})
     if timing:
