@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from headprobe.geometry import batchnorm_mode, collapse_start, curvature_snapshot, dense_hessian, symmetric_simsiam
+from headprobe.geometry.tracking import collapse_criterion, collapsed_init
 from headprobe.heads import Predictor, ProjectionHead
 from headprobe.objectives import simsiam, vicreg
 from headprobe.probes.spectrum import rankme
@@ -185,3 +186,101 @@ def test_snapshot_checks_its_arguments():
         curvature_snapshot(head, z1, z2[:3], vicreg)
     with pytest.raises(ValueError, match="floating-point batch"):
         curvature_snapshot(head, z1[0], z2, vicreg)
+
+
+def dense_split(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, objective, modules) -> dict:
+    """H, G = JᵀAJ, M and A = ∇²_h L by torch.func (hessian, jacrev), each view through the head on its own."""
+    from torch.func import jacrev
+
+    def pair(z):
+        return torch.cat([head(z[:B]), head(z[B:])])
+
+    def loss_of_h(h):
+        return objective(h[:B], h[B:])
+
+    z = torch.cat([z1, z2])
+    with batchnorm_mode(modules, "batch"):
+        h0 = pair(z).detach()
+        grad_h = torch.func.grad(loss_of_h)(h0).detach()
+        full = dense_hessian(lambda x: loss_of_h(pair(x)), z).detach()
+        a = dense_hessian(loss_of_h, h0).detach()
+        jac = jacrev(pair)(z).reshape(h0.numel(), z.numel()).detach()
+        m = dense_hessian(lambda x: (grad_h * pair(x)).sum(), z).detach()
+    return {"H": full, "G": jac.T @ a @ jac, "M": m, "A": a}
+
+
+@pytest.mark.parametrize("kind,act,bn", [("linear", "relu", False), ("mlp", "relu", False),
+                                         ("mlp", "gelu", False), ("mlp", "gelu", True)])
+def test_split_matches_dense_g_and_m_terms_and_the_loss_hessian_in_h(kind, act, bn):
+    z1, z2 = views(3)
+    head = collapsed_head(act, kind, bn)
+    torch.manual_seed(4)
+    predictor = Predictor(8, 4).to(F64)
+
+    def objective(h1, h2):
+        return simsiam(predictor(h1), predictor(h2), h1, h2).loss
+
+    out = curvature_snapshot(head, z1, z2, objective, tol=1e-9, max_iter=64, predictor=predictor, split=True)
+    exact = dense_split(head, z1, z2, objective, [head, predictor])
+    eig = {key: torch.linalg.eigvalsh((m + m.T) / 2) for key, m in exact.items()}
+    torch.testing.assert_close(exact["G"] + exact["M"], exact["H"], rtol=0, atol=1e-12 * float(eig["H"].abs().max()))
+    h_norm = float(eig["H"].abs().max())
+    assert out["split_converged"] and out["split_consistency"] < 1e-10
+    for key, term in (("gterm", "G"), ("mterm", "M"), ("loss_h", "A")):
+        scale = max(float(eig[term].abs().max()), 1e-300)
+        assert out[f"lambda_min_{key}"] == pytest.approx(float(eig[term][0]), abs=1e-7 * scale), key
+        assert out[f"lambda_max_{key}"] == pytest.approx(float(eig[term][-1]), abs=1e-7 * scale), key
+    m_ratio = float(eig["M"].abs().max()) / h_norm
+    assert out["m_norm_ratio"] == pytest.approx(m_ratio, rel=1e-6, abs=1e-12)
+    assert (m_ratio == 0) == (kind == "linear" or (act == "relu" and not bn))
+    assert out["dim_loss_h"] == 2 * B * 8 and out["gterm_predictor"] == "in the loss"
+    assert eig["A"][0] < -1e-3 * eig["A"].abs().max()  # SimSiam's ∇²_h L is indefinite (PAPER.md)
+
+
+def test_negative_curvature_is_attributed_to_the_loss_under_simsiam_and_to_the_head_under_alignment():
+    """SimSiam: the G-term is negative for every head, so a linear head's λ_min < 0 comes from the loss.
+    Alignment only (∇²_h L ⪰ 0): the G-term is PSD, linear and ReLU heads are not negative, a Swish head is, and
+    that negative curvature comes from its M-term."""
+    z1, z2 = views(5)
+    torch.manual_seed(6)
+    predictor = Predictor(8, 4).to(F64)
+
+    def siam(h1, h2):
+        return simsiam(predictor(h1), predictor(h2), h1, h2)
+
+    def align(h1, h2):
+        return vicreg(h1, h2, var_weight=0.0, cov_weight=0.0)
+
+    linear = curvature_snapshot(collapsed_head("relu", "linear"), z1, z2, siam, predictor=predictor, tol=1e-9,
+                                max_iter=64, split=True)
+    assert linear["curvature_source"] == "loss" and linear["negative_loss_h"] and linear["m_norm_ratio"] == 0.0
+    sources = {}
+    for act, kind in (("relu", "linear"), ("relu", "mlp"), ("swish", "mlp")):
+        out = curvature_snapshot(collapsed_head(act, kind), z1, z2, align, tol=1e-9, max_iter=64, split=True)
+        assert not out["negative_loss_h"] and not out["negative_gterm"] and out["gterm_predictor"] == "none"
+        sources[f"{kind}-{act}"] = out["curvature_source"]
+    assert sources == {"linear-relu": "none", "mlp-relu": "none", "mlp-swish": "head"}
+
+
+def test_collapse_criterion_and_collapsed_init_start_every_head_collapsed():
+    g = torch.Generator().manual_seed(7)
+    z = 1.0 + torch.randn(64, D, generator=g, dtype=F64)  # a mean direction, as backbone features have
+    for kind, act, bn in (("linear", "relu", False), ("mlp", "relu", False), ("mlp", "swish", False),
+                          ("mlp", "gelu", True)):
+        torch.manual_seed(8)
+        head = ProjectionHead(D, kind=kind, depth=2, width=16, out_dim=8, act=act, bn_hidden=bn).to(F64)
+        with batchnorm_mode(head, "batch"), torch.no_grad():
+            before = nn.functional.normalize(head(z), dim=1).std(0).mean().item()
+            collapsed_init(head, z.mean(0), offset=1.0, scale=0.01)
+            after = nn.functional.normalize(head(z), dim=1).std(0).mean().item()
+        assert not collapse_criterion(before, 8)["collapsed"], kind
+        verdict = collapse_criterion(after, 8)
+        assert verdict["collapsed"] and verdict["out_std"] < 0.1 / math.sqrt(8), (kind, act, bn, after)
+        assert verdict["threshold"] == pytest.approx(0.1 / math.sqrt(8))
+    assert not collapse_criterion(None, 8)["collapsed"] and not collapse_criterion(float("nan"), 8)["collapsed"]
+    with pytest.raises(ValueError, match="offset > 0"):
+        collapsed_init(head, z.mean(0), offset=-1.0)
+    with pytest.raises(ValueError, match="nonzero"):
+        collapsed_init(head, torch.zeros(D, dtype=F64))
+    with pytest.raises(ValueError, match="split"):
+        curvature_snapshot(head, z[:4], z[4:8], vicreg, wrt="head", split=True)

@@ -17,7 +17,8 @@ from .canvas import BACKBONE_COLOR, head_colors, new_figure, save, series
 
 def plot_lambda_over_training(history: Mapping[str, Sequence[dict]], path: Path,
                               colors: Mapping[str, str] | None = None) -> Path:
-    """λ_max and λ_min of the loss Hessian against the training step; λ_min on a symmetric-log axis around 0."""
+    """λ_max and λ_min of the loss Hessian against the training step; λ_min on a symmetric-log axis around 0, with
+    the G-term's λ_min dashed where the records split the Hessian (`curvature_snapshot(split=True)`)."""
     if not any(series(recs, "lambda_min")[0] or series(recs, "lambda_max")[0] for recs in history.values()):
         raise ValueError("no lambda_min / lambda_max in the training records")
     colors = colors or head_colors(list(history))
@@ -30,6 +31,10 @@ def plot_lambda_over_training(history: Mapping[str, Sequence[dict]], path: Path,
             values += vals
             if steps:
                 ax.plot(steps, vals, color=colors[head], label=head, marker=".", linewidth=1.3)
+            g_steps, g_vals = series(recs, "lambda_min_gterm") if key == "lambda_min" else ([], [])
+            if g_steps:  # the G-term alone (the loss seen through J_h): where it is negative, the loss is to blame
+                values += g_vals
+                ax.plot(g_steps, g_vals, color=colors[head], label=f"{head} G-term", linestyle="--", linewidth=1.0)
         nonzero = [abs(v) for v in values if v and math.isfinite(v)]
         if key == "lambda_min" and nonzero:
             ax.set_yscale("symlog", linthresh=max(min(nonzero), 1e-12))
