@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from headprobe.checks import check_floating
+
 
 @dataclass
 class LossTerms:
@@ -121,8 +123,7 @@ def _check_pair(name: str, a: torch.Tensor, b: torch.Tensor, min_batch: int) -> 
                 f"{name}: the {label} view must be 2-D (N, D) but has shape {tuple(t.shape)}; "
                 "flatten the embeddings to one vector per sample."
             )
-        if not torch.is_floating_point(t):
-            raise ValueError(f"{name}: the {label} view has dtype {t.dtype}; pass floating-point embeddings.")
+        check_floating(f"{name}: the {label} view", t, "embeddings")
     if a.shape != b.shape:
         raise ValueError(
             f"{name}: the two views have shapes {tuple(a.shape)} and {tuple(b.shape)}; "

@@ -134,7 +134,7 @@ def test_extract_equals_concatenated_batch_outputs_bit_for_bit(setup):
 
 def test_extract_views_writes_into_one_buffer_and_equals_the_batched_forward():
     from headprobe.data.augment import augment_spec
-    from headprobe.features import _Views, extract_views, view_transforms
+    from headprobe.features import AugmentedViews, extract_views, view_transforms
 
     data = load_data(DataSpec(limit=LimitSpec(train=40, test=20)))
     bb, spec = _wide_backbone(), augment_spec("crop-flip")
@@ -145,7 +145,7 @@ def test_extract_views_writes_into_one_buffer_and_equals_the_batched_forward():
     assert out.features.shape == (40, 2, WIDE) and out.features.is_contiguous() and out.params.is_contiguous()
     # The same numbers as a forward per batch of the flat views followed by torch.cat.
     augment, normalise = view_transforms(bb.preprocess, spec)
-    flat = torch.stack([_Views(data.train, list(range(80)), 2, augment, 0, normalise)[j] for j in range(80)])
+    flat = torch.stack([AugmentedViews(data.train, list(range(80)), 2, augment, 0, normalise)[j] for j in range(80)])
     n_pixels = 3 * 28 * 28
     with torch.inference_mode():
         expected = torch.cat([bb(flat[s : s + 16, :n_pixels].reshape(-1, 3, 28, 28)) for s in range(0, 80, 16)])

@@ -279,7 +279,7 @@ def test_lbfgs_without_preconditioner_retraces_torch_lbfgs():
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
-    from headprobe.probes.logistic import _loss_and_grad, _one_hot, _shift_history
+    from headprobe.probes.logistic import _loss_and_grad, _one_hot, shift_curvature_pairs
 
     x, y, k = _small_problem(binary)
     n, d = x.shape
@@ -295,7 +295,7 @@ def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
     def pairs(C):
         return [(b - a, gradient(b, C) - gradient(a, C)) for a, b in zip(points[:-1], points[1:], strict=True)]
 
-    shifted = _shift_history(pairs(0.01), 0.01, 3.0, n, free * d)
+    shifted = shift_curvature_pairs(pairs(0.01), 0.01, 3.0, n, free * d)
     assert len(shifted) == 2
     for (s, y_shifted), (s_ref, y_ref) in zip(shifted, pairs(3.0), strict=True):
         torch.testing.assert_close(s, s_ref)
@@ -305,7 +305,7 @@ def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
 @pytest.mark.parametrize("low_rank", [False, True])
 @pytest.mark.parametrize("free", [1, 4])
 def test_class_preconditioner_inverts_its_kronecker_model(free, low_rank):
-    from headprobe.probes.logistic import _class_preconditioner, _Moments
+    from headprobe.probes.logistic import FeatureMoments, _class_preconditioner
 
     g = torch.Generator().manual_seed(2)
     d, penalty = 5, 0.03
@@ -314,10 +314,10 @@ def test_class_preconditioner_inverts_its_kronecker_model(free, low_rank):
     A = torch.diag(p.mean(0)) - p.T @ p / 50
     if low_rank:  # two eigen-directions kept, the other three at one bulk level
         V = torch.linalg.qr(torch.randn(d, 2, generator=g, dtype=torch.float64))[0]
-        moments = _Moments(torch.tensor([3.0, 0.2], dtype=torch.float64), V, 0.7)
+        moments = FeatureMoments(torch.tensor([3.0, 0.2], dtype=torch.float64), V, 0.7)
         M = V @ torch.diag(moments.values) @ V.T + 0.7 * (torch.eye(d, dtype=torch.float64) - V @ V.T)
     else:
-        moments = _Moments(torch.rand(d, generator=g, dtype=torch.float64) + 0.5)
+        moments = FeatureMoments(torch.rand(d, generator=g, dtype=torch.float64) + 0.5)
         M = torch.diag(moments.values)
     P = _class_preconditioner(A, moments, penalty)(torch.eye(free * d + free, dtype=torch.float64))
     # Rows are (class, feature) weight entries in (F, D) order, then the F intercepts.
@@ -330,20 +330,20 @@ def test_class_preconditioner_inverts_its_kronecker_model(free, low_rank):
 
 
 def test_feature_moments_keep_real_directions_and_flatten_sampling_noise():
-    from headprobe.probes.logistic import _feature_moments
+    from headprobe.probes.logistic import feature_moments
 
     g = torch.Generator().manual_seed(4)
     isotropic = torch.randn(3000, 64, generator=g)
-    flat = _feature_moments(isotropic)
+    flat = feature_moments(isotropic)
     assert flat.basis.shape[1] <= 2 and flat.bulk == pytest.approx(1.0, rel=0.05)
     spike = torch.linalg.qr(torch.randn(64, 3, generator=g))[0]  # three directions with 25x the variance
     spiked = isotropic + 4.9 * torch.randn(3000, 3, generator=g) @ spike.T
-    moments = _feature_moments(spiked)
+    moments = feature_moments(spiked)
     kept = moments.basis[:, moments.values > 10]
     assert kept.shape[1] == 3
     # The kept directions span the spike: projecting the spike onto them loses almost nothing.
     assert torch.linalg.matrix_norm(spike - kept @ (kept.T @ spike)) < 0.1
-    assert _feature_moments(spiked, max_dim=32).basis is None  # above max_dim: the diagonal only
+    assert feature_moments(spiked, max_dim=32).basis is None  # above max_dim: the diagonal only
 
 
 @pytest.mark.parametrize("num_classes", [3, 2])
@@ -360,7 +360,7 @@ def test_every_fit_of_the_path_is_recorded_and_meets_the_tolerance(num_classes):
 
 
 def test_a_stalled_float32_fit_is_finished_in_float64_and_meets_the_tolerance():
-    from headprobe.probes.logistic import _fit, _free_start
+    from headprobe.probes.logistic import fit_free_parameters, free_parameters
 
     x, y = make_data(300, dim=10, num_classes=3, spread=2.0, seed=11)
     x, y = torch.from_numpy(x).float(), torch.from_numpy(y)
@@ -374,13 +374,13 @@ def test_a_stalled_float32_fit_is_finished_in_float64_and_meets_the_tolerance():
         # Measured in float64 at the returned float32 parameters; torch's LBFGS stopped at 2.0e-6 and 1.9e-6.
         assert max(Wt.grad.abs().max().item(), bb.grad.abs().max().item()) <= 1e-6, C
     # At C = 1000 the float32 line search runs out of resolution; the float64 finish is what meets the test.
-    *_, fit = _fit(x, y, 1e3, *_free_start(None, x, 3), False, max_iter=1000, tol=1e-6)
+    *_, fit = fit_free_parameters(x, y, 1e3, *free_parameters(None, x, 3), False, max_iter=1000, tol=1e-6)
     assert fit.float64_finish and fit.stop == "tolerance" and fit.grad_max <= 1e-6
 
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_refit_pairs_are_exact_when_only_the_standardisation_changes(binary):
-    from headprobe.probes.logistic import _loss_and_grad, _one_hot, _refit_history
+    from headprobe.probes.logistic import _loss_and_grad, _one_hot, refit_curvature_pairs
 
     raw, y, k = _small_problem(binary)
     n, d = raw.shape
@@ -406,7 +406,7 @@ def test_refit_pairs_are_exact_when_only_the_standardisation_changes(binary):
              for p, q in zip(points[:-1], points[1:], strict=True)]
     expected = [(to_b(q) - to_b(p), gradient(to_b(q), mean_b, scale_b) - gradient(to_b(p), mean_b, scale_b))
                 for p, q in zip(points[:-1], points[1:], strict=True)]
-    mapped = _refit_history(pairs, ratio, shift, C, n, n)
+    mapped = refit_curvature_pairs(pairs, ratio, shift, C, n, n)
     assert len(mapped) == 2
     for (s, y_), (s_ref, y_ref) in zip(mapped, expected, strict=True):
         torch.testing.assert_close(s, s_ref, rtol=1e-12, atol=1e-14)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-import headprobe.train_tuned as tuned_module
+from headprobe.checkpoint import restore_checkpoint
 from headprobe.cli import main
 from headprobe.recipe import RecipeError, apply_override, load_recipe
 from headprobe.train import CheckpointError, load_checkpoint
@@ -41,7 +41,7 @@ def test_a_checkpoint_carrying_code_is_refused_not_run(tmp_path):
     with pytest.raises(CheckpointError, match="holds Python objects other than tensors.*not loaded"):
         load_checkpoint(path)
     with pytest.raises(CheckpointError, match="holds Python objects"):
-        tuned_module._load_checkpoint(path, None, {}, None, None, None)  # refused before anything is touched
+        restore_checkpoint(path, [], object())  # the tuned path's restore: refused before anything is touched
     assert not marker.exists()
 
 

@@ -63,7 +63,7 @@ def test_resume_from_a_checkpoint_gives_the_same_weights(views, tmp_path):
 
 
 def test_a_nan_loss_stops_only_that_head(views, monkeypatch):
-    real = train_module._objective_loss
+    real = train_module.objective_loss
 
     def poisoned(objective, options, state, z1, z2):
         terms, h1 = real(objective, options, state, z1, z2)
@@ -71,7 +71,7 @@ def test_a_nan_loss_stops_only_that_head(views, monkeypatch):
             terms.loss = terms.loss * float("nan")
         return terms, h1
 
-    monkeypatch.setattr(train_module, "_objective_loss", poisoned)
+    monkeypatch.setattr(train_module, "objective_loss", poisoned)
     states, _ = _train(HEADS[:2], views)
     assert states["relu"].status == "complete"
     swish = states["swish"]

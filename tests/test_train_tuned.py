@@ -83,7 +83,7 @@ def test_last_block_trains_with_the_heads_and_nothing_else_moves(tiny_dinov2, di
         assert next(state.head.parameters()).device.type == "cpu"
     saved = torch.load(tmp_path / "step-2.pt", weights_only=False)
     assert set(saved["backbone"]) == tuned and saved["step"] == 2 and set(saved["heads"]) == {"lin", "relu"}
-    assert [g["name"] for g in saved["optimizer"]["param_groups"]] == ["backbone", "lin", "relu"]
+    assert [g["name"] for g in saved["optimisers"]["joint"]["optimizer"]["param_groups"]] == ["backbone", "lin", "relu"]
     path = save_tuned_backbone(backbone, tmp_path / "out")
     assert set(load_file(path)) == tuned
 
@@ -99,7 +99,7 @@ def test_lora_moves_only_the_adapters(tiny_dinov2, digits, tmp_path):
 
 
 def test_a_nan_loss_stops_training_and_keeps_the_last_good_state(tiny_dinov2, digits, monkeypatch, tmp_path):
-    real, calls = tuned_module._objective_loss, {"relu": 0}
+    real, calls = tuned_module.objective_loss, {"relu": 0}
 
     def poisoned(objective, options, state, z1, z2):
         terms, h1 = real(objective, options, state, z1, z2)
@@ -109,7 +109,7 @@ def test_a_nan_loss_stops_training_and_keeps_the_last_good_state(tiny_dinov2, di
                 terms.loss = terms.loss * float("nan")
         return terms, h1
 
-    monkeypatch.setattr(tuned_module, "_objective_loss", poisoned)
+    monkeypatch.setattr(tuned_module, "objective_loss", poisoned)
     backbone = _tuned(tiny_dinov2, "last:1")
     train = dataclasses.replace(TRAIN, steps=4, checkpoint_every=2)
     states, summary = _train(backbone, digits, train=train, checkpoint_dir=tmp_path)
@@ -122,6 +122,19 @@ def test_a_nan_loss_stops_training_and_keeps_the_last_good_state(tiny_dinov2, di
     assert torch.equal(states["lin"].head.state_dict()["layers.0.0.weight"],
                        at_two["heads"]["lin"]["head"]["layers.0.0.weight"])
     assert {p.name for p in tmp_path.iterdir()} == {"step-2.pt", "step-3.pt"}
+
+
+def test_tracking_records_its_time_and_the_collapse_start_as_on_the_cached_path(tiny_dinov2, digits):
+    from headprobe.recipe import GeometrySpec
+
+    records = []
+    track = GeometrySpec(track_every=1, track_rows=4, track_max_iter=8, collapse_offset=1.0)
+    _, summary = _train(_tuned(tiny_dinov2, "last:1"), digits, heads=HEADS[:1], log=records.append, track=track)
+    start = summary["collapse_start"]["lin"]
+    assert start["collapsed"] and start["n_samples"] == 20 and start["init"].startswith("collapsed_init")
+    geometry = [r for r in records if r["stage"] == "geometry"]
+    assert [r["step"] for r in geometry] == [1, 2] and geometry[0]["out_std"] <= start["threshold"]
+    assert summary["track_s"] == pytest.approx(sum(r["time_s"] for r in geometry)) and summary["track_s"] > 0
 
 
 def test_resume_continues_exactly(tiny_dinov2, digits, tmp_path):

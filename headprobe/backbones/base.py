@@ -172,6 +172,10 @@ class Backbone(nn.Module):
             self._fingerprint = weights_fingerprint(self.model)
         return self._fingerprint
 
+    def forget_fingerprint(self) -> None:
+        """Drop the cached fingerprint, so that the next read hashes the weights (after they were changed)."""
+        self._fingerprint = None
+
     def freeze(self) -> Backbone:
         self.model.eval()
         for p in self.model.parameters():

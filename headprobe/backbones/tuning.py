@@ -103,7 +103,7 @@ def apply_tuning(
         record.update(_inject_lora(backbone, seed=seed, **lora))
     backbone.tuning = {**record, "trainable": backbone.trainable, "total": backbone.params,
                        "base_fingerprint": base_fingerprint}
-    backbone._fingerprint = None
+    backbone.forget_fingerprint()
     return dict(backbone.tuning)
 
 
@@ -155,5 +155,5 @@ def load_adapter(backbone: Backbone, path: str | Path, *, trainable: bool = Fals
     object.__setattr__(backbone, "adapter", adapter)
     backbone.tuning = {**manifest["tuning"], "trainable": backbone.trainable, "total": backbone.params,
                        "loaded_from": str(path)}
-    backbone._fingerprint = None
+    backbone.forget_fingerprint()
     return backbone.eval()

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from headprobe.geometry.hessian import HVP, _LanczosRecurrence, _matvec, _rademacher, _setup
+from headprobe.geometry.hessian import HVP, counted_matvec, krylov_setup, lanczos_ritz_pairs, rademacher
 
 
 def hutchinson_trace(hvp: HVP, dim: int, n_samples: int = 100, seed: int = 0, dtype: torch.dtype = torch.float64,
@@ -21,11 +21,11 @@ def hutchinson_trace(hvp: HVP, dim: int, n_samples: int = 100, seed: int = 0, dt
     """
     if n_samples < 2:
         raise ValueError(f"n_samples must be at least 2 to give a standard error, got {n_samples}.")
-    device, gen = _setup(hvp, dim, seed, dtype, device)
-    matvec, _ = _matvec(hvp, dtype, device)
+    device, gen = krylov_setup(hvp, dim, seed, dtype, device)
+    matvec, _ = counted_matvec(hvp, dtype, device)
     samples = []
     for _ in range(n_samples):
-        u = _rademacher(dim, gen, dtype, device)
+        u = rademacher(dim, gen, dtype, device)
         samples.append(float(torch.dot(u, matvec(u))))
     values = np.array(samples)
     return float(values.mean()), float(values.std(ddof=1) / math.sqrt(n_samples))
@@ -43,17 +43,12 @@ def slq_density(hvp: HVP, dim: int, n_vectors: int = 10, n_steps: int = 80, seed
     """
     if n_vectors < 1 or n_steps < 1:
         raise ValueError(f"slq_density needs n_vectors >= 1 and n_steps >= 1, got {n_vectors} and {n_steps}.")
-    device, gen = _setup(hvp, dim, seed, dtype, device)
-    matvec, _ = _matvec(hvp, dtype, device)
+    device, gen = krylov_setup(hvp, dim, seed, dtype, device)
+    matvec, _ = counted_matvec(hvp, dtype, device)
     nodes, weights = [], []
     for _ in range(n_vectors):
-        # SLQ takes all n_steps unless the space becomes invariant: allocate them at once rather than grow.
-        steps = min(n_steps, dim)
-        rec = _LanczosRecurrence(matvec, _rademacher(dim, gen, dtype, device), steps, rows=steps)
-        rec.step()
-        while not rec.invariant and rec.m < min(n_steps, dim):
-            rec.step()
-        theta, s = rec.ritz(list(range(rec.m)))
+        # SLQ takes all n_steps unless the space becomes invariant, so the basis is allocated at once.
+        theta, s = lanczos_ritz_pairs(matvec, rademacher(dim, gen, dtype, device), min(n_steps, dim))
         nodes.append(theta)
         weights.append(s[0] ** 2 / n_vectors)
     return torch.as_tensor(np.concatenate(nodes)), torch.as_tensor(np.concatenate(weights))

@@ -17,17 +17,19 @@ from torch import nn
 from torch.func import jacrev
 
 from headprobe.geometry.hessian import hvp_fn
-from headprobe.geometry.pullback import _check_batch, batchnorm_mode
+from headprobe.geometry.pullback import batchnorm_mode, check_representation_batch
 
 LossFn = Callable[[torch.Tensor], object]
 
 
-def _loss_value(out: object) -> torch.Tensor:
+def scalar_loss(out: object) -> torch.Tensor:
     """A scalar tensor from loss_fn's output: a tensor, or an objective's LossTerms (its .loss)."""
     loss = getattr(out, "loss", out)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ValueError("loss_fn must return a scalar tensor or a LossTerms; reduce the loss to one number.")
     return loss.reshape(())
+
+
 
 
 def _dense_hessian(loss_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -108,14 +110,14 @@ def effective_hessian(head: nn.Module, z: torch.Tensor, loss_fn: LossFn, batchno
     >>> out["m_ratio"], out["consistency"] < 1e-12, out["whitening"]["rank"]
     (0.0, True, 8)
     """
-    _check_batch("z", z)
+    check_representation_batch("z", z)
     if rtol is not None and not 0 < rtol < 1:
         raise ValueError(f"rtol must lie in (0, 1), got {rtol}; it is the relative cut-off for numerical ranks.")
     z0 = z.detach()
     b, dim = z0.shape
 
     def loss_of_h(h: torch.Tensor) -> torch.Tensor:
-        return _loss_value(loss_fn(h))
+        return scalar_loss(loss_fn(h))
 
     with batchnorm_mode(head, batchnorm):
         with torch.no_grad():

@@ -227,13 +227,30 @@ class _LanczosRecurrence:
         return (theta, s) if indices is None else (theta[indices], s[:, indices])
 
 
+def lanczos_ritz_pairs(matvec: HVP, start: torch.Tensor, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ritz values θ (ascending) and eigenvectors s of T_m after m = n_steps Lanczos steps from `start` (fewer when
+    the Krylov space becomes invariant first), the nodes and weights of Lanczos quadrature: uᵀf(H)u / uᵀu ≈
+    Σ_i s[0, i]² f(θ_i). θ: (m,), s: (m, m). The basis is allocated at once, n_steps rows of start's size.
+
+    >>> theta, s = lanczos_ritz_pairs(lambda v: torch.arange(1.0, 4.0, dtype=torch.float64) * v,
+    ...                               torch.ones(3, dtype=torch.float64), 3)
+    >>> theta.round(6).tolist(), (s[0] ** 2).round(6).tolist()
+    ([1.0, 2.0, 3.0], [0.333333, 0.333333, 0.333333])
+    """
+    rec = _LanczosRecurrence(matvec, start, n_steps, rows=n_steps)
+    rec.step()
+    while not rec.invariant and rec.m < n_steps:
+        rec.step()
+    return rec.ritz()
+
+
 def _wanted(m: int, k: int, which: str) -> list[int]:
     lower = set(range(min(k, m))) if which in ("smallest", "both") else set()
     upper = set(range(max(m - k, 0), m)) if which in ("largest", "both") else set()
     return sorted(lower | upper)
 
 
-def _matvec(hvp: HVP, dtype: torch.dtype, device: torch.device) -> tuple[HVP, list[int]]:
+def counted_matvec(hvp: HVP, dtype: torch.dtype, device: torch.device) -> tuple[HVP, list[int]]:
     """hvp in the working dtype/device, with a call counter (a list so the caller sees it change)."""
     count = [0]
 
@@ -244,7 +261,8 @@ def _matvec(hvp: HVP, dtype: torch.dtype, device: torch.device) -> tuple[HVP, li
     return matvec, count
 
 
-def _setup(hvp: HVP, dim: int, seed: int, dtype: torch.dtype, device) -> tuple[torch.device, torch.Generator]:
+def krylov_setup(hvp: HVP, dim: int, seed: int, dtype: torch.dtype, device) -> tuple[torch.device, torch.Generator]:
+    """Check dim and dtype for an operator on dim variables -> (the device it works on, a seeded generator)."""
     if dim < 1:
         raise ValueError(f"dim must be a positive number of variables, got {dim}.")
     if not dtype.is_floating_point:
@@ -254,7 +272,8 @@ def _setup(hvp: HVP, dim: int, seed: int, dtype: torch.dtype, device) -> tuple[t
     return device, torch.Generator().manual_seed(seed)
 
 
-def _rademacher(dim: int, gen: torch.Generator, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def rademacher(dim: int, gen: torch.Generator, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(dim,) independent ±1 entries, each sign with probability ½, drawn from `gen`."""
     return (torch.randint(0, 2, (dim,), generator=gen) * 2 - 1).to(device=device, dtype=dtype)
 
 
@@ -290,12 +309,12 @@ def lanczos(hvp: HVP, dim: int, k: int = 6, which: str = "both", max_iter: int |
     if scale is not None and not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale must be a positive finite operator norm estimate, got {scale}; "
                          "leave it None to measure the tolerance against the Ritz values.")
-    device, gen = _setup(hvp, dim, seed, dtype, device)
+    device, gen = krylov_setup(hvp, dim, seed, dtype, device)
     requested = min(dim, 2 * k if which == "both" else k)
     max_iter = min(dim, max(300, 3 * k)) if max_iter is None else max_iter
     if not requested <= max_iter <= dim:
         raise ValueError(f"max_iter={max_iter} must lie between the {requested} requested eigenvalues and dim={dim}.")
-    matvec, count = _matvec(hvp, dtype, device)
+    matvec, count = counted_matvec(hvp, dtype, device)
     rec = _LanczosRecurrence(matvec, torch.randn(dim, generator=gen, dtype=dtype).to(device), max_iter)
     before_restart = None
     while True:
@@ -363,8 +382,8 @@ def power_iteration(hvp: HVP, dim: int, iters: int = 20, shift: float | None = N
     """
     if iters < 1:
         raise ValueError(f"iters must be at least 1, got {iters}.")
-    device, gen = _setup(hvp, dim, seed, dtype, device)
-    matvec, count = _matvec(hvp, dtype, device)
+    device, gen = krylov_setup(hvp, dim, seed, dtype, device)
+    matvec, count = counted_matvec(hvp, dtype, device)
     shift = 0.0 if shift is None else float(shift)
     v = torch.randn(dim, generator=gen, dtype=dtype).to(device)
     v = v / v.norm()

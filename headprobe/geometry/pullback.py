@@ -22,6 +22,12 @@ from torch import nn
 from torch.func import jacrev, vmap
 
 BATCHNORM_MODES = ("running", "batch")
+# Every BatchNorm class torch.nn defines, named publicly: the torch.nn classes the private base class
+# torch.nn.modules.batchnorm._BatchNorm covers.
+BATCHNORMS = (
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d,
+    nn.SyncBatchNorm,
+)
 
 
 @contextmanager
@@ -49,7 +55,7 @@ def batchnorm_mode(modules: nn.Module | list[nn.Module], mode: str) -> Iterator[
             root.eval()
             if mode == "batch":
                 for m in root.modules():
-                    if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    if isinstance(m, BATCHNORMS):
                         # training=True with track_running_stats=False: batch statistics, running ones untouched.
                         m.train()
                         m.track_running_stats = False
@@ -61,7 +67,8 @@ def batchnorm_mode(modules: nn.Module | list[nn.Module], mode: str) -> Iterator[
                 m.track_running_stats = track
 
 
-def _check_batch(name: str, z: torch.Tensor) -> None:
+def check_representation_batch(name: str, z: torch.Tensor) -> None:
+    """Raise ValueError unless z: (B, D) floating-point representations with B, D ≥ 1."""
     if not isinstance(z, torch.Tensor) or z.ndim != 2:
         shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
         raise ValueError(f"{name} must be a batch of representations (B, D), got {shape}.")
@@ -81,7 +88,7 @@ def head_jacobian(head: nn.Module, z: torch.Tensor, chunk_size: int | None = Non
     >>> torch.equal(head_jacobian(head, torch.randn(4, 3))[2], head.weight)
     True
     """
-    _check_batch("z", z)
+    check_representation_batch("z", z)
 
     def single(x: torch.Tensor) -> torch.Tensor:
         return head(x.unsqueeze(0)).squeeze(0)
@@ -192,7 +199,7 @@ def augmentation_degeneracy(head: nn.Module, z_anchor: torch.Tensor, z_views: to
     >>> augmentation_degeneracy(w, torch.randn(4, 3), tangent=along_null)["ratio"]
     0.0
     """
-    _check_batch("z_anchor", z_anchor)
+    check_representation_batch("z_anchor", z_anchor)
     if (z_views is None) == (tangent is None):
         raise ValueError("pass exactly one of z_views (augmented representations of the anchors) or tangent "
                          "(directions at the anchors).")

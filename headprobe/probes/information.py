@@ -16,8 +16,8 @@ from headprobe.probes.mi_bounds import (
     CriticFit,
     InfoNCEBound,
     SeparableCritic,
-    _check_clip,
-    _check_pairs,
+    check_clip,
+    check_pairs,
     cosine_critic,
     dv_bound,
     infonce_bound,
@@ -102,7 +102,7 @@ def gaussian_mi(
     >>> round(gaussian_mi(x, x + torch.randn(4000, 1, generator=g))["mi"], 1)  # true: ½ log 2 ≈ 0.35
     0.3
     """
-    _check_pairs(x, y, min_rows=3)
+    check_pairs(x, y, min_rows=3)
     n = x.shape[0]
     standardised, dropped = [], {}
     for name, t in (("x", x), ("y", y)):
@@ -257,7 +257,7 @@ def mutual_information(
     """
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not one of {METHODS}.")
-    _check_pairs(x, y)
+    check_pairs(x, y)
     n = x.shape[0]
     if method == "gaussian":
         return {**gaussian_mi(x, y, shrinkage=shrinkage), "critic": None, "seed": seed}
@@ -266,7 +266,7 @@ def mutual_information(
     if batch_size < 2:
         raise ValueError(f"batch_size must be at least 2 so that negative pairs exist, but got {batch_size}.")
     if method == "smile":
-        _check_clip(clip)
+        check_clip(clip)
     generator = torch.Generator().manual_seed(seed)
     train_knobs, n_fit, n_val = None, 0, 0
     if critic == "cosine":

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+
+from headprobe.checks import as_tensor, check_labelled_split
 
 _WEIGHTINGS = ("exp", "uniform")
 # bfloat16 keeps 8 significant bits: round-to-nearest moves a value by at most 2^-8 of itself.
@@ -30,55 +31,6 @@ class KnnResult:
     metrics: dict[str, float]
     predictions: dict[int, torch.Tensor]
     protocol: dict
-
-
-def _as_tensor(name: str, value) -> torch.Tensor | None:
-    """A probe input as a tensor: tensors pass through, NumPy arrays are wrapped without a copy, None stays None."""
-    if value is None or isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(value))  # shares memory unless the array is reversed/strided
-    raise TypeError(f"{name} must be a torch.Tensor or a NumPy array but is a {type(value).__name__}; "
-                    f"convert it with torch.as_tensor(...) first.")
-
-
-def _check_split(name: str, features: torch.Tensor, labels: torch.Tensor) -> None:
-    """Raise ValueError unless features: (N, D) finite floats, labels: (N,) non-negative integers, N > 0."""
-    if features.ndim != 2:
-        raise ValueError(
-            f"{name}_features must be 2-D (N, D) but has shape {tuple(features.shape)}; "
-            "flatten or pool the features to one vector per sample first."
-        )
-    if labels.ndim != 1:
-        raise ValueError(
-            f"{name}_labels must be 1-D (N,) but has shape {tuple(labels.shape)}; "
-            "pass one class index per sample."
-        )
-    if features.shape[0] != labels.shape[0]:
-        raise ValueError(
-            f"{name}_features has {features.shape[0]} rows but {name}_labels has {labels.shape[0]} entries; "
-            "they must describe the same samples."
-        )
-    if features.shape[0] == 0 or features.shape[1] == 0:
-        raise ValueError(f"{name}_features is empty (shape {tuple(features.shape)}); the probe needs data.")
-    if not torch.is_floating_point(features):
-        raise ValueError(f"{name}_features has dtype {features.dtype}; pass floating-point features.")
-    if torch.is_floating_point(labels) or torch.is_complex(labels) or labels.dtype == torch.bool:
-        raise ValueError(
-            f"{name}_labels has dtype {labels.dtype}; pass integer class indices (e.g. labels.long())."
-        )
-    # A sum is NaN or infinite whenever a term is, and a sum of 4 bytes per entry is much cheaper than a
-    # boolean mask of every entry; only when it is not finite (or overflows) is the full test needed.
-    if not torch.isfinite(features.sum()) and not torch.isfinite(features).all():
-        raise ValueError(
-            f"{name}_features contains NaN or infinite values; "
-            "check the backbone's output (e.g. for fp16 overflow)."
-        )
-    if labels.min() < 0:
-        raise ValueError(
-            f"{name}_labels contains the negative label {int(labels.min())}; "
-            "labels must be class indices 0..K-1."
-        )
 
 
 @torch.no_grad()
@@ -116,11 +68,11 @@ def knn(
     How many queries needed either is recorded in `protocol["prefilter"]`. NumPy arrays are accepted too.
     """
     train_features, train_labels, test_features, test_labels = (
-        _as_tensor(name, value) for name, value in (("train_features", train_features), ("train_labels", train_labels),
+        as_tensor(name, value) for name, value in (("train_features", train_features), ("train_labels", train_labels),
                                                     ("test_features", test_features), ("test_labels", test_labels))
     )
-    _check_split("train", train_features, train_labels)
-    _check_split("test", test_features, test_labels)
+    check_labelled_split("train", train_features, train_labels)
+    check_labelled_split("test", test_features, test_labels)
     if train_features.shape[1] != test_features.shape[1]:
         raise ValueError(
             f"train_features has dimension {train_features.shape[1]} but test_features has "
@@ -261,10 +213,13 @@ def _fast_bfloat16(device: torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
+    # The CPU's instruction sets, from torch's public cpuinfo query (torch 2.14 has it); an older torch has no
+    # public way to tell, so the prefilter stays off by default there (prefilter=True still turns it on).
+    get_capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if get_capabilities is None:
         return False
+    capabilities = get_capabilities()
+    return any(bool(capabilities.get(flag, False)) for flag in ("avx512_bf16", "amx_bf16", "bf16"))  # x86, ARM
 
 
 class _Bf16Prefilter:

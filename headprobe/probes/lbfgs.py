@@ -1,17 +1,16 @@
 """L-BFGS for the linear probe, written out for what `torch.optim.LBFGS` cannot do.
 
-`minimize` runs torch's iteration and strong-Wolfe line search, but can start from the curvature pairs of an
-earlier fit and scale its first inverse-Hessian guess by a preconditioner; the linear probe uses both to walk
-its C grid as one regularisation path (`headprobe.probes.logistic`).
+`minimize` runs torch's iteration and strong-Wolfe line search (vendored in `headprobe.probes.line_search`),
+but can start from the curvature pairs of an earlier fit and scale its first inverse-Hessian guess by a
+preconditioner; the linear probe uses both to walk its C grid as one regularisation path
+(`headprobe.probes.logistic`).
 """
 
 from __future__ import annotations
 
 import torch
 
-# torch's strong-Wolfe line search (the one `torch.optim.LBFGS` runs); `minimize` reuses it rather than
-# carrying a copy.
-from torch.optim.lbfgs import _strong_wolfe
+from headprobe.probes.line_search import strong_wolfe
 
 
 def minimize(
@@ -155,4 +154,4 @@ def _line_search(
             return cached
         return evaluate(start + step * d)
 
-    return _strong_wolfe(along, theta, t, direction, loss, grad, slope, max_ls=budget)
+    return strong_wolfe(along, theta, t, direction, loss, grad, slope, max_ls=budget)

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 
 import torch
 
-from headprobe.probes.knn import _as_tensor, _check_split
+from headprobe.checks import as_tensor, check_labelled_split
 from headprobe.probes.logistic import (
-    _canonical,
-    _feature_moments,
-    _fit,
-    _free_start,
-    _refit_history,
-    _shift_history,
-    _work_dtype,
+    canonical_parameters,
+    feature_moments,
+    fit_free_parameters,
     fit_logistic,
+    free_parameters,
+    refit_curvature_pairs,
+    shift_curvature_pairs,
+    solver_dtype,
 )
 
 __all__ = ["LinearProbeResult", "fit_logistic", "linear_probe"]  # fit_logistic: also importable from here
@@ -118,18 +118,18 @@ def linear_probe(
     NumPy arrays are accepted wherever a tensor is.
     """
     train_features, train_labels, test_features, test_labels, val_features, val_labels = (
-        _as_tensor(name, value) for name, value in (
+        as_tensor(name, value) for name, value in (
             ("train_features", train_features), ("train_labels", train_labels), ("test_features", test_features),
             ("test_labels", test_labels), ("val_features", val_features), ("val_labels", val_labels))
     )
-    _check_split("train", train_features, train_labels)
-    _check_split("test", test_features, test_labels)
+    check_labelled_split("train", train_features, train_labels)
+    check_labelled_split("test", test_features, test_labels)
     if (val_features is None) != (val_labels is None):
         raise ValueError(
             "pass val_features and val_labels together, or neither to split validation off train."
         )
     if val_features is not None:
-        _check_split("val", val_features, val_labels)
+        check_labelled_split("val", val_features, val_labels)
     for name, feats in (("test", test_features), ("val", val_features)):
         if feats is not None and feats.shape[1] != train_features.shape[1]:
             raise ValueError(
@@ -158,7 +158,7 @@ def linear_probe(
             )
 
     device = torch.device(device) if device is not None else train_features.device
-    dtype = _work_dtype(train_features)
+    dtype = solver_dtype(train_features)
     x_all = train_features.to(device, dtype)
     y_all = train_labels.to(device, torch.int64)
 
@@ -203,7 +203,7 @@ def linear_probe(
     x_fit = (x_fit.sub_(mean) if fresh else x_fit - mean).div_(scale)
     x_val = (x_val.sub_(mean) if fresh else x_val - mean).div_(scale)
     binary, size_w = num_classes == 2, x_fit.shape[1] * (1 if num_classes == 2 else num_classes)
-    moments = _feature_moments(x_fit)
+    moments = feature_moments(x_fit)
     val_correct: list[int] = []
     path: list[tuple[torch.Tensor, torch.Tensor]] = []
     fits: list[dict] = []
@@ -211,12 +211,12 @@ def linear_probe(
     best = None
     for i, C in enumerate(grid):
         if history:
-            history = _shift_history(history, grid[i - 1], C, len(y_fit), size_w)
-        W, b, history, fit = _fit(
-            x_fit, y_fit, C, *_free_start(_path_start(path, grid[: i + 1]), x_fit, num_classes), binary,
+            history = shift_curvature_pairs(history, grid[i - 1], C, len(y_fit), size_w)
+        W, b, history, fit = fit_free_parameters(
+            x_fit, y_fit, C, *free_parameters(_path_start(path, grid[: i + 1]), x_fit, num_classes), binary,
             max_iter=max_iter, tol=tol, history=history, moments=moments,
         )
-        params = _canonical(W, b, binary)
+        params = canonical_parameters(W, b, binary)
         path.append(params)
         fits.append(fit.record())
         val_correct.append(_accuracy_count(x_val, y_val, *params))
@@ -231,15 +231,15 @@ def linear_probe(
         # ((x - m) / s) W + b = ((x - m') / s') (diag(s' / s) W) + b + ((m' - m) / s) W.
         ratio, shift = new_scale / scale, (new_mean - mean) / scale
         W, b = W * ratio[:, None], b + shift @ W
-        history = _refit_history(best_history, ratio, shift, chosen_C, len(y_fit), len(y_all))
+        history = refit_curvature_pairs(best_history, ratio, shift, chosen_C, len(y_fit), len(y_all))
         mean, scale = new_mean, new_scale
         x_all = torch.sub(x_all, mean).div_(scale)
-        W, b, _, fit = _fit(
-            x_all, y_all, chosen_C, *_free_start((W, b), x_all, num_classes), binary, max_iter=max_iter, tol=tol,
+        W, b, _, fit = fit_free_parameters(
+            x_all, y_all, chosen_C, *free_parameters((W, b), x_all, num_classes), binary, max_iter=max_iter, tol=tol,
             moments=moments,  # of the fitting part: close enough to shape a preconditioner
             history=history,
         )
-        W, b = _canonical(W, b, binary)
+        W, b = canonical_parameters(W, b, binary)
         fits.append(fit.record() | {"refit": True})
 
     logits = (test_features.to(device, dtype) - mean) / scale @ W + b

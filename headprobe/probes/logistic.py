@@ -1,9 +1,11 @@
 """Multinomial L2-regularised logistic regression, fitted in torch to sklearn's objective and stopping rule.
 
-`fit_logistic` is the public entry; the private pieces serve `linear_probe`, which walks a C grid as one path:
-`_fit` (one preconditioned L-BFGS fit, finished in float64 where float32 cannot resolve the loss),
-`_shift_history` / `_refit_history` (curvature pairs carried to the next C and to the refit),
-`_feature_moments` / `_class_preconditioner` (the preconditioner) and `_loss_and_grad` (the objective).
+`fit_logistic` fits one C. The other public pieces serve `linear_probe`, which walks a C grid as one path:
+`free_parameters` / `canonical_parameters` (sklearn's (W, b) to the solver's variables and back),
+`fit_free_parameters` (one preconditioned L-BFGS fit, finished in float64 where float32 cannot resolve the loss),
+`shift_curvature_pairs` / `refit_curvature_pairs` (curvature pairs carried to the next C and to the refit) and
+`feature_moments` (what shapes the preconditioner). `_class_preconditioner` and `_loss_and_grad` (the objective)
+are this module's own.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 from headprobe.probes.lbfgs import minimize
 
 
-def _work_dtype(x: torch.Tensor) -> torch.dtype:
+def solver_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
@@ -62,14 +64,16 @@ def fit_logistic(
             "Remap labels to the classes present or make sure every class has samples."
         )
 
-    x = x.to(_work_dtype(x))
+    x = x.to(solver_dtype(x))
     y = y.to(x.device, torch.int64)
     binary = num_classes == 2
-    W, b, _, _ = _fit(x, y, C, *_free_start(init, x, num_classes), binary, max_iter=max_iter, tol=tol)
-    return _canonical(W, b, binary)
+    W, b, _, _ = fit_free_parameters(
+        x, y, C, *free_parameters(init, x, num_classes), binary, max_iter=max_iter, tol=tol
+    )
+    return canonical_parameters(W, b, binary)
 
 
-def _free_start(
+def free_parameters(
     init: tuple[torch.Tensor, torch.Tensor] | None, x: torch.Tensor, num_classes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`init` = (W: (D, K), b: (K,)) or None (zeros) -> the solver's free variables (D, F), (F,) on x's device."""
@@ -87,7 +91,7 @@ def _free_start(
 
 
 @dataclass
-class _Fit:
+class FitRecord:
     """How one fit went: recorded per C in `linear_probe`'s protocol["fits"]."""
 
     C: float
@@ -101,7 +105,7 @@ class _Fit:
         return asdict(self)
 
 
-def _fit(
+def fit_free_parameters(
     x: torch.Tensor,
     y: torch.Tensor,
     C: float,
@@ -112,14 +116,14 @@ def _fit(
     max_iter: int,
     tol: float,
     history: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-    moments: _Moments | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], _Fit]:
+    moments: FeatureMoments | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], FitRecord]:
     """The solver behind `fit_logistic`, starting from the free variables W: (D, F), b: (F,).
 
     Returns W, b (free variables, not yet canonical), the L-BFGS curvature pairs of this objective (in the
-    flattened (Wᵀ, b) space; `_shift_history` turns them into pairs of another C on the same x) and how it went.
-    `history` starts L-BFGS with curvature pairs of this very objective; `moments` (`_feature_moments`) shapes the
-    preconditioner, the diagonal second moments when not given.
+    flattened (Wᵀ, b) space; `shift_curvature_pairs` turns them into pairs of another C on the same x) and how it
+    went. `history` starts L-BFGS with curvature pairs of this very objective; `moments` (`feature_moments`)
+    shapes the preconditioner, the diagonal second moments when not given.
     """
     n, d = x.shape
     # The solver's variable is Wᵀ, (F, D): the logits are then formed as Wᵀxᵀ, (F, N), and the weight gradient
@@ -129,7 +133,7 @@ def _fit(
     free = W.shape[1]
     targets = _one_hot(y, free + (free == 1))
     if moments is None:
-        moments = _feature_moments(x, max_dim=0)  # the diagonal
+        moments = feature_moments(x, max_dim=0)  # the diagonal
     curvature: list[torch.Tensor] = []
 
     def evaluate(theta: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -145,7 +149,7 @@ def _fit(
     theta, grad, history, evaluations, iterations, stop = minimize(
         evaluate, theta, loss, grad, tol=tol, max_iter=max_iter, precondition=precondition, history=history
     )
-    fit = _Fit(C, evaluations, iterations, grad.abs().max().item(), stop)
+    fit = FitRecord(C, evaluations, iterations, grad.abs().max().item(), stop)
     if stop == "no_progress" and x.dtype != torch.float64:
         # The line search cannot resolve the loss any further from float32 logits (it happens at large C, where
         # the logits are large), though sklearn's gradient test is not met yet. Finish from here with float64
@@ -164,7 +168,7 @@ def _fit(
     return W, b, history, fit
 
 
-def _canonical(W: torch.Tensor, b: torch.Tensor, binary: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def canonical_parameters(W: torch.Tensor, b: torch.Tensor, binary: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Free variables -> the (D, K), (K,) parameters `fit_logistic` reports."""
     if binary:
         return torch.cat([torch.zeros_like(W), W], dim=1), torch.cat([torch.zeros_like(b), b])
@@ -172,7 +176,7 @@ def _canonical(W: torch.Tensor, b: torch.Tensor, binary: bool) -> tuple[torch.Te
     return W, b - b.mean()
 
 
-def _shift_history(
+def shift_curvature_pairs(
     history: list[tuple[torch.Tensor, torch.Tensor]], old_C: float, new_C: float, n: int, size_w: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Curvature pairs of the objective at old_C -> the same pairs at new_C, on the same x.
@@ -192,7 +196,7 @@ def _shift_history(
 
 
 @dataclass
-class _Moments:
+class FeatureMoments:
     """The features' second-moment matrix as `_class_preconditioner` takes it: values (r,) along the columns
     of basis (D, r) plus `bulk` times the projector on the rest, or, with basis None, the diagonal values (D,)."""
 
@@ -200,11 +204,11 @@ class _Moments:
     basis: torch.Tensor | None = None
     bulk: float = 0.0
 
-    def to(self, dtype: torch.dtype) -> _Moments:
-        return _Moments(self.values.to(dtype), None if self.basis is None else self.basis.to(dtype), self.bulk)
+    def to(self, dtype: torch.dtype) -> FeatureMoments:
+        return FeatureMoments(self.values.to(dtype), None if self.basis is None else self.basis.to(dtype), self.bulk)
 
 
-def _refit_history(
+def refit_curvature_pairs(
     history: list[tuple[torch.Tensor, torch.Tensor]], ratio: torch.Tensor, shift: torch.Tensor, C: float,
     n_fit: int, n_all: int,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -231,17 +235,17 @@ def _refit_history(
     return pairs
 
 
-def _class_preconditioner(A: torch.Tensor, moments: _Moments, penalty: float):
+def _class_preconditioner(A: torch.Tensor, moments: FeatureMoments, penalty: float):
     """v -> P v (rows of v) with P ≈ the inverse Hessian of the objective; A: (F, F) mean softmax curvature at
     the start.
 
     The weight block of the Hessian, mean_n (diag p_n - p_n p_nᵀ) ⊗ x_n x_nᵀ + penalty · I, is approximated by
-    A ⊗ M + penalty · I with M the features' second-moment matrix (`_Moments`: its diagonal, or a low-rank
+    A ⊗ M + penalty · I with M the features' second-moment matrix (`FeatureMoments`: its diagonal, or a low-rank
     eigenbasis plus a bulk level) -- the softmax curvature and the features taken as independent -- whose
     inverse is cheap in the eigenbases of A and M; the intercept block by A (plus a multiple of 11ᵀ on the one
     direction the softmax cannot see). It only shapes L-BFGS's first guess of the inverse Hessian, so the
     optimum is unchanged. With the diagonal alone it saves about an eighth of the loss evaluations over the
-    default grid on 8000 × 768 isotropic features; `_feature_moments` says what the eigenbasis adds.
+    default grid on 8000 × 768 isotropic features; `feature_moments` says what the eigenbasis adds.
     """
     free, d = A.shape[0], (moments.values if moments.basis is None else moments.basis).shape[0]
     dtype = moments.values.dtype
@@ -267,7 +271,7 @@ def _class_preconditioner(A: torch.Tensor, moments: _Moments, penalty: float):
     return precondition
 
 
-def _feature_moments(x: torch.Tensor, *, max_rows: int = 2048, max_dim: int = 1024) -> _Moments:
+def feature_moments(x: torch.Tensor, *, max_rows: int = 2048, max_dim: int = 1024) -> FeatureMoments:
     """The features' second-moment matrix xᵀx / N for `_class_preconditioner`, from at most `max_rows` evenly
     spaced rows: the eigenvectors whose eigenvalues lie outside the Marchenko-Pastur band of isotropic noise,
     and one level for the rest; just the diagonal when D > max_dim.
@@ -283,14 +287,14 @@ def _feature_moments(x: torch.Tensor, *, max_rows: int = 2048, max_dim: int = 10
     """
     n, d = x.shape
     if d > max_dim:
-        return _Moments(torch.linalg.vector_norm(x, dim=0) ** 2 / n)
+        return FeatureMoments(torch.linalg.vector_norm(x, dim=0) ** 2 / n)
     rows = x[:: max(1, n // max_rows)]
     eigenvalues, eigenvectors = torch.linalg.eigh(rows.T @ rows / rows.shape[0])
     eigenvalues = eigenvalues.clamp_min(0)
     ratio, level = d / rows.shape[0], eigenvalues.mean()
     inside = (eigenvalues >= level * (1 - ratio**0.5) ** 2) & (eigenvalues <= level * (1 + ratio**0.5) ** 2)
     bulk = eigenvalues[inside].mean().item() if inside.any() else 0.0
-    return _Moments(eigenvalues[~inside], eigenvectors[:, ~inside], bulk)
+    return FeatureMoments(eigenvalues[~inside], eigenvectors[:, ~inside], bulk)
 
 
 def _one_hot(y: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -334,7 +338,7 @@ def _loss_and_grad(
     A = torch.zeros(targets.shape[0], targets.shape[0], dtype=torch.float64, device=x.device)
     for start in range(0, n, step):
         block, target = x[start : start + step], targets[:, start : start + step]
-        block = block.to(Wt.dtype)  # a float64 finish of float32 features (see _fit); otherwise a no-op
+        block = block.to(Wt.dtype)  # a float64 finish of float32 features (see fit_free_parameters); otherwise a no-op
         z = torch.addmm(b[:, None], Wt, block.T)
         if binary:
             z = torch.cat([torch.zeros_like(z), z])
@@ -350,3 +354,4 @@ def _loss_and_grad(
     penalty = torch.linalg.vector_norm(Wt, dtype=torch.float64) ** 2 / (2 * C * n)
     loss = penalty - log_likelihood / n
     return loss, grad_w, grad_b, ((A[1:, 1:] if binary else A) / n if curvature else None)
+

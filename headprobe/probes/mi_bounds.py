@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headprobe.checks import check_features, check_finite, check_floating
+
 BOUNDS = ("infonce", "nwj", "dv", "smile")
 
 
@@ -46,20 +48,14 @@ def _check_scores(scores: torch.Tensor) -> None:
             f"scores is {scores.shape[0]}×{scores.shape[0]}; a bound needs B ≥ 2 so that off-diagonal "
             "(negative) pairs exist."
         )
-    if not torch.is_floating_point(scores):
-        raise ValueError(f"scores has dtype {scores.dtype}; pass floating-point critic values.")
-    if not torch.isfinite(scores).all():
-        raise ValueError("scores contains NaN or infinite values; check the critic and its temperature.")
+    check_floating("scores", scores, "critic values")
+    check_finite("scores", scores, "check the critic and its temperature")
 
 
-def _check_pairs(x: torch.Tensor, y: torch.Tensor, *, min_rows: int = 2) -> None:
-    for name, t in (("x", x), ("y", y)):
-        if t.ndim != 2:
-            raise ValueError(f"{name} must be 2-D (N, D) but has shape {tuple(t.shape)}.")
-        if not torch.is_floating_point(t):
-            raise ValueError(f"{name} has dtype {t.dtype}; pass floating-point features.")
-        if not torch.isfinite(t).all():
-            raise ValueError(f"{name} contains NaN or infinite values; check the features (e.g. fp16 overflow).")
+def check_pairs(x: torch.Tensor, y: torch.Tensor, *, min_rows: int = 2) -> None:
+    """Raise ValueError unless x: (N, Dx), y: (N, Dy) are finite floats, row i of each one pair, N ≥ min_rows."""
+    check_features("x", x)
+    check_features("y", y)
     if x.shape[0] != y.shape[0]:
         raise ValueError(
             f"x has {x.shape[0]} rows but y has {y.shape[0]}; row i of x and row i of y must be one pair."
@@ -101,7 +97,8 @@ def _js(scores: torch.Tensor) -> torch.Tensor:
     return positive - negative
 
 
-def _check_clip(clip: float) -> None:
+def check_clip(clip: float) -> None:
+    """Raise ValueError unless SMILE's clip is positive."""
     if not clip > 0:
         raise ValueError(f"clip must be positive but got {clip}; Song & Ermon use 5.")
 
@@ -160,7 +157,7 @@ def smile_bound(scores: torch.Tensor, clip: float = 5.0) -> float:
     4.0
     """
     _check_scores(scores)
-    _check_clip(clip)
+    check_clip(clip)
     with torch.no_grad():
         return _smile(scores.detach().double(), clip).item()
 
@@ -176,7 +173,7 @@ def cosine_critic(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) 
     tensor([[2., 0.],
             [0., 2.]])
     """
-    _check_pairs(z1, z2)
+    check_pairs(z1, z2)
     if z1.shape[1] != z2.shape[1]:
         raise ValueError(
             f"z1 has dimension {z1.shape[1]} but z2 has {z2.shape[1]}; a cosine critic compares vectors in one "
@@ -303,7 +300,7 @@ def train_critic(
     >>> fit.protocol["n_fit"], fit.protocol["n_val"], fit.protocol["best_step"] <= 20
     (450, 150, True)
     """
-    _check_pairs(x_train, y_train)
+    check_pairs(x_train, y_train)
     if bound not in BOUNDS:
         raise ValueError(f"bound {bound!r} is not one of {BOUNDS}.")
     if steps < 1 or not lr > 0 or weight_decay < 0:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..checks import check_finite, check_floating
 from ..registry import unknown_name_message
 
 __all__ = [
@@ -182,10 +183,8 @@ def _check_traj(traj: torch.Tensor | np.ndarray) -> torch.Tensor:
             f"traj has shape {tuple(traj.shape)}; orbits need N >= 2 images (D_inter compares them), "
             "T >= 3 steps (curvature takes second differences) and D >= 1."
         )
-    if not torch.is_floating_point(traj):
-        raise ValueError(f"traj has dtype {traj.dtype}; pass floating-point representations.")
-    if not torch.isfinite(traj).all():
-        raise ValueError("traj contains NaN or infinite values; check the features (e.g. fp16 overflow).")
+    check_floating("traj", traj, "representations")
+    check_finite("traj", traj)
     return traj.double()
 
 

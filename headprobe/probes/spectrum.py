@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from headprobe.checks import check_features
+
 __all__ = [
     "alignment",
     "alignment_per_pair",
@@ -28,20 +30,9 @@ __all__ = [
 _SAMPLES_PER_DIM = 10
 
 
-def _check_features(name: str, z: torch.Tensor, *, min_rows: int = 1) -> None:
-    if z.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (N, D) but has shape {tuple(z.shape)}; pool to one vector per sample.")
-    if z.shape[0] < min_rows or z.shape[1] == 0:
-        raise ValueError(f"{name} has shape {tuple(z.shape)}; this measure needs N ≥ {min_rows} rows and D ≥ 1.")
-    if not torch.is_floating_point(z):
-        raise ValueError(f"{name} has dtype {z.dtype}; pass floating-point features.")
-    if not torch.isfinite(z).all():
-        raise ValueError(f"{name} contains NaN or infinite values; check the features (e.g. fp16 overflow).")
-
-
 def _check_views(z1: torch.Tensor, z2: torch.Tensor) -> None:
-    _check_features("z1", z1)
-    _check_features("z2", z2)
+    check_features("z1", z1)
+    check_features("z2", z2)
     if z1.shape != z2.shape:
         raise ValueError(
             f"z1 has shape {tuple(z1.shape)} but z2 has {tuple(z2.shape)}; row i of each must be two views of "
@@ -85,7 +76,7 @@ def rankme(z: torch.Tensor, eps: float = 1e-7) -> float:
     >>> round(rankme(torch.eye(5)), 3)
     5.0
     """
-    _check_features("z", z)
+    check_features("z", z)
     singular_values = torch.linalg.svdvals(z.double())
     if singular_values.sum() == 0:
         raise ValueError("z is all zeros; its singular values define no distribution.")
@@ -120,7 +111,7 @@ def lidar(views: torch.Tensor, delta: float = 1e-4, eps: float = 1e-8) -> float:
             f"views has {n} images with {k} augmentations each; LiDAR needs at least 2 of each "
             "(between-image and within-image covariances)."
         )
-    _check_features("views", views.reshape(n * k, d))
+    check_features("views", views.reshape(n * k, d))
     if not delta > 0:
         raise ValueError(f"delta must be positive so that Σ_w is invertible, but got {delta}.")
     views = views.double()
@@ -139,7 +130,7 @@ def lidar(views: torch.Tensor, delta: float = 1e-4, eps: float = 1e-8) -> float:
 
 def _resolved_eigenvalues(z: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The covariance eigenvalues of z and how many the samples resolve: i ≤ min(D, N−1), above λ_1·1e-12."""
-    _check_features("z", z, min_rows=3)
+    check_features("z", z, min_rows=3)
     eigenvalues = _covariance_eigenvalues(z)
     usable = min(z.shape[1], z.shape[0] - 1)
     return eigenvalues, int((eigenvalues[:usable] > eigenvalues[0] * 1e-12).sum())
@@ -216,7 +207,7 @@ def uniformity(z: torch.Tensor, t: float = 2.0, chunk_size: int = 1024) -> float
     >>> uniformity(torch.tensor([[1.0, 0.0], [-1.0, 0.0]]))
     -8.0
     """
-    _check_features("z", z, min_rows=2)
+    check_features("z", z, min_rows=2)
     if not t > 0:
         raise ValueError(f"t must be positive but got {t}; Wang & Isola use 2.")
     if chunk_size < 1:
@@ -272,7 +263,7 @@ def covariance_spectrum(z: torch.Tensor, top_k: int | None = None) -> dict:
     >>> covariance_spectrum(x)["condition_number"]
     4.0
     """
-    _check_features("z", z, min_rows=2)
+    check_features("z", z, min_rows=2)
     n, d = z.shape
     eigenvalues = _covariance_eigenvalues(z)
     if eigenvalues[0] == 0:

@@ -1,0 +1,35 @@
+"""Numbers of one training step over the processes that split its batch (the tuned path's DDP ranks).
+
+With ``world == 1`` (the cached path, where every process holds the whole batch) none of them communicates.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def mean_over_ranks(values: list[float], device, world: int) -> list[float]:
+    """The mean of each number over the `world` processes (float64 all-reduce)."""
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return (t / world).tolist()
+
+
+def all_rows(h: torch.Tensor, world: int) -> torch.Tensor:
+    """h: (b, d) on each of `world` processes → (world·b, d), the rows of every process in rank order."""
+    if world == 1:
+        return h
+    parts = [torch.empty_like(h) for _ in range(world)]
+    dist.all_gather(parts, h.contiguous())
+    return torch.cat(parts)
+
+
+def all_finite(loss: torch.Tensor, world: int) -> bool:
+    """Whether the loss is finite on every process (every process must agree to stop)."""
+    flag = torch.isfinite(loss.detach()).float().reshape(1)
+    if world > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
