@@ -44,7 +44,7 @@ clean:
 # other jobs, not the code. `make bench BENCH_ARGS=` keeps the libraries' own thread counts (a dedicated machine, a
 # GPU); `make bench BENCH_ARGS="--quick --threads 1"` is the one-minute-per-script check.
 BENCH_ARGS ?= --threads 1
-BENCHMARKS := cache multihead knn linear hessian extract
+BENCHMARKS := cache multihead knn linear hessian extract intervals
 .PHONY: bench
 
 bench: $(STAMP)

@@ -8,13 +8,12 @@ per-head geometry (`geometry.analyse.analyse_head`) and writes it into `results.
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 
 def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = False) -> dict:
     """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results."""
+    from . import stages
     from .distributed import process_state
-    from .pipeline import RunError, _Study, _write_report
     from .recipe import load_recipe
     from .runs import RunDir, read_results
     from .train import CheckpointError, build_head, latest_checkpoint, load_checkpoint
@@ -36,29 +35,28 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
     try:
         saved = load_checkpoint(checkpoint)["heads"]
     except CheckpointError as err:
-        raise RunError("reading the heads' checkpoint", err, None) from None
+        raise stages.RunError("reading the heads' checkpoint", err, None) from None
     if rows is not None:
         recipe.geometry.rows = rows
-    study = _Study(recipe, run, results, process_state(), show=not quiet, resume=False)
+    ctx = stages.RunContext(recipe, run, results, process_state(), show=not quiet)
     # This analysis's own loading and extraction are not the run's: clock them apart, so results["timing"] keeps
     # what the run measured.
-    study.timing = {}
-    study.load()
-    study.extract()
-    states = {}
+    ctx.timing = {}
+    inputs = stages.load_inputs(ctx)
+    features = stages.extract_features(ctx, inputs)
+    heads = {}
     for spec in recipe.heads:
         if spec.name not in saved:
             continue  # the identity head has no weights and no geometry
-        head, predictor = build_head(spec, study.backbone.dim, recipe.seed)
+        head, predictor = build_head(spec, inputs.backbone.dim, recipe.seed)
         head.load_state_dict(saved[spec.name]["head"])
         if predictor is not None:
             predictor.load_state_dict(saved[spec.name]["predictor"])
-        states[spec.name] = SimpleNamespace(head=head.eval(), predictor=predictor.eval() if predictor else None)
-    study.states = states
-    study.analyse_geometry()
+        heads[spec.name] = stages.HeadPair(head.eval(), predictor.eval() if predictor else None)
+    stages.analyse_geometry(ctx, features, heads)
     results["geometry_from"] = str(checkpoint.relative_to(run.path))
-    results["geometry_timing"] = study.timing
+    results["geometry_timing"] = ctx.timing
     run.write_results(results)
     if recipe.report:
-        _write_report(run)
+        stages.write_report(run)
     return results

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .stats import ALPHA, PerUnit, bootstrap_p_value, holm, percentile_interval, resampled_means
+from .stats import ALPHA, PerUnit, Resamples, bootstrap_p_value, holm, percentile_interval, resampled_means
 
 # Information the backbone should keep and the head lose: higher at the backbone supports the claim.
 INFORMATION = ("linear.acc", "rotation.acc", "rotation.mlp.acc", "aug_r2.mean", "mi.label")
@@ -63,8 +63,35 @@ def _paired_difference(backbone: torch.Tensor, head: torch.Tensor) -> torch.Tens
     return torch.where(difference.abs() <= ROUNDOFF * (b.abs() + h.abs()), 0.0, difference)
 
 
+def _seed_margins(before: dict, seeds: dict[str, dict], metric: str) -> list[float]:
+    """The margin of `metric` at each seed's retrained head (the backbone is the same for every seed)."""
+    margins = []
+    for record in seeds.values():
+        pieces = _pieces(before, record.get("metrics", {}))
+        if metric in pieces:
+            b, h, sign, _ = pieces[metric]
+            margins.append(sign * (b - h))
+    return margins
+
+
+def _seed_test(margins: list[float]) -> dict:
+    """A one-sample t test of "mean margin = 0" over seeds, with its 95% t interval."""
+    from scipy import stats
+
+    values = torch.tensor(margins, dtype=torch.float64)
+    if float(values.std()) == 0.0:
+        # Identical seeds carry no spread to test against (and say nothing of the test set's noise): unresolved.
+        p, ci = 1.0, [float(values.mean())] * 2
+    else:
+        test = stats.ttest_1samp(values.numpy(), 0.0)
+        p = float(test.pvalue)
+        low, high = test.confidence_interval(0.95)
+        ci = [float(low), float(high)]
+    return {"ci95": ci, "method": f"t test over {len(margins)} seeds", "p": p, "margin_seeds": margins}
+
+
 def buffer_verdict(taps: dict, head: str, samples: dict[str, dict[str, PerUnit]] | None = None,
-                   resamples: dict[str, torch.Tensor] | None = None) -> dict:
+                   resamples: dict[str, Resamples] | None = None) -> dict:
     """Compare tap "backbone" with tap `head` (the head output). Returns the verdict and its evidence.
 
     samples: {tap: {metric: PerUnit}} per-unit values of the metrics that are means over units;
@@ -88,8 +115,12 @@ def buffer_verdict(taps: dict, head: str, samples: dict[str, dict[str, PerUnit]]
             entry |= {"ci95": percentile_interval(boot), "method": f"paired bootstrap over {pb.unit}",
                       "n_boot": int(boot.numel())}
             p_values[metric] = entry["p"] = bootstrap_p_value(boot)
+        elif len(margins := _seed_margins(before, taps[head].get("seeds") or {}, metric)) >= 2:
+            entry |= _seed_test(margins)
+            p_values[metric] = entry["p"]
         else:
-            entry["why_unresolved"] = "no per-unit values to pair (not a mean over images, views or orbits)"
+            entry["why_unresolved"] = ("no per-unit values to pair (not a mean over images or views) and fewer "
+                                       "than 2 seeds; add `seeds: [0, 1, 2]` for an interval over retrainings")
         evidence[metric] = entry
     adjusted = holm(p_values)
     for metric, entry in evidence.items():

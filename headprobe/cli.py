@@ -53,10 +53,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(str(err), EXIT_USAGE)
     except RunError as err:
         return _error(str(err), EXIT_FAILED)
+    except OSError as err:
+        return _error(_os_error_sentence(err, args.out), EXIT_FAILED)
     except KeyboardInterrupt:
         return _error("interrupted; the run directory keeps every finished stage (status \"interrupted\"), and "
                       "`headprobe run RECIPE --resume --out RUN_DIR` continues it.", EXIT_INTERRUPTED)
     return EXIT_OK
+
+
+def _os_error_sentence(err: OSError, out: str | None) -> str:
+    """A failed write or read (full disk, read-only folder) as one sentence naming the file and the fix."""
+    where = f" {err.filename}" if err.filename else ""
+    reason = err.strerror or str(err)
+    folder = f" {out}" if out else " the run folder"
+    return (f"could not write{where}: {reason}; free disk space or choose a writable --out (what finished is kept "
+            f"in{folder}, and `headprobe run RECIPE --resume --out RUN_DIR` continues it).")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -133,8 +144,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as err:
         return _error(str(err), EXIT_USAGE)
     console = _console()
-    console.print(compare_table(runs))
     out = Path(args.out) if args.out else default_out_dir(args.run_dirs)
+    # Said first: without --out the files go next to the runs, not necessarily into the current directory.
+    console.print(f"writing compare.csv and compare.html into {out}", markup=False, soft_wrap=True)
+    console.print(compare_table(runs))
     try:
         written = write_compare(list(labels.values()), out)
     except OSError as err:
@@ -151,8 +164,8 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     if args.rows is not None and args.rows < 2:
         return _error(f"--rows = {args.rows} is out of range; it must be >= 2 (training samples to evaluate the "
                       "geometry on), or leave it out to use the recipe's geometry.rows.", EXIT_USAGE)
-    # A failure here never changes the run's recorded status: `_Study.stage` leaves a finished run's
-    # results.json as it was (see pipeline._Study.stage).
+    # A failure here never changes the run's recorded status: `stages.RunContext.stage` leaves a finished run's
+    # results.json as it was (see stages.RunContext.record_stop).
     try:
         results = analyse_run(args.run_dir, rows=args.rows, quiet=not _is_main_process())
     except (FileNotFoundError, ValueError) as err:
@@ -209,8 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="side-by-side table of several runs (terminal, compare.csv, compare.html)")
     p.add_argument("run_dirs", nargs="+")
-    p.add_argument("--out", help="folder for compare.csv and compare.html (default: the runs' shared parent "
-                                 "folder, else the current directory)")
+    p.add_argument("--out", help="folder for compare.csv and compare.html (default: the deepest folder holding "
+                                 "all the runs)")
     p.set_defaults(fn=cmd_compare)
     return parser
 

@@ -5,8 +5,10 @@ A frozen backbone runs once per image: features are written to
 keyed by everything that determines their content (backbone id, weights
 fingerprint, pooling, preprocessing, precision, data fingerprint, split, limits).
 Files are written to a temporary name and renamed, so a partial file never
-counts as a hit; a file that fails to load or does not match its key is
-reported and recomputed.
+counts as a hit. Each file's metadata holds a checksum of every tensor's bytes, verified on every load, and a
+hit's labels are compared with the dataset's own: a file that fails to load, does not match its key, its
+checksums or the labels is reported, deleted and recomputed. The cache is an optimisation: one that cannot be
+written (read-only, full) is reported once and the run carries on uncached.
 
 In a multi-process run each process extracts an interleaved shard of the
 images and the shards are gathered into one index-addressed buffer, so the
@@ -31,7 +33,30 @@ from pathlib import Path
 
 import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-tensor checksums in the metadata
+
+
+def tensor_checksum(tensor: torch.Tensor, algorithm: str | None = None) -> str:
+    """``"<algorithm>:<hex digest>"`` of a CPU tensor's raw bytes: xxh3-128 when `xxhash` is installed (several
+    GB/s), else BLAKE2b-128 (standard library). `algorithm` ("xxh3_128" | "blake2b") recomputes a recorded one."""
+    algorithm = algorithm or ("xxh3_128" if _xxhash() is not None else "blake2b")
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    if algorithm == "xxh3_128":
+        xxhash = _xxhash()
+        if xxhash is None:
+            raise ValueError("it was checksummed with xxh3_128 and the xxhash package is not installed")
+        return f"xxh3_128:{xxhash.xxh3_128_hexdigest(raw)}"
+    if algorithm == "blake2b":
+        return f"blake2b:{hashlib.blake2b(raw, digest_size=16).hexdigest()}"
+    raise ValueError(f"its checksum algorithm {algorithm!r} is unknown")
+
+
+def _xxhash():
+    try:
+        import xxhash
+    except ImportError:
+        return None
+    return xxhash
 
 
 def cache_root() -> Path:
@@ -64,13 +89,13 @@ def feature_key(backbone, data_info: dict, split: str, precision: str) -> tuple[
     return hashlib.sha256(blob).hexdigest()[:24], description
 
 
-def _effective_precision(requested: str, device: torch.device) -> str:
+def effective_precision(requested: str, device: torch.device) -> str:
     # Autocast is used only on GPUs: on CPU bf16 is slower than fp32 for these models and changes numbers.
     return requested if device.type == "cuda" else "fp32"
 
 
 def _autocast(device: torch.device, precision: str):
-    """Autocast to bf16/fp16 for an effective precision from `_effective_precision`; a no-op for fp32."""
+    """Autocast to bf16/fp16 for an effective precision from `effective_precision`; a no-op for fp32."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
@@ -89,8 +114,10 @@ class _Images(torch.utils.data.Dataset):
         return self.preprocess(image)
 
 
-def _load_cached(path: Path, key: str, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(features, labels-or-params) from a cache file whose key and row count match, else None."""
+def _load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(features, labels-or-params) from a cache file whose key, row count and checksums match (and whose labels
+    equal `labels`, when given), else None; an unusable file is reported and deleted."""
     from safetensors import safe_open
 
     if not path.exists():
@@ -98,30 +125,60 @@ def _load_cached(path: Path, key: str, n: int) -> tuple[torch.Tensor, torch.Tens
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
+            second = meta.get("second", "labels")
             feats = f.get_tensor("features")
-            labels = f.get_tensor(meta.get("second", "labels"))
-        if meta.get("key") != key or feats.shape[0] != n or labels.shape[0] != n:
+            stored = f.get_tensor(second)
+        if meta.get("key") != key or feats.shape[0] != n or stored.shape[0] != n:
             raise ValueError(f"it holds {feats.shape[0]} rows for key {meta.get('key')!r}, expected {n} for {key!r}")
+        checksums = json.loads(meta.get("checksums", "null"))
+        if not isinstance(checksums, dict):
+            raise ValueError("it records no checksums of its tensors")
+        for name, tensor in (("features", feats), (second, stored)):
+            recorded = checksums.get(name)
+            if not isinstance(recorded, str) or tensor_checksum(tensor, recorded.partition(":")[0]) != recorded:
+                raise ValueError(f"the checksum of its {name!r} tensor does not match its content (corrupted "
+                                 "or edited)")
+        if labels is not None and not torch.equal(stored, labels):
+            wrong = int((stored != labels).sum()) if stored.shape == labels.shape else n
+            raise ValueError(f"its labels differ from the dataset's at {wrong} of {n} images")
     except Exception as err:  # any unreadable file is a miss, never a crash
-        warnings.warn(f"feature cache {path} is unusable ({err}); recomputing it.", stacklevel=3)
-        path.unlink(missing_ok=True)
+        warnings.warn(f"feature cache {path} is unusable ({err}); deleting it and recomputing.", stacklevel=3)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
         return None
-    return feats, labels
+    return feats, stored
+
+
+# Cache folders already reported as not writable in this process (one warning each, not one per file).
+_UNWRITABLE: set[Path] = set()
 
 
 def _save(
     path: Path, key: str, description: dict, feats: torch.Tensor, labels: torch.Tensor, second: str = "labels"
-) -> None:
+) -> bool:
+    """Write one cache file (temporary name, then rename); False, with one warning per cache folder, when it
+    cannot be written (read-only or full): the cache is an optimisation, the run goes on without it."""
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(
-        {"features": feats.contiguous(), second: labels.contiguous()},
-        str(tmp),
-        metadata={"key": key, "second": second, "description": json.dumps(description, default=str)},
-    )
-    os.replace(tmp, path)
+    tensors = {"features": feats.contiguous(), second: labels.contiguous()}
+    checksums = {name: tensor_checksum(t) for name, t in tensors.items()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(tmp), metadata={"key": key, "second": second, "checksums": json.dumps(checksums),
+                                               "description": json.dumps(description, default=str)})
+        os.replace(tmp, path)
+    except Exception as err:  # OSError, or safetensors' own error wrapping one (read-only, disk full)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        folder = path.parent.parent
+        if folder not in _UNWRITABLE:
+            _UNWRITABLE.add(folder)
+            warnings.warn(f"the feature cache {folder} cannot be written ({type(err).__name__}: {err}); carrying "
+                          "on without caching (point HEADPROBE_CACHE at a writable folder, or set "
+                          "features.cache: false).", stacklevel=3)
+        return False
+    return True
 
 
 def _buffer(shape: tuple[int, ...], device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -181,14 +238,14 @@ def extract(
 
     state = state or process_state()
     device = state.device
-    precision = _effective_precision(precision, device)
+    precision = effective_precision(precision, device)
     key, description = feature_key(backbone, data_info, split + (f"-rot{rotation % 360}" if rotation % 360 else ""),
                                    precision)
     path = cache_root() / "features" / f"{key}.safetensors"
     n = len(dataset)
     labels = torch.as_tensor(dataset["label"], dtype=torch.int64)
     if cache:
-        hit = _load_cached(path, key, n)
+        hit = _load_cached(path, key, n, labels)
         if hit is not None:
             return Features(hit[0], hit[1], key, True, path)
 
@@ -197,8 +254,8 @@ def extract(
     local = _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation)
     # One process on the CPU: `local` is already the (N, D) result, and .cpu() returns it without a copy.
     feats = _gather_shards(local, n, state).cpu()
-    if cache and state.is_main_process:
-        _save(path, key, description, feats, labels)
+    if cache and state.is_main_process and not _save(path, key, description, feats, labels):
+        cache = False  # not written: there is no file to point at
     return Features(feats, labels, key, False, path if cache else None)
 
 
@@ -249,7 +306,7 @@ class ViewFeatures:
     cached: bool
 
 
-class _Views(torch.utils.data.Dataset):
+class AugmentedViews(torch.utils.data.Dataset):
     """Flat index j → view j % K of image j // K, normalised with the backbone's statistics."""
 
     def __init__(self, dataset, items: Sequence[int], views: int, spec, seed: int, normalise) -> None:
@@ -315,7 +372,7 @@ def extract_views(
 
     state = state or process_state()
     device = state.device
-    precision = _effective_precision(precision, device)
+    precision = effective_precision(precision, device)
     crop = backbone.preprocess.crop
     spec, normalise = view_transforms(backbone.preprocess, augment)
     key, description = feature_key(backbone, data_info, "train-views", precision)
@@ -332,7 +389,7 @@ def extract_views(
     world = state.num_processes
     items = range(state.process_index, total, world)
     loader = torch.utils.data.DataLoader(
-        _Views(dataset, items, views, spec, seed, normalise), batch_size=batch_size, num_workers=num_workers
+        AugmentedViews(dataset, items, views, spec, seed, normalise), batch_size=batch_size, num_workers=num_workers
     )
     n_pixels = 3 * crop * crop
     task = progress.add_task(f"extract {views} views × {n} images", total=total) if progress is not None else None

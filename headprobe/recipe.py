@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -29,6 +30,10 @@ from .safe_yaml import AliasLimitError, BoundedAliasLoader
 
 class RecipeError(ValueError):
     """A recipe or override that cannot be run; the message says where and how to fix it."""
+
+
+class _NotFinite(RecipeError):
+    """A NaN or infinite number where a finite one is needed; raised through unions (never a type mismatch)."""
 
 
 # --- the schema ---------------------------------------------------------------------------
@@ -126,10 +131,10 @@ class ViewMISpec:
     batch_size: int = 128
     temperature: float = 0.1
     pca_dims: int = 32
-    # InfoNCE critic: the fixed cosine/temperature one, or a separable MLP critic trained on half the pairs
-    # and evaluated on the other half.
+    # InfoNCE critic: the fixed cosine/temperature one, or a separable (linear + MLP) critic trained on half the
+    # pairs, early-stopped on a quarter of those, and evaluated on the other half; critic_steps is its maximum.
     critic: Literal["cosine", "separable"] = "cosine"
-    critic_steps: int = 400
+    critic_steps: int = 1000
 
 
 @dataclass
@@ -223,12 +228,23 @@ class GeometrySpec:
     track_every: int | None = None
     track_rows: int = 64
     track_max_iter: int = 20
+    # Split each tracked λ_min into G-term (the loss seen through J_h), M-term (the head's curvature) and ∇²_h L.
+    track_split: bool = True
+    # Claim 4's start: a number c starts every head collapsed by `geometry.tracking.collapsed_init` (first layer
+    # scaled by collapse_scale plus a shared offset c per unit); null = heads as built (init_scale and all).
+    collapse_offset: float | None = None
+    collapse_scale: float = 0.01
+    # Step 0 counts as "collapsed" iff out_std ≤ collapse_threshold/√out (recorded in protocol.train.collapse_start).
+    collapse_threshold: float = 0.1
 
 
 @dataclass
 class Recipe:
     name: str = "run"
     seed: int = 0
+    # Retrain the heads once per seed on the same backbone features and views (null: the one `seed`); every head
+    # tap metric is then the mean over seeds, with the per-seed values and their spread kept.
+    seeds: list[int] | None = None
     backbone: BackboneSpec = field(default_factory=BackboneSpec)
     data: DataSpec = field(default_factory=DataSpec)
     features: FeatureSpec = field(default_factory=FeatureSpec)
@@ -249,6 +265,11 @@ class Recipe:
     def to_dict(self) -> dict:
         return _to_plain(self)
 
+    @property
+    def seed_list(self) -> list[int]:
+        """The seeds the heads are trained with: `seeds`, or the one `seed`."""
+        return list(self.seeds) if self.seeds else [self.seed]
+
 
 # --- loading ------------------------------------------------------------------------------
 
@@ -261,7 +282,7 @@ def load_recipe(
     `values` are overrides given as Python objects (``{"train.epochs": 1}``), applied after `overrides`.
     A recipe with a `sweep:` has every combination validated here too, exactly as `expand_sweep` makes them.
     """
-    return _from_data(_resolve(source, overrides, values))
+    return _from_data(resolve_recipe_data(source, overrides, values))
 
 
 # A run's name becomes a folder name under runs/: one path component, no separators, no leading dot.
@@ -305,7 +326,7 @@ def _yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
-def _resolve(source: str | Path | dict, overrides: list[str] | None, values: dict[str, Any] | None) -> dict:
+def resolve_recipe_data(source: str | Path | dict, overrides: list[str] | None, values: dict[str, Any] | None) -> dict:
     """The recipe's plain data with defaults and overrides applied, not yet validated."""
     if isinstance(source, dict):
         data, default_name = copy.deepcopy(source), "run"
@@ -314,7 +335,13 @@ def _resolve(source: str | Path | dict, overrides: list[str] | None, values: dic
         if not path.is_file():
             raise RecipeError(f"recipe file {str(path)!r} does not exist; pass the path to a .yaml recipe.")
         try:
-            data = _yaml_load(path.read_text())
+            data = _yaml_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise RecipeError(f"recipe {str(path)!r} is not UTF-8 text (byte {err.start} cannot be decoded); "
+                              "save it as UTF-8 YAML, e.g. recipes/quickstart.yaml.") from None
+        except OSError as err:
+            raise RecipeError(f"recipe {str(path)!r} cannot be read ({err.strerror or err}); check that it is "
+                              "a readable file.") from None
         except (_DuplicateKey, AliasLimitError) as err:
             raise RecipeError(f"recipe {str(path)!r}: {err}.") from None
         except yaml.YAMLError as err:
@@ -378,8 +405,27 @@ def expand_sweep(source: str | Path | dict, overrides: list[str] | None = None) 
     recipe = load_recipe(source, overrides)
     if not recipe.sweep:
         return [("", list(overrides or []))]
-    return [(label.replace("/", "_"), list(overrides or []) + items + ["sweep={}"])
+    return [(sweep_folder_name(label), list(overrides or []) + items + ["sweep={}"])
             for label, items in _sweep_items(recipe)]
+
+
+# Folder names are at most 255 bytes on common file systems; a longer sweep label is cut with a hash.
+MAX_FOLDER_BYTES = 200
+
+
+def sweep_folder_name(label: str) -> str:
+    """A sweep combination's label → its run folder's name: '/' replaced, and a label over `MAX_FOLDER_BYTES`
+    bytes cut and suffixed with a hash of the whole label (each run's config.yaml and results.json keep the full
+    values)."""
+    import hashlib
+
+    name = label.replace("/", "_").replace("\0", "_")
+    raw = name.encode()
+    if len(raw) <= MAX_FOLDER_BYTES:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:12]
+    head = raw[: MAX_FOLDER_BYTES - len(digest) - 1].decode(errors="ignore")
+    return f"{head}-{digest}"
 
 
 def apply_override(data: dict, item: str) -> None:
@@ -491,6 +537,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         for arg in typing.get_args(tp):
             try:
                 return _coerce(arg, value, path)
+            except _NotFinite:
+                raise
             except RecipeError:
                 continue
         raise RecipeError(f"{path} = {value!r} has the wrong type; expected {_type_name(tp)}.")
@@ -517,13 +565,22 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             raise RecipeError(f"{path} = {value!r} has the wrong type; expected true or false.")
         return value
     if tp is int:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _NotFinite(f"{path} = {value!r} is not a finite number; give an integer.")
         if isinstance(value, bool) or not isinstance(value, int):
             raise RecipeError(f"{path} = {value!r} has the wrong type; expected an integer.")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise RecipeError(f"{path} = {value!r} has the wrong type; expected a number.")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise _NotFinite(f"{path} = {value!r} is not a finite number; give an ordinary number "
+                             "(NaN and infinities are not accepted).")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise RecipeError(f"{path} = {value!r} has the wrong type; expected a string.")

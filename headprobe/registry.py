@@ -43,10 +43,18 @@ class Entry:
     target: str
     help: str
     usage: str
+    # What the entry needs beyond the clean train/test features (probes: "views", "rotated", "orbits"); the
+    # pipeline extracts exactly the union of what a recipe's probes need.
+    needs: tuple[str, ...] = ()
 
     def load(self) -> Any:
         module, _, attr = self.target.partition(":")
         return getattr(importlib.import_module(module), attr)
+
+
+# The inputs a probe can ask for beyond the clean features: the cached augmented views of the training images
+# (with their parameters), each image rotated by 0/90/180/270°, and the test images along augmentation sweeps.
+PROBE_INPUTS = ("views", "rotated", "orbits")
 
 
 class Registry:
@@ -56,12 +64,21 @@ class Registry:
         self.family = family
         self._entries: dict[str, Entry] = {}
 
-    def add(self, name: str, target: str, help: str, usage: str | None = None) -> None:
+    def add(self, name: str, target: str, help: str, usage: str | None = None, needs: tuple[str, ...] = ()) -> None:
         if name in self._entries:
             raise ValueError(f"{self.family} {name!r} is registered twice.")
         if ":" not in target:
             raise ValueError(f"target {target!r} must look like 'package.module:attribute'.")
-        self._entries[name] = Entry(name, target, help, usage or name)
+        unknown = set(needs) - set(PROBE_INPUTS)
+        if unknown:
+            raise ValueError(f"{self.family} {name!r} needs {sorted(unknown)}, which no stage produces; "
+                             f"allowed: {', '.join(PROBE_INPUTS)}.")
+        self._entries[name] = Entry(name, target, help, usage or name, tuple(needs))
+
+    def remove(self, name: str) -> None:
+        """Forget an entry (a plug-in registered for one test, say)."""
+        self.entry(name)
+        del self._entries[name]
 
     def names(self) -> list[str]:
         return list(self._entries)
@@ -167,16 +184,17 @@ PROBES.add("knn", "headprobe.probes.suite:knn",
 PROBES.add("spectrum", "headprobe.probes.suite:spectrum",
            "RankMe, alpha-ReQ, effective rank and an honest covariance condition number")
 PROBES.add("invariance", "headprobe.probes.suite:invariance",
-           "alignment, uniformity, view cosine and LiDAR over the augmented views")
+           "alignment, uniformity, view cosine and LiDAR over the augmented views", needs=("views",))
 PROBES.add("view_mi", "headprobe.probes.suite:view_mi",
-           "MI between two views: InfoNCE (cosine critic, with its log B ceiling) and Gaussian/CCA")
+           "MI between two views: InfoNCE (cosine critic, with its log B ceiling) and Gaussian/CCA", needs=("views",))
 PROBES.add("augment_r2", "headprobe.probes.suite:augment_r2",
-           "R² of a ridge regression of each augmentation parameter from a view's representation")
+           "R² of a ridge regression of each augmentation parameter from a view's representation", needs=("views",))
 PROBES.add("rotation", "headprobe.probes.suite:rotation",
-           "4-way rotation prediction (0/90/180/270°), linear and MLP: the paper's guillotine measure")
+           "4-way rotation prediction (0/90/180/270°), linear and MLP: the paper's guillotine measure",
+           needs=("rotated",))
 PROBES.add("orbits", "headprobe.probes.suite:orbits",
            "orbits along rotation/hue/saturation/blur sweeps: spread (raw and scale-free), D_inter/D_intra between "
-           "class centroids (the paper's; d_*_image: between image orbits), curvature")
+           "class centroids (the paper's; d_*_image: between image orbits), curvature", needs=("orbits",))
 
 OBJECTIVES = Registry("objective")
 OBJECTIVES.add("info_nce", "headprobe.objectives:info_nce",

@@ -6,6 +6,7 @@ finished stage, so a run that fails keeps everything it had computed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,10 +18,17 @@ from . import __version__
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to a temporary file next to `path`, then rename it over `path`; a failed write (disk full)
+    removes the temporary and leaves `path` as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def _jsonable(obj: Any) -> Any:
@@ -48,9 +56,48 @@ def default_run_dir(name: str, root: str | Path = "runs") -> Path:
     return path
 
 
+# What `headprobe run` (and a sweep) writes into a run folder: a folder holding only these is headprobe's own.
+RUN_ENTRIES = frozenset({"results.json", "config.yaml", "metrics.jsonl", "report.html", "plots", "checkpoints",
+                         "per_unit", "compare.csv", "compare.html"})
+
+
+def check_out_folder(path: str | Path) -> None:
+    """Refuse (`RecipeError`) an --out that headprobe must not write into: an existing, non-empty folder that is
+    not a headprobe run (or sweep), whose own files (say a config.yaml) a run would overwrite, or a location that
+    cannot be written. Called before anything is written."""
+    from .recipe import RecipeError
+
+    path = Path(path)
+    if path.is_dir():
+        entries = list(path.iterdir())
+        ours = (path / "results.json").exists() or (path / "compare.csv").exists()
+        foreign = [e.name for e in entries if e.name not in RUN_ENTRIES and not _is_temporary(e.name)
+                   and not (e.is_dir() and ((e / "results.json").exists() or (e / "config.yaml").exists()))]
+        if entries and not ours and foreign:
+            shown = ", ".join(repr(n) for n in sorted(foreign)[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise RecipeError(f"--out {str(path)!r} is a folder that is not a headprobe run (it holds {shown}); "
+                              "a run writes config.yaml, results.json and plots/ there and would overwrite files "
+                              "of the same name. Choose a new or empty folder, or an earlier run's folder.")
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        where = "is" if existing == path else f"would be created inside {str(existing)!r}, which is"
+        raise RecipeError(f"--out {str(path)!r} {where} not writable; choose a folder you can write to, "
+                          "e.g. --out runs/my_study.")
+
+
+def _is_temporary(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+# Version of the results.json layout (docs/DESIGN.md, "results.json"): 2 added uncertainty, seeds and the
+# evidence-based verdict. A test keeps the documented keys equal to what a run writes.
+SCHEMA_VERSION = 2
+
+
 def new_results(recipe: dict) -> dict:
     return {
         "headprobe_version": __version__,
+        "schema_version": SCHEMA_VERSION,
         "status": "running",
         "recipe": recipe,
         "backbone": {},
@@ -88,8 +135,19 @@ class RunDir:
             atomic_write_text(self.path / "config.yaml", text)
 
     def write_results(self, results: dict) -> None:
-        if self.writable:
+        """Rewrite results.json atomically. When that fails (a full disk) during a run, one more try records the
+        failure in the smaller compact form, so the folder does not say "running" forever; the error is raised."""
+        if not self.writable:
+            return
+        try:
             atomic_write_text(self.results_path, json.dumps(_jsonable(results), indent=2) + "\n")
+        except OSError as err:
+            if results.get("status") == "running":
+                failed = {**results, "status": "failed",
+                          "error": {"stage": "writing results.json", "message": f"{type(err).__name__}: {err}"}}
+                with contextlib.suppress(OSError):
+                    atomic_write_text(self.results_path, json.dumps(_jsonable(failed), separators=(",", ":")))
+            raise
 
     def log_metrics(self, record: dict) -> None:
         if self.writable:
@@ -101,10 +159,41 @@ class RunDir:
 
 
 def read_results(run_dir: str | Path) -> dict:
+    """A run's results.json, checked to have the shape every reader relies on (a mapping; `taps` a mapping of
+    taps, each with a `metrics` mapping); ValueError with a sentence otherwise."""
     path = Path(run_dir) / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; pass a run directory written by `headprobe run`.")
     try:
-        return json.loads(path.read_text())
+        results = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}); it is not a results.json written by "
+                         "headprobe, or the disk corrupted it.") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON ({err}); was the run interrupted while writing?") from None
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read ({err.strerror or err}).") from None
+    _check_results_shape(results, path)
+    return results
+
+
+def _check_results_shape(results: Any, path: Path) -> None:
+    fix = "it was not written by `headprobe run`, or was edited; restore it or rerun the study."
+    if not isinstance(results, dict):
+        raise ValueError(f"{path} holds a {type(results).__name__}, not the mapping of a run's results; {fix}")
+    for key in ("taps", "heads", "buffer", "recipe", "backbone", "data", "protocol", "timing"):
+        if key in results and not isinstance(results[key], (dict, type(None))):
+            raise ValueError(f"{path}: {key!r} is a {type(results[key]).__name__}, not a mapping; {fix}")
+    for name, tap in (results.get("taps") or {}).items():
+        if not isinstance(tap, dict):
+            raise ValueError(f"{path}: tap {name!r} is a {type(tap).__name__}, not a mapping; {fix}")
+        if not isinstance(tap.get("metrics", {}), dict):
+            raise ValueError(f"{path}: taps.{name}.metrics is a {type(tap['metrics']).__name__}, not a mapping "
+                             f"of metric names to numbers; {fix}")
+
+
+def metrics_from_json(taps: dict) -> dict:
+    """`taps` as read from results.json with the NaN metrics that JSON stored as null restored to NaN (a resumed
+    run computes with them as the run that measured them did)."""
+    return {name: {**tap, "metrics": {m: math.nan if v is None else v for m, v in tap.get("metrics", {}).items()}}
+            for name, tap in taps.items()}

@@ -37,15 +37,38 @@ class PerUnit:
     unit: str
 
 
+class Resamples:
+    """Bootstrap resamples of n units: `indices` (n_boot, n) int64, and `weights` (n_boot, n) float64, how often
+    each unit is drawn divided by n, so the resampled means of any per-unit values v are one product weights @ v
+    (computed once and shared by every metric and tap: far cheaper than gathering v[indices] per metric)."""
+
+    def __init__(self, indices: torch.Tensor) -> None:
+        self.indices = indices
+        self._weights: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.indices.shape
+
+    @property
+    def weights(self) -> torch.Tensor:
+        if self._weights is None:
+            n_boot, n = self.indices.shape
+            counts = torch.zeros(n_boot, n, dtype=torch.float64)
+            counts.scatter_add_(1, self.indices, torch.ones(n_boot, n, dtype=torch.float64))
+            self._weights = counts / n
+        return self._weights
+
+
 def bootstrap_resamples(n: int, n_boot: int = N_BOOT, seed: int = 0, strata: torch.Tensor | None = None
-                        ) -> torch.Tensor:
-    """(n_boot, n) int64 indices of n units drawn with replacement, within each stratum when `strata` (n,) is
-    given (each stratum keeps its size). The same (n, n_boot, seed, strata) always gives the same indices."""
+                        ) -> Resamples:
+    """n_boot resamples of n units drawn with replacement, within each stratum when `strata` (n,) is given (each
+    stratum keeps its size). The same (n, n_boot, seed, strata) always gives the same indices."""
     if n < 1 or n_boot < 1:
         raise ValueError(f"a bootstrap needs n >= 1 units and n_boot >= 1 resamples, got n={n}, n_boot={n_boot}.")
     gen = torch.Generator().manual_seed(seed)
     if strata is None:
-        return torch.randint(n, (n_boot, n), generator=gen)
+        return Resamples(torch.randint(n, (n_boot, n), generator=gen))
     strata = torch.as_tensor(strata).cpu()
     if strata.shape != (n,):
         raise ValueError(f"strata has shape {tuple(strata.shape)}; it needs one label per unit, ({n},).")
@@ -54,16 +77,16 @@ def bootstrap_resamples(n: int, n_boot: int = N_BOOT, seed: int = 0, strata: tor
         members = (strata == value).nonzero().squeeze(1)
         picks = torch.randint(len(members), (n_boot, len(members)), generator=gen)
         out[:, members] = members[picks]
-    return out
+    return Resamples(out)
 
 
-def resampled_means(values: torch.Tensor, resamples: torch.Tensor) -> torch.Tensor:
-    """values: (n,), resamples: (n_boot, n) indices -> (n_boot,) float64 means of the resampled values."""
+def resampled_means(values: torch.Tensor, resamples: Resamples) -> torch.Tensor:
+    """values: (n,) per-unit values -> (n_boot,) float64 means of the resampled values."""
     values = values.detach().double().cpu()
     if values.ndim != 1 or values.shape[0] != resamples.shape[1]:
         raise ValueError(f"per-unit values have shape {tuple(values.shape)} but the resamples draw from "
                          f"{resamples.shape[1]} units; pair values and resamples of the same units.")
-    return values[resamples].mean(dim=1)
+    return resamples.weights @ values
 
 
 def percentile_interval(boot: torch.Tensor, level: float = 1 - ALPHA) -> list[float]:
@@ -92,7 +115,7 @@ def holm(p_values: dict[str, float]) -> dict[str, float]:
     return adjusted
 
 
-def interval(values: PerUnit, resamples: torch.Tensor, method: str) -> dict:
+def interval(values: PerUnit, resamples: Resamples, method: str) -> dict:
     """The uncertainty record of one per-unit metric: {"ci95", "method", "n_boot", "n_units", "unit", "se"}."""
     boot = resampled_means(values.values, resamples)
     return {"ci95": percentile_interval(boot), "method": method, "n_boot": int(resamples.shape[0]),
@@ -138,7 +161,7 @@ def load_per_unit(path) -> dict[str, PerUnit]:
         return {}
 
 
-def tap_uncertainty(metrics: dict[str, float], per_unit: dict[str, PerUnit], resamples: dict[str, torch.Tensor],
+def tap_uncertainty(metrics: dict[str, float], per_unit: dict[str, PerUnit], resamples: dict[str, Resamples],
                     stratified: dict[str, bool]) -> dict[str, dict]:
     """{metric: uncertainty record} for every metric of one tap: a bootstrap interval where the metric is a mean
     of per-unit values over units with shared resamples, else a record saying why there is none."""

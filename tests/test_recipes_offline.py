@@ -22,6 +22,8 @@ def test_offline_recipe_runs_reduced(path, tiny_dinov2, tmp_path):
     reductions += [f"heads.{i}.width=16" for i in range(len(recipe.get("heads", [])))]
     if "orbits" in recipe.get("probes", {}):
         reductions.append("probes.orbits.n_images=4")
+    if "knn" in recipe.get("probes", {}):
+        reductions.append("probes.knn.ks=[5,10]")  # k must not exceed the 64 training images
     if "rotation" in recipe.get("probes", {}):
         reductions.append("probes.rotation.mlp_epochs=5")
     if "geometry" in recipe:

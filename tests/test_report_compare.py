@@ -10,6 +10,7 @@ from headprobe.report.compare import compare_rows, run_labels, write_compare
 def _ablation_pair(root):
     """depth2: the fixture run; depth3: one more hidden tap (mlp@2), no linear head, another mlp accuracy."""
     a = results_dict()
+    a["taps"]["mlp"]["uncertainty"] = {"linear.acc": {"ci95": [0.78, 0.84], "method": "paired bootstrap"}}
     b = results_dict()
     b["taps"] = {"backbone": b["taps"]["backbone"], "mlp@1": b["taps"]["mlp@1"],
                  "mlp@2": {"head": "mlp", "depth": 2, "metrics": {"linear.acc": 0.88}}, "mlp": b["taps"]["mlp"]}
@@ -27,13 +28,13 @@ def test_compare_writes_one_row_per_tap_and_metric_and_one_column_per_run(tmp_pa
     written = write_compare([a, b], tmp_path / "out")
     rows = _read_csv(written["csv"])
     metrics = list(results_dict()["taps"]["backbone"]["metrics"])
-    assert rows[0] == ["tap", "metric", "depth2", "depth3"]
+    assert rows[0] == ["tap", "metric", "depth2", "depth2_low", "depth2_high", "depth3", "depth3_low", "depth3_high"]
     expected_keys = ([("backbone", m) for m in metrics] + [("mlp@1", m) for m in metrics]
                      + [("mlp", m) for m in metrics] + [("lin", m) for m in metrics] + [("mlp@2", "linear.acc")])
     assert [tuple(r[:2]) for r in rows[1:]] == expected_keys
     by_key = {tuple(r[:2]): r[2:] for r in rows[1:]}
-    assert by_key[("mlp", "linear.acc")] == ["0.81", "0.77"]
-    assert by_key[("lin", "linear.acc")] == ["0.94", ""] and by_key[("mlp@2", "linear.acc")] == ["", "0.88"]
+    assert by_key[("mlp", "linear.acc")] == ["0.81", "0.78", "0.84", "0.77", "", ""]  # the interval's ends
+    assert by_key[("lin", "linear.acc")][::3] == ["0.94", ""] and by_key[("mlp@2", "linear.acc")][::3] == ["", "0.88"]
     assert float(by_key[("backbone", "mi.infonce.ceiling")][0]) == pytest.approx(5.545177444479562)
     text = written["html"].read_text()
     assert "<b>0.8100</b>" in text and "<b>0.7700</b>" not in text  # the best accuracy of a row in bold
@@ -55,7 +56,8 @@ def test_compare_command_prints_and_writes_next_to_the_runs_or_into_out(tmp_path
     assert main(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert "depth2" in out and "depth3" in out and "mlp@2" in out and "compare.csv" in out
-    assert _read_csv(tmp_path / "runs" / "compare.csv")[0] == ["tap", "metric", "depth2", "depth3"]
+    assert _read_csv(tmp_path / "runs" / "compare.csv")[0][2::3] == ["depth2", "depth3"]
+    assert "0.8100 ±0.0300" in out  # the terminal table prints intervals
     assert (tmp_path / "runs" / "compare.html").is_file()
     assert main(["compare", str(a), str(b), "--out", str(tmp_path / "elsewhere")]) == 0
     assert (tmp_path / "elsewhere" / "compare.csv").read_text() == (tmp_path / "runs" / "compare.csv").read_text()

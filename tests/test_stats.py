@@ -6,6 +6,7 @@ import torch
 
 from headprobe.stats import (
     PerUnit,
+    Resamples,
     bootstrap_p_value,
     bootstrap_resamples,
     holm,
@@ -20,11 +21,11 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 def test_stratified_resamples_keep_each_class_and_its_size():
     strata = torch.tensor([0] * 5 + [1] * 3 + [2] * 7)
-    idx = bootstrap_resamples(15, n_boot=200, seed=1, strata=strata)
+    idx = bootstrap_resamples(15, n_boot=200, seed=1, strata=strata).indices
     assert idx.shape == (200, 15)
     assert torch.equal(strata[idx], strata.expand(200, 15))  # position j always draws from j's class
-    assert torch.equal(idx, bootstrap_resamples(15, n_boot=200, seed=1, strata=strata))
-    assert not torch.equal(idx, bootstrap_resamples(15, n_boot=200, seed=2, strata=strata))
+    assert torch.equal(idx, bootstrap_resamples(15, n_boot=200, seed=1, strata=strata).indices)
+    assert not torch.equal(idx, bootstrap_resamples(15, n_boot=200, seed=2, strata=strata).indices)
     # Within a class, draws are uniform over its members.
     counts = torch.bincount(idx[:, :5].flatten(), minlength=15)[:5].double()
     assert (counts / counts.sum() - 0.2).abs().max() < 0.03
@@ -49,8 +50,9 @@ def test_p_value_and_interval_of_known_replicates():
 
 def test_resampled_means_are_means_of_the_drawn_values():
     values = torch.arange(6, dtype=torch.float64)
-    idx = torch.tensor([[0, 0, 0, 0, 0, 0], [5, 4, 3, 2, 1, 0], [1, 1, 2, 2, 3, 3]])
-    assert resampled_means(values, idx).tolist() == [0.0, 2.5, 2.0]
+    idx = Resamples(torch.tensor([[0, 0, 0, 0, 0, 0], [5, 4, 3, 2, 1, 0], [1, 1, 2, 2, 3, 3]]))
+    assert resampled_means(values, idx).tolist() == pytest.approx([0.0, 2.5, 2.0], abs=1e-15)
+    assert torch.allclose(idx.weights.sum(1), torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-15)
     with pytest.raises(ValueError, match="same units"):
         resampled_means(values[:5], idx)
 

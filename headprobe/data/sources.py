@@ -174,6 +174,13 @@ def load_data(spec, revision: str | None = None) -> DataSplits:
         )
     train = raw[spec.train_split]
     for key, column in (("image_column", spec.image_column), ("label_column", spec.label_column)):
+        if key == "label_column" and column == "label" and column not in train.column_names and prefix == "imagefolder":
+            # `datasets` makes the label column from the class sub-folders, and none at all from a single one.
+            raise DataSourceError(
+                f"data.source {spec.source}: the folder holds one class folder (or images without class "
+                "folders), so there are no labels; a probe needs at least 2 classes, one sub-folder each "
+                "(class_a/*.png, class_b/*.png)."
+            )
         if column not in train.column_names:
             raise DataSourceError(
                 f"data.{key} = {column!r} is not a column of {spec.source}; "
@@ -208,6 +215,12 @@ def load_data(spec, revision: str | None = None) -> DataSplits:
         if spec.label_column != "label":
             ds = ds.rename_column(spec.label_column, "label")
         limit = getattr(spec.limit, name)
+        if name == "train" and limit is not None and limit < len(class_names):
+            raise DataSourceError(
+                f"data.limit.train = {limit} is below the number of classes of {spec.source} ({len(class_names)}): "
+                "a class-stratified subset needs at least one image of every class; raise data.limit.train to at "
+                f"least {len(class_names)}."
+            )
         if limit is not None:
             ds = ds.select(_stratified_subset(np.asarray(ds["label"]), limit, spec.split_seed))
         splits[name] = ds

@@ -32,10 +32,13 @@ def run_labels(run_dirs: Sequence[str | Path]) -> dict[str, Path]:
 
 
 def default_out_dir(run_dirs: Sequence[str | Path]) -> Path:
-    """Where a comparison goes without --out: the runs' shared parent folder (runs/ for runs/a runs/b), else the
-    current directory."""
-    parents = {Path(p).resolve().parent for p in run_dirs}
-    return parents.pop() if len(parents) == 1 else Path.cwd()
+    """Where a comparison goes without --out: next to the runs, in the deepest folder holding all of them (runs/
+    for runs/a runs/b; runs/ for runs/x/a runs/y/b); the current directory only when they share nothing but /."""
+    import os
+
+    parents = [str(Path(p).resolve().parent) for p in run_dirs]
+    shared = Path(os.path.commonpath(parents))
+    return shared if shared.parent != shared else Path.cwd()
 
 
 def compare_rows(runs: Mapping[str, dict]) -> tuple[list[str], list[list]]:
@@ -49,12 +52,26 @@ def compare_rows(runs: Mapping[str, dict]) -> tuple[list[str], list[list]]:
     return ["tap", "metric", *runs], rows
 
 
+def interval_of(results: dict, tap: str, metric: str) -> list | None:
+    """[low, high] of a metric's 95% interval in one run's results, or None where it has none."""
+    record = (results.get("taps", {}).get(tap, {}).get("uncertainty") or {}).get(metric) or {}
+    ci = record.get("ci95")
+    return ci if isinstance(ci, list) and len(ci) == 2 else None
+
+
 def compare_csv(runs: Mapping[str, dict]) -> str:
+    """One row per (tap, metric); per run its value and the `_low`/`_high` ends of its 95% interval."""
     header, rows = compare_rows(runs)
+    labels = header[2:]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows([["" if v is None else v for v in row] for row in rows])
+    writer.writerow(header[:2] + [f"{label}{end}" for label in labels for end in ("", "_low", "_high")])
+    for tap, metric, *values in rows:
+        cells = []
+        for label, value in zip(labels, values, strict=True):
+            ci = interval_of(runs[label], tap, metric) or [None, None]
+            cells += ["" if v is None else v for v in (value, *ci)]
+        writer.writerow([tap, metric, *cells])
     return out.getvalue()
 
 

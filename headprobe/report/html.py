@@ -327,7 +327,8 @@ def _geometry(results: dict, plots: list[Plot]) -> str:
     figures = [p for p in plots if p.section == "geometry"]
     if not parts and not figures:
         return "<p class='note'>No geometry was recorded in this run.</p>"
-    return "<div class='grid'>" + "".join(f"<div>{p}</div>" for p in parts) + "</div>" + "".join(
+    return results.get("collapse_table", "") + "<div class='grid'>" + "".join(f"<div>{p}</div>" for p in parts) + (
+        "</div>") + "".join(
         figure(p) for p in figures)
 
 
@@ -392,10 +393,12 @@ def write_report(run_dir: str | Path) -> Path:
     unwritable directory raises (FileNotFoundError, ValueError, OSError).
     """
     from ..runs import atomic_write_text, read_results
+    from .collapse import collapse_section
 
     run_dir = Path(run_dir)
-    results = read_results(run_dir)
-    plots = render_plots(results, read_records(run_dir), run_dir / "plots")
+    results, records = read_results(run_dir), read_records(run_dir)
+    plots = render_plots(results, records, run_dir / "plots")
+    results["collapse_table"] = collapse_section(results, records)  # claim 4's table, atop the Geometry section
     path = run_dir / "report.html"
     atomic_write_text(path, render_report(results, plots))
     return path

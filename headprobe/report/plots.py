@@ -40,12 +40,13 @@ class Plot:
 
 
 def read_records(run_dir: str | Path) -> list[dict]:
-    """The records of ``metrics.jsonl``; a torn last line (a run killed mid-write) is skipped."""
+    """The records of ``metrics.jsonl``; a torn last line (a run killed mid-write) and lines that are not UTF-8 JSON
+    (garbage from a failing disk) are skipped."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
@@ -180,6 +181,7 @@ def plot_metric_bars(results: dict, path: Path) -> Path:
             if owner[tap] and tap != owner[tap]:
                 bar.set_alpha(0.5)
                 bar.set_hatch("//")
+        _interval_marks(ax, taps, names, metric)
         base = taps.get("backbone", {}).get("metrics", {}).get(metric)
         if isinstance(base, (int, float)):
             ax.axhline(base, color=BACKBONE_COLOR, linestyle="--", linewidth=1)
@@ -189,8 +191,23 @@ def plot_metric_bars(results: dict, path: Path) -> Path:
         ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=8)
         ax.set_title(metric, fontsize=10)
         ax.set_ylabel(metric_unit(metric), fontsize=8)
-    fig.suptitle("Backbone (grey, dashed line) vs each head; hatched bars are hidden layers")
+    fig.suptitle("Backbone (grey, dashed line) vs each head; hatched bars are hidden layers; "
+                 "whiskers: 95% interval, dots: seeds")
     return save(fig, path)
+
+
+def _interval_marks(ax, taps: Mapping[str, dict], names: list[str], metric: str) -> None:
+    """Whiskers at each bar's 95% interval (results.json "uncertainty") and one dot per seed where there are
+    several."""
+    for j, tap in enumerate(names):
+        record = (taps[tap].get("uncertainty") or {}).get(metric) or {}
+        ci, value = record.get("ci95"), _number(taps[tap]["metrics"].get(metric))
+        if isinstance(ci, list) and len(ci) == 2 and None not in ci and math.isfinite(value):
+            ax.errorbar(j, value, yerr=[[max(value - ci[0], 0.0)], [max(ci[1] - value, 0.0)]], color="black",
+                        capsize=3, linewidth=1)
+        seeds = [_number(v) for v in record.get("per_seed") or []]
+        if len(seeds) > 1:
+            ax.scatter([j] * len(seeds), seeds, s=9, color="black", zorder=3)
 
 
 def plot_training_curves(history: Mapping[str, Sequence[dict]], out_dims: Mapping[str, int], path: Path,

@@ -63,7 +63,8 @@ def compare_table(runs: dict[str, dict]) -> Table:
     from .compare import compare_rows
 
     for row in compare_rows(runs)[1]:
-        table.add_row(row[0], row[1], *(_fmt(v) for v in row[2:]))
+        table.add_row(row[0], row[1], *(with_interval(r.get("taps", {}).get(row[0], {}), row[1])
+                                        for r in runs.values()))
     return table
 
 

@@ -1,0 +1,352 @@
+"""The stages of a run as public functions that pass typed values: load inputs → extract features → train heads
+(or tune the backbone with them) → geometry. Probing the taps is `headprobe.taps`; `pipeline.run` composes both.
+
+Each stage runs through `RunContext.stage`, which records a failure (or Ctrl-C) in `results.json` before it
+propagates, so finished work stays on disk and `--resume` goes on from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .objectives import objective_protocol
+from .recipe import Recipe, RecipeError
+from .runs import RunDir
+
+
+class RunError(RuntimeError):
+    """A failure while running; says which stage failed. Finished work is already on disk."""
+
+    def __init__(self, stage: str, err: BaseException, run_dir: Path | None) -> None:
+        where = f" (partial results kept in {run_dir})" if run_dir else ""
+        super().__init__(f"while {stage}: {type(err).__name__}: {err}{where}")
+        self.stage, self.run_dir = stage, run_dir
+
+
+@dataclass
+class RunContext:
+    """What every stage shares: the recipe, the run directory, the results record it fills, the process state.
+    per_unit and resamples hold the probes' per-image values and the shared bootstrap resamples (`taps`)."""
+
+    recipe: Recipe
+    run_dir: RunDir
+    results: dict
+    state: Any
+    show: bool = False
+    resume: bool = False
+    per_unit: dict = field(default_factory=dict)
+    resamples: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.timing: dict = self.results["timing"]
+
+    def stage(self, name: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            # Ctrl-C: say so in results.json (not "running" forever); finished stages stay and --resume goes on.
+            self.record_stop("interrupted", name, "interrupted (KeyboardInterrupt); finished stages are kept: "
+                             f"`headprobe run RECIPE --resume --out {self.run_dir.path}`", report=False)
+            raise
+        except RecipeError:
+            raise
+        except Exception as err:
+            self.record_stop("failed", name, f"{type(err).__name__}: {err}", report=self.recipe.report)
+            raise RunError(name, err, self.run_dir.path if self.state.is_main_process else None) from err
+
+    def record_stop(self, status: str, stage: str, message: str, report: bool) -> None:
+        """Write why the run stopped into results.json. Only the run in progress records it; a later analysis
+        of a recorded run (`headprobe geometry`) that fails leaves that run's status, error and report alone."""
+        if self.results.get("status") != "running":
+            return
+        self.results["status"] = status
+        self.results["error"] = {"stage": stage, "message": message}
+        self.run_dir.write_results(self.results)
+        if report:
+            write_report(self.run_dir)
+
+    def clock(self, key: str, since: float) -> None:
+        self.timing[key] = self.timing.get(key, 0.0) + time.perf_counter() - since
+
+    def clock_training(self, seconds: float, resumed: bool) -> None:
+        """Training time; resumed from a checkpoint, the time of the steps done before it counts too."""
+        self.timing["train_s"] = (self.timing.get("train_s", 0.0) if resumed else 0.0) + seconds
+
+    def progress(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        disable=not self.show, transient=False)
+
+
+@dataclass
+class Inputs:
+    backbone: Any
+    data: Any
+
+
+@dataclass
+class FeatureSet:
+    """What extraction made for the probes and the heads: clean train/test `Features`, rotated copies
+    {split: (x (4N, D), rotation label)}, orbits {sweep: (N_o, T, D)}, cached views (`ViewFeatures`)."""
+
+    train: Any
+    test: Any
+    n_classes: int
+    rotated: dict | None = None
+    orbits: dict | None = None
+    views: Any = None
+    inert_params: dict[str, str] | None = None
+
+
+@dataclass
+class HeadPair:
+    """A head and its predictor (None without one), as geometry needs them."""
+
+    head: Any
+    predictor: Any = None
+
+
+@dataclass
+class TrainedHeads:
+    """The trained heads of each seed ({seed: {name: HeadState}}); `first` is the first seed's."""
+
+    by_seed: dict[int, dict]
+
+    @property
+    def first(self) -> dict:
+        return next(iter(self.by_seed.values()))
+
+
+def probe_needs(recipe: Recipe) -> set[str]:
+    """The inputs the recipe's probes declare in their registry entries ("views", "rotated", "orbits")."""
+    from .registry import PROBES
+
+    return {need for name in recipe.probes for need in PROBES.entry(name).needs}
+
+
+def load_inputs(ctx: RunContext) -> Inputs:
+    from .backbones import load_backbone
+    from .data import load_data
+
+    recipe, t0 = ctx.recipe, time.perf_counter()
+    spec = recipe.backbone
+    backbone = ctx.stage(f"loading backbone {spec.id}", load_backbone, spec.id, pooling=spec.pooling,
+                         resolution=spec.resolution, revision=spec.revision, layer=spec.layer, layers=spec.layers,
+                         seed=recipe.seed)
+    ctx.clock("load_s", t0)
+    ctx.results["backbone"] = backbone.describe()
+    data = ctx.stage(f"loading data {recipe.data.source}", load_data, recipe.data)
+    ctx.results["data"] = data.info | {"class_names": data.class_names}
+    ctx.run_dir.write_results(ctx.results)
+    return Inputs(backbone, data)
+
+
+def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> FeatureSet:
+    """Clean features, and exactly what the probes and heads need besides: rotated copies, orbits, views.
+    tuned: the backbone has been tuned with the heads (they need views again only for their final geometry)."""
+    from .data.augment import augment_spec
+    from .features import extract, extract_orbits, extract_views
+
+    recipe, backbone, data, t0 = ctx.recipe, inputs.backbone, inputs.data, time.perf_counter()
+    f = recipe.features
+    options = {"data_info": data.info, "batch_size": f.batch_size, "precision": f.precision, "cache": f.cache,
+               "num_workers": f.num_workers, "state": ctx.state}
+    needs, cache, clean = probe_needs(recipe), {}, {}
+    out = FeatureSet(None, None, data.n_classes, inert_params=grey_params(data.train))
+    with ctx.progress() as progress:
+        for split, ds in (("train", data.train), ("test", data.test)):
+            clean[split] = ctx.stage(f"extracting {split} features", extract, backbone, ds, split=split,
+                                     progress=progress, **options)
+            cache[split] = {"key": clean[split].key, "hit": clean[split].cached}
+        out.train, out.test = clean["train"], clean["test"]
+        if "rotated" in needs:
+            out.rotated = {}
+            for split, ds in (("train", data.train), ("test", data.test)):
+                parts = [clean[split].features]
+                for angle in (90, 180, 270):
+                    rotated = ctx.stage(f"extracting {split} features rotated {angle}°", extract, backbone, ds,
+                                        split=split, rotation=angle, progress=progress, **options)
+                    parts.append(rotated.features)
+                    cache[f"{split}-rot{angle}"] = {"key": rotated.key, "hit": rotated.cached}
+                out.rotated[split] = (torch.cat(parts), torch.arange(4).repeat_interleave(len(parts[0])))
+        if "orbits" in needs:
+            spec = recipe.probes["orbits"]
+            out.orbits = ctx.stage("extracting orbits", extract_orbits, backbone, data.test, sweeps=spec.sweeps,
+                                   n_images=spec.n_images, batch_size=f.batch_size, progress=progress)
+        ctx.clock("extract_s", t0)
+        # Views feed the view probes, frozen-path head training, and the geometry of trained heads; the tuned path
+        # makes its own views on the fly, so the untuned backbone needs them only for probes.
+        heads_need = recipe.heads and (recipe.backbone.tune == "frozen" or (tuned and recipe.geometry.final))
+        if heads_need or "views" in needs:
+            t0 = time.perf_counter()
+            spec = augment_spec(recipe.augment.preset, **recipe.augment.options)
+            out.views = ctx.stage("extracting augmented views", extract_views, backbone, data.train, augment=spec,
+                                  views=recipe.augment.views, seed=recipe.seed, progress=progress, **options)
+            ctx.clock("extract_views_s", t0)
+            ctx.results["protocol"]["views"] = {
+                "augment": dataclasses.asdict(spec) | {"preset": recipe.augment.preset},
+                "views": recipe.augment.views, "cache_key": out.views.key, "hit": out.views.cached}
+    ctx.results["protocol"]["features"] = {
+        "pooling": recipe.backbone.pooling, "layer": recipe.backbone.layer, "layers": recipe.backbone.layers,
+        "resolution": backbone.preprocess.crop, "precision": f.precision, "cache": cache}
+    return out
+
+
+def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
+    """Train every head once per seed (`recipe.seed_list`) on the same cached views; one seed trains exactly as a
+    single-seed run does (checkpoints in checkpoints/, else checkpoints/seed-S/)."""
+    from .train import latest_checkpoint
+    from .train import train_heads as train_loop
+
+    recipe, run_dir, seeds = ctx.recipe, ctx.run_dir, ctx.recipe.seed_list
+    several = len(seeds) > 1
+    by_seed, summaries, seconds, resumed, track_s = {}, {}, 0.0, False, 0.0
+    for seed in seeds:
+        checkpoints = run_dir.path / "checkpoints" / (f"seed-{seed}" if several else "")
+        resume_from = latest_checkpoint(checkpoints) if ctx.resume else None
+
+        def log(record: dict, seed: int = seed) -> None:
+            run_dir.log_metrics(record | {"seed": seed} if several else record)
+
+        with ctx.progress() as progress:
+            by_seed[seed], summaries[seed] = ctx.stage(
+                "training heads" + (f" (seed {seed})" if several else ""), train_loop, recipe.heads,
+                features.views.features, objective_name=recipe.objective.name,
+                objective_options=recipe.objective.options, train=recipe.train, seed=seed,
+                checkpoint_dir=checkpoints if run_dir.writable else None, resume_from=resume_from, log=log,
+                progress=progress, track=recipe.geometry, device=ctx.state.device)
+        seconds += summaries[seed].pop("train_s")
+        track_s += summaries[seed].pop("track_s")
+        resumed = resumed or resume_from is not None
+    ctx.clock_training(seconds, resumed=resumed)
+    _clock_tracking(ctx, track_s)
+    summary = summaries[seeds[0]]
+    _record_training(ctx, summary, {})
+    for spec in recipe.heads:
+        trained = by_seed[seeds[0]].get(spec.name)
+        ctx.results["heads"][spec.name] = {
+            "config": dataclasses.asdict(spec),
+            "train": {"steps": summary["steps"], "status": trained.status if trained else "untrained (no parameters)",
+                      "final_loss": trained.last_loss if trained else None,
+                      "message": trained.message if trained else ""},
+            "geometry": {}}
+        if several:
+            ctx.results["heads"][spec.name]["train_seeds"] = {
+                str(seed): {"status": t.status, "final_loss": t.last_loss} if (t := states.get(spec.name))
+                else {"status": "untrained (no parameters)", "final_loss": None} for seed, states in by_seed.items()}
+    if several:
+        ctx.results["protocol"]["seeds"] = {
+            "seeds": seeds, "varies": "head initialisation and batch order (the training seed)",
+            "shared": "backbone features, the cached augmented views (drawn with `seed`), the probes' own splits and "
+                      "seeds; geometry analyses the first seed's heads"}
+    ctx.run_dir.write_results(ctx.results)
+    return TrainedHeads(by_seed)
+
+
+def _clock_tracking(ctx: RunContext, track_s: float) -> None:
+    if track_s:
+        # Curvature tracking runs inside the training loop: report its share of training time.
+        ctx.timing["track_s"] = track_s
+        ctx.results.setdefault("timing_ratios", {})["track_over_train"] = track_s / max(ctx.timing["train_s"], 1e-9)
+
+
+def _record_training(ctx: RunContext, summary: dict, extra: dict) -> None:
+    recipe = ctx.recipe
+    ctx.results["protocol"]["train"] = dataclasses.asdict(recipe.train) | {
+        "objective": recipe.objective.name, "objective_options": recipe.objective.options,
+        "objective_protocol": objective_protocol(recipe.objective.name, recipe.objective.options), **summary, **extra}
+
+
+def tune_backbone(ctx: RunContext, inputs: Inputs) -> TrainedHeads:
+    """Tune the backbone together with the heads on views made on the fly (`headprobe.train_tuned`) and save what
+    tuning changed; the caller extracts every feature again from the tuned backbone."""
+    from .backbones import apply_tuning
+    from .data.augment import augment_spec
+    from .train import latest_checkpoint
+    from .train_tuned import save_tuned_backbone, train_tuned
+
+    recipe, run_dir, spec = ctx.recipe, ctx.run_dir, ctx.recipe.backbone
+    protocol = ctx.results["protocol"]
+    protocol["features_untuned"], protocol["views_untuned"] = protocol["features"], protocol.get("views")
+    lora = dataclasses.asdict(spec.lora) if spec.tune == "lora" else {}
+    record = ctx.stage(f"tuning the backbone ({spec.tune})", apply_tuning, inputs.backbone, spec.tune,
+                       seed=recipe.seed, **lora)
+    checkpoints = run_dir.path / "checkpoints"
+    resume_from = latest_checkpoint(checkpoints) if ctx.resume else None
+    with ctx.progress() as progress:
+        states, summary = ctx.stage(
+            "training the tuned backbone and heads", train_tuned, inputs.backbone, recipe.heads, inputs.data.train,
+            augment=augment_spec(recipe.augment.preset, **recipe.augment.options), views=recipe.augment.views,
+            objective_name=recipe.objective.name, objective_options=recipe.objective.options, train=recipe.train,
+            seed=recipe.seed, precision=recipe.features.precision, num_workers=recipe.features.num_workers,
+            checkpoint_dir=checkpoints if run_dir.writable else None, resume_from=resume_from, log=run_dir.log_metrics,
+            progress=progress, track=recipe.geometry, state=ctx.state)
+    ctx.clock_training(summary.pop("train_s"), resumed=resume_from is not None)
+    _clock_tracking(ctx, summary.pop("track_s", 0.0))
+    ctx.results["backbone_tuned"] = inputs.backbone.describe()
+    if run_dir.writable:
+        saved = ctx.stage("saving the tuned backbone", save_tuned_backbone, inputs.backbone, checkpoints)
+        ctx.results["backbone_tuned"]["saved"] = str(saved.relative_to(run_dir.path))
+    _record_training(ctx, summary, {"tuning": record})
+    for head in recipe.heads:
+        trained = states[head.name]
+        ctx.results["heads"][head.name] = {
+            "config": dataclasses.asdict(head),
+            "train": {"steps": summary["steps"], "status": trained.status, "final_loss": trained.last_loss,
+                      "message": trained.message, "with_backbone": spec.tune},
+            "geometry": {}}
+    ctx.run_dir.write_results(ctx.results)
+    # Identity heads trained the backbone too, but have no layers to probe or analyse.
+    return TrainedHeads({recipe.seed: {name: s for name, s in states.items() if list(s.modules().parameters())}})
+
+
+def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> None:
+    """Per-head geometry at the end of training (`geometry.analyse.analyse_head`); heads: {name: state} with
+    `.head` and `.predictor` (the first seed's heads, or heads loaded from a checkpoint)."""
+    from .geometry.analyse import analyse_head
+    from .registry import OBJECTIVES
+
+    t0 = time.perf_counter()
+    objective = OBJECTIVES.get(ctx.recipe.objective.name)
+    for name, trained in heads.items():
+        geometry = ctx.stage(f"analysing the geometry of head {name!r}", analyse_head, trained.head, trained.predictor,
+                             objective, ctx.recipe.objective.options, features.train.features,
+                             features.views.features, rows=ctx.recipe.geometry.rows, seed=ctx.recipe.seed)
+        ctx.results["heads"][name]["geometry"] = geometry
+        ctx.run_dir.write_results(ctx.results)
+    ctx.clock("geometry_s", t0)
+
+
+def write_report(run_dir: RunDir) -> None:
+    """report.html + plots/; never fails a run over its report (`headprobe report RUN_DIR` rebuilds it)."""
+    if not run_dir.writable:
+        return
+    from .report.html import write_report as write_html
+
+    try:
+        write_html(run_dir.path)
+    except Exception as err:
+        print(f"warning: report.html not written ({type(err).__name__}: {err}); "
+              f"run `headprobe report {run_dir.path}` to retry.", file=sys.stderr)
+
+
+def grey_params(dataset, n_images: int = 64) -> dict[str, str] | None:
+    """{"saturation"|"hue"|"grayscale": reason} when the first `n_images` images are all grey, else None: colour
+    augmentations cannot change grey images (R = G = B: digits, Fashion-MNIST), so augment_r2 skips them rather
+    than average R² ≈ 0 of unobservable parameters into aug_r2.mean (every tap gets the same list)."""
+    import numpy as np
+
+    for i in range(min(n_images, len(dataset))):
+        pixels = np.asarray(dataset[i]["image"].convert("RGB"))
+        if not ((pixels[..., 0] == pixels[..., 1]).all() and (pixels[..., 1] == pixels[..., 2]).all()):
+            return None
+    reason = f"the images are grey (R = G = B in the first {min(n_images, len(dataset))} training images)"
+    return {"saturation": reason, "hue": reason, "grayscale": reason}

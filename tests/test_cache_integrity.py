@@ -1,0 +1,101 @@
+"""Corrupted feature caches never pass (issue #18): flipped bytes inside the tensor data, a valid file with the right
+key but other values, and permuted labels are detected by checksums and the label comparison, warned about,
+deleted and recomputed; an unwritable cache warns once and the extraction goes on uncached."""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from headprobe import features as features_module
+from headprobe.backbones import load_backbone
+from headprobe.data import load_data
+from headprobe.features import extract, tensor_checksum
+from headprobe.recipe import DataSpec, LimitSpec
+
+
+@pytest.fixture(scope="module")
+def setup():
+    bb = load_backbone("scratch:vit-tiny", pooling="cls", seed=0)
+    data = load_data(DataSpec(limit=LimitSpec(train=40, test=20)))
+    return bb, data
+
+
+def _extract(bb, data, **kw):
+    return extract(bb, data.train, data_info=data.info, split="train", batch_size=20, **kw)
+
+
+def _recomputed(bb, data, good, message):
+    with pytest.warns(UserWarning, match=message):
+        again = _extract(bb, data)
+    assert not again.cached and torch.equal(again.features, good.features)
+    assert torch.equal(again.labels, torch.as_tensor(data.train["label"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _extract(bb, data).cached  # rewritten, and good again
+
+
+def test_flipped_bytes_inside_the_tensor_data_are_detected(setup):
+    bb, data = setup
+    good = _extract(bb, data)
+    raw = bytearray(good.path.read_bytes())
+    header = 8 + int.from_bytes(raw[:8], "little")
+    end = min(len(raw), header + 20_000)
+    raw[header:end] = bytes(b ^ 0xFF for b in raw[header:end])  # still a valid safetensors file
+    good.path.write_bytes(bytes(raw))
+    _recomputed(bb, data, good, "checksum of its 'features' tensor does not match")
+
+
+def _write(path, feats, labels, key, checksums=None):
+    from safetensors.torch import save_file
+
+    meta = {"key": key, "second": "labels"}
+    if checksums is not None:
+        meta["checksums"] = json.dumps(checksums)
+    save_file({"features": feats.contiguous(), "labels": labels.contiguous()}, str(path), metadata=meta)
+
+
+def test_a_valid_file_with_the_right_key_but_other_values(setup):
+    bb, data = setup
+    good = _extract(bb, data)
+    other = torch.randn_like(good.features)
+    _write(good.path, other, good.labels, good.key)  # no checksums: an older or hand-made file
+    _recomputed(bb, data, good, "records no checksums")
+    _write(good.path, other, good.labels, good.key, {"features": tensor_checksum(good.features),
+                                                     "labels": tensor_checksum(good.labels)})
+    _recomputed(bb, data, good, "checksum of its 'features' tensor does not match")
+
+
+def test_permuted_labels_are_detected_even_with_matching_checksums(setup):
+    bb, data = setup
+    good = _extract(bb, data)
+    labels = good.labels[torch.randperm(len(good.labels), generator=torch.Generator().manual_seed(0))]
+    assert not torch.equal(labels, good.labels)
+    _write(good.path, good.features, labels, good.key, {"features": tensor_checksum(good.features),
+                                                        "labels": tensor_checksum(labels)})
+    _recomputed(bb, data, good, r"its labels differ from the dataset's at \d+ of 40 images")
+
+
+def test_checksums_use_a_recorded_algorithm():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    for algorithm in ("blake2b", "xxh3_128"):
+        if algorithm == "xxh3_128":
+            pytest.importorskip("xxhash")
+        digest = tensor_checksum(t, algorithm)
+        assert digest.startswith(algorithm + ":") and digest == tensor_checksum(t.clone(), algorithm)
+        assert digest != tensor_checksum(t + 1e-6 * (t == 5), algorithm)
+
+
+def test_an_unwritable_cache_warns_once_and_carries_on(setup, monkeypatch, tmp_path):
+    bb, data = setup
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("HEADPROBE_CACHE", str(blocker / "cache"))
+    monkeypatch.setattr(features_module, "_UNWRITABLE", set())
+    with pytest.warns(UserWarning, match="cannot be written.*carrying on without caching") as record:
+        first = _extract(bb, data)
+        second = extract(bb, data.test, data_info=data.info, split="test", batch_size=20)
+    assert len([w for w in record if "cannot be written" in str(w.message)]) == 1
+    assert not first.cached and first.path is None and second.path is None
+    assert first.features.shape == (40, bb.dim)
