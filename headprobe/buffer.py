@@ -111,7 +111,10 @@ def buffer_verdict(taps: dict, head: str, samples: dict[str, dict[str, PerUnit]]
                  "p": None, "p_holm": None}
         pb, ph = samples.get("backbone", {}).get(metric), samples.get(head, {}).get(metric)
         if pb is not None and ph is not None and pb.unit == ph.unit and pb.unit in resamples:
-            boot = sign * resampled_means(_paired_difference(pb.values, ph.values), resamples[pb.unit])
+            if isinstance(pb, PerUnit) and isinstance(ph, PerUnit):
+                boot = sign * resampled_means(_paired_difference(pb.values, ph.values), resamples[pb.unit])
+            else:  # a statistic recomputed on each resample (an orbit spread ratio): the same resamples for both
+                boot = sign * _paired_difference(pb.replicates(resamples[pb.unit]), ph.replicates(resamples[pb.unit]))
             entry |= {"ci95": percentile_interval(boot), "method": f"paired bootstrap over {pb.unit}",
                       "n_boot": int(boot.numel())}
             p_values[metric] = entry["p"] = bootstrap_p_value(boot)

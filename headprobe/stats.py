@@ -26,6 +26,7 @@ ALPHA = 0.05
 # The kinds of unit a per-unit metric averages over; resamples of one kind are shared by every tap.
 TEST_IMAGES = "test images"
 VIEW_IMAGES = "images with views"
+ORBIT_IMAGES = "orbit images"
 
 
 @dataclass
@@ -35,6 +36,41 @@ class PerUnit:
 
     values: torch.Tensor
     unit: str
+
+    def value(self) -> float:
+        return float(self.values.double().mean())
+
+    def replicates(self, resamples: Resamples) -> torch.Tensor:
+        return resampled_means(self.values, resamples)
+
+
+@dataclass
+class SpreadRatio:
+    """The orbit spread relative to the space's scale (`probes.orbits`: spread_rel = S / (2n/(n−1)·C + 2S)) as a
+    function of which orbit images are drawn: S = Σ w_i s_i (s_i: image i's mean squared distance to its orbit
+    centroid μ_i), C = Σ w_i ‖μ_i‖² − ‖Σ w_i μ_i‖² (the centroids' scatter), with resampling weights w. Not a mean,
+    so it is bootstrapped by recomputing the ratio on each resample of the orbit images."""
+
+    spread: torch.Tensor  # (n,)
+    centroids: torch.Tensor  # (n, D)
+    unit: str
+
+    def _ratio(self, weights: torch.Tensor) -> torch.Tensor:
+        n = self.spread.shape[0]
+        s = weights @ self.spread.double()
+        mean = weights @ self.centroids.double()
+        scatter = weights @ self.centroids.double().square().sum(dim=1) - mean.square().sum(dim=-1)
+        return s / (2 * n / (n - 1) * scatter + 2 * s)
+
+    def value(self) -> float:
+        n = self.spread.shape[0]
+        return float(self._ratio(torch.full((1, n), 1.0 / n, dtype=torch.float64))[0])
+
+    def replicates(self, resamples: Resamples) -> torch.Tensor:
+        if self.spread.shape[0] != resamples.shape[1]:
+            raise ValueError(f"the orbit statistic has {self.spread.shape[0]} images but the resamples draw from "
+                             f"{resamples.shape[1]}; pair statistics and resamples of the same units.")
+        return self._ratio(resamples.weights)
 
 
 class Resamples:
@@ -115,9 +151,9 @@ def holm(p_values: dict[str, float]) -> dict[str, float]:
     return adjusted
 
 
-def interval(values: PerUnit, resamples: Resamples, method: str) -> dict:
+def interval(values: PerUnit | SpreadRatio, resamples: Resamples, method: str) -> dict:
     """The uncertainty record of one per-unit metric: {"ci95", "method", "n_boot", "n_units", "unit", "se"}."""
-    boot = resampled_means(values.values, resamples)
+    boot = values.replicates(resamples)
     return {"ci95": percentile_interval(boot), "method": method, "n_boot": int(resamples.shape[0]),
             "n_units": int(resamples.shape[1]), "unit": values.unit, "se": float(boot.std())}
 
@@ -142,9 +178,16 @@ def save_per_unit(path, per_unit: dict[str, PerUnit]) -> None:
 
     from safetensors.torch import save_file
 
-    tensors = {name: p.values.detach().double().cpu().contiguous() for name, p in per_unit.items()}
+    tensors, units = {}, {}
+    for name, p in per_unit.items():
+        if isinstance(p, SpreadRatio):
+            tensors[f"{name}|spread"], tensors[f"{name}|centroids"] = p.spread, p.centroids
+        else:
+            tensors[name] = p.values
+        units[name] = p.unit
+    tensors = {k: v.detach().double().cpu().contiguous() for k, v in tensors.items()}
     tmp = f"{path}.tmp"
-    save_file(tensors, tmp, metadata={name: p.unit for name, p in per_unit.items()})
+    save_file(tensors, tmp, metadata=units)
     os.replace(tmp, path)
 
 
@@ -155,13 +198,18 @@ def load_per_unit(path) -> dict[str, PerUnit]:
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            units = f.metadata() or {}
-            return {name: PerUnit(f.get_tensor(name), units.get(name, "units")) for name in f.keys()}
+            units, keys = f.metadata() or {}, set(f.keys())
+            out: dict = {name: PerUnit(f.get_tensor(name), units.get(name, "units"))
+                         for name in keys if "|" not in name}
+            for name in {k.split("|")[0] for k in keys if k.endswith("|spread")}:
+                out[name] = SpreadRatio(f.get_tensor(f"{name}|spread"), f.get_tensor(f"{name}|centroids"),
+                                        units.get(name, "units"))
+            return out
     except (OSError, ValueError, RuntimeError):
         return {}
 
 
-def tap_uncertainty(metrics: dict[str, float], per_unit: dict[str, PerUnit], resamples: dict[str, Resamples],
+def tap_uncertainty(metrics: dict[str, float], per_unit: dict, resamples: dict[str, Resamples],
                     stratified: dict[str, bool]) -> dict[str, dict]:
     """{metric: uncertainty record} for every metric of one tap: a bootstrap interval where the metric is a mean
     of per-unit values over units with shared resamples, else a record saying why there is none."""
@@ -172,11 +220,12 @@ def tap_uncertainty(metrics: dict[str, float], per_unit: dict[str, PerUnit], res
             out[metric] = {"ci95": None, "method": "unavailable: not a mean over test images or views; "
                                                    "seeds give it an interval"}
             continue
-        mean = float(p.values.double().mean())
+        mean = p.value()
         if not math.isclose(mean, value, rel_tol=1e-9, abs_tol=1e-12):
-            out[metric] = {"ci95": None, "method": f"unavailable: per-unit values average {mean}, not {value}"}
+            out[metric] = {"ci95": None, "method": f"unavailable: per-unit values give {mean}, not {value}"}
             continue
         kind = "stratified by class, " if stratified.get(p.unit) else ""
+        how = "the ratio recomputed on each resample" if isinstance(p, SpreadRatio) else "percentile interval"
         out[metric] = interval(p, resamples[p.unit], f"paired bootstrap over {p.unit} ({kind}resamples shared "
-                                                     "by every tap), percentile interval")
+                                                     f"by every tap), {how}")
     return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .stats import (
+    ORBIT_IMAGES,
     TEST_IMAGES,
     PerUnit,
     bootstrap_resamples,
@@ -114,10 +115,13 @@ def record_uncertainty(ctx, features, tap_name: str) -> None:
     drawn once per kind of unit and shared by every tap (class-stratified for test images)."""
     for p in ctx.per_unit[tap_name].values():
         if p.unit not in ctx.resamples:
-            strata = features.test.labels if p.unit == TEST_IMAGES else None
-            ctx.resamples[p.unit] = bootstrap_resamples(len(p.values), seed=ctx.recipe.seed, strata=strata)
+            n = len(p.values) if isinstance(p, PerUnit) else len(p.spread)
+            # Test images and the orbit images (the first n test images) keep each class's count.
+            strata = features.test.labels[:n] if p.unit in (TEST_IMAGES, ORBIT_IMAGES) else None
+            ctx.resamples[p.unit] = bootstrap_resamples(n, seed=ctx.recipe.seed, strata=strata)
     tap = ctx.results["taps"][tap_name]
-    tap["uncertainty"] = tap_uncertainty(tap["metrics"], ctx.per_unit[tap_name], ctx.resamples, {TEST_IMAGES: True})
+    stratified = {TEST_IMAGES: True, ORBIT_IMAGES: True}
+    tap["uncertainty"] = tap_uncertainty(tap["metrics"], ctx.per_unit[tap_name], ctx.resamples, stratified)
     ctx.run_dir.write_results(ctx.results)
 
 
@@ -133,10 +137,13 @@ def aggregate_seeds(ctx, features, tap_name: str) -> None:
     tap["metrics"] = {m: sum(r["metrics"][m] for r in records) / len(records) for m in names}
     tap["protocol"] = records[0]["protocol"]  # the probes' settings and splits are the same for every seed
     per_seed = [ctx.per_unit.get(f"{tap_name}.seed-{s}", {}) for s in seeds]
+    # Means over seeds of per-image values are per-image values of the seed-mean metric; a ratio statistic is not
+    # (the mean of ratios is not a ratio): those metrics get the seeds' t interval instead.
     ctx.per_unit[tap_name] = {
         m: PerUnit(torch.stack([p[m].values.double() for p in per_seed]).mean(0), first.unit)
         for m, first in per_seed[0].items()
-        if all(m in p and p[m].unit == first.unit and p[m].values.shape == first.values.shape for p in per_seed)}
+        if isinstance(first, PerUnit) and all(isinstance(p.get(m), PerUnit) and p[m].unit == first.unit
+                                              and p[m].values.shape == first.values.shape for p in per_seed)}
     record_uncertainty(ctx, features, tap_name)
     for m, record in tap["uncertainty"].items():
         values = [r["metrics"][m] for r in records]

@@ -80,3 +80,48 @@ def test_seed_interval_is_the_student_t_interval():
     assert out["ci95"] == pytest.approx([low, high]) and out["n_seeds"] == 3
     assert out["sd_seeds"] == pytest.approx(np.std(values, ddof=1))
     assert seed_interval([0.5])["ci95"] is None
+
+
+def test_the_orbit_spread_ratio_is_the_probes_and_is_recomputed_per_resample(tmp_path):
+    from headprobe.probes.orbits import orbit_measures
+    from headprobe.stats import SpreadRatio, load_per_unit, save_per_unit
+
+    g = torch.Generator().manual_seed(0)
+    traj = torch.randn(12, 1, 5, generator=g, dtype=torch.float64) * 3 + torch.randn(12, 7, 5, generator=g,
+                                                                                     dtype=torch.float64)
+    centres = traj.mean(1)
+    stat = SpreadRatio((traj - centres[:, None]).square().sum(-1).mean(1), centres, "orbit images")
+    assert stat.value() == pytest.approx(orbit_measures(traj)["orbit.spread_rel"], rel=1e-12)
+    resamples = bootstrap_resamples(12, n_boot=50, seed=3)
+    boot = stat.replicates(resamples)
+    # Each replicate is the probe's own spread_rel on the resampled orbits, up to the n/(n−1) factor, which counts
+    # duplicated images as distinct (so compare on one resample without duplicates: a permutation).
+    perm = Resamples(torch.randperm(12, generator=g)[None])
+    assert stat.replicates(perm)[0] == pytest.approx(stat.value(), rel=1e-12)
+    assert boot.shape == (50,) and boot.std() > 0
+    stored = {"s.orbit.spread_rel": stat, "acc": PerUnit(torch.ones(3), "test images")}
+    save_per_unit(tmp_path / "p.safetensors", stored)
+    back = load_per_unit(tmp_path / "p.safetensors")
+    assert isinstance(back["s.orbit.spread_rel"], SpreadRatio) and back["s.orbit.spread_rel"].value() == stat.value()
+    assert back["acc"].unit == "test images"
+
+
+def test_a_head_that_shrinks_orbits_is_resolved_for_on_the_spread_ratio():
+    from headprobe.buffer import buffer_verdict
+    from headprobe.stats import SpreadRatio
+
+    g = torch.Generator().manual_seed(1)
+    images = 3 * torch.randn(40, 1, 6, generator=g, dtype=torch.float64)
+    noise = torch.randn(40, 8, 6, generator=g, dtype=torch.float64)
+
+    def stat(traj):
+        c = traj.mean(1)
+        return SpreadRatio((traj - c[:, None]).square().sum(-1).mean(1), c, "orbit images")
+
+    backbone, head = stat(images + noise), stat(images + 0.3 * noise)
+    taps = {"backbone": {"metrics": {"s.orbit.spread_rel": backbone.value()}},
+            "h": {"metrics": {"s.orbit.spread_rel": head.value()}}}
+    out = buffer_verdict(taps, "h", {"backbone": {"s.orbit.spread_rel": backbone}, "h": {"s.orbit.spread_rel": head}},
+                         {"orbit images": bootstrap_resamples(40, seed=0)})
+    entry = out["evidence"]["s.orbit.spread_rel"]
+    assert entry["resolved"] == "for" and entry["ci95"][0] > 0 and out["verdict"] == "buffer"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..stats import TEST_IMAGES, VIEW_IMAGES, PerUnit
+from ..stats import ORBIT_IMAGES, TEST_IMAGES, VIEW_IMAGES, PerUnit, SpreadRatio
 
 
 @dataclass
@@ -51,7 +51,7 @@ class ProbeOutput:
 
     metrics: dict[str, float]
     protocol: dict = field(default_factory=dict)
-    per_unit: dict[str, PerUnit] = field(default_factory=dict)
+    per_unit: dict[str, PerUnit | SpreadRatio] = field(default_factory=dict)
 
 
 class MissingInputError(ValueError):
@@ -328,7 +328,7 @@ def orbits(tap: TapData, sweeps: list[str] | None = None, n_images: int = 64, pc
     if tap.orbits is None:
         raise MissingInputError("probe 'orbits' needs orbit features; the pipeline extracts them when "
                                 "probes.orbits is in the recipe.")
-    metrics, protocol = {}, {"n_images": n_images, "sweeps": {}}
+    metrics, protocol, per_unit = {}, {"n_images": n_images, "sweeps": {}}, {}
     labels, too_few = tap.orbit_labels, None
     if labels is not None and len(classes := torch.unique(labels)) < 2:
         too_few = (f"d_inter_image, d_ratio_image: between the {len(labels)} image-orbit centroids (not the paper's "
@@ -346,4 +346,8 @@ def orbits(tap: TapData, sweeps: list[str] | None = None, n_images: int = 64, pc
         metrics |= {f"{sweep}.{k}": float(v) for k, v in out.items()}
         protocol["sweeps"][sweep] = {"values": sweep_values(sweep, traj.shape[1]), "space": space,
                                      "pca": orbit_pca(traj.double(), n_images=pca_images).round(5).tolist()}
-    return ProbeOutput(metrics, protocol)
+        # The scale-free spread as a function of which orbit images are drawn, for its interval and the verdict.
+        centres = traj.double().mean(dim=1)
+        spread = (traj.double() - centres[:, None]).square().sum(dim=-1).mean(dim=1)
+        per_unit[f"{sweep}.orbit.spread_rel"] = SpreadRatio(spread, centres, ORBIT_IMAGES)
+    return ProbeOutput(metrics, protocol, per_unit)
