@@ -512,8 +512,14 @@ def _build_named_section(value: Any, path: str, registry: Registry, specs: dict[
             raise RecipeError(
                 f"{path}.{name}: unknown {registry.family} {name!r}; allowed: {', '.join(registry.names())}.{hint}"
             )
-        out[name] = _build(specs[name], options, f"{path}.{name}")
+        out[name] = _build(specs.get(name) or registry.entry(name).load_options() or NoOptions, options,
+                           f"{path}.{name}")
     return out
+
+
+@dataclass
+class NoOptions:
+    """The options of a plug-in registered without an options class: none."""
 
 
 def _type_name(tp: Any) -> str:

@@ -46,9 +46,17 @@ class Entry:
     # What the entry needs beyond the clean train/test features (probes: "views", "rotated", "orbits"); the
     # pipeline extracts exactly the union of what a recipe's probes need.
     needs: tuple[str, ...] = ()
+    # "package.module:Class" of the entry's options dataclass (a plug-in probe's), or None.
+    options: str | None = None
 
     def load(self) -> Any:
         module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def load_options(self) -> type | None:
+        if self.options is None:
+            return None
+        module, _, attr = self.options.partition(":")
         return getattr(importlib.import_module(module), attr)
 
 
@@ -64,7 +72,12 @@ class Registry:
         self.family = family
         self._entries: dict[str, Entry] = {}
 
-    def add(self, name: str, target: str, help: str, usage: str | None = None, needs: tuple[str, ...] = ()) -> None:
+    def add(self, name: str, target: str, help: str, usage: str | None = None, needs: tuple[str, ...] = (),
+            options: str | None = None) -> None:
+        """Register `name` → `target` ("package.module:attribute", imported on first use). A probe declares the
+        inputs it needs beyond the clean features (`needs`, from PROBE_INPUTS) and, if it takes options, the
+        dataclass that declares them (`options`, "package.module:Class"): a new probe is its function plus this
+        one call, from inside the package or outside it."""
         if name in self._entries:
             raise ValueError(f"{self.family} {name!r} is registered twice.")
         if ":" not in target:
@@ -73,7 +86,7 @@ class Registry:
         if unknown:
             raise ValueError(f"{self.family} {name!r} needs {sorted(unknown)}, which no stage produces; "
                              f"allowed: {', '.join(PROBE_INPUTS)}.")
-        self._entries[name] = Entry(name, target, help, usage or name, tuple(needs))
+        self._entries[name] = Entry(name, target, help, usage or name, tuple(needs), options)
 
     def remove(self, name: str) -> None:
         """Forget an entry (a plug-in registered for one test, say)."""
