@@ -29,9 +29,12 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
     if recipe.backbone.tune != "frozen":
         raise ValueError(f"the run in {run.path} tuned its backbone ({recipe.backbone.tune}); re-analysing it needs "
                          "the tuned weights, so set geometry.final: true in the recipe and run it again.")
-    checkpoint = latest_checkpoint(run.path / "checkpoints")
+    seeds = recipe.seed_list
+    # Several seeds: geometry analyses the first seed's heads, as the run itself does.
+    folder = run.path / "checkpoints" / (f"seed-{seeds[0]}" if len(seeds) > 1 else "")
+    checkpoint = latest_checkpoint(folder)
     if checkpoint is None:
-        raise FileNotFoundError(f"{run.path / 'checkpoints'} holds no step-*.pt; the heads' weights are needed.")
+        raise FileNotFoundError(f"{folder} holds no step-*.pt; the heads' weights are needed.")
     try:
         saved = load_checkpoint(checkpoint)["heads"]
     except CheckpointError as err:
@@ -48,7 +51,7 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
     for spec in recipe.heads:
         if spec.name not in saved:
             continue  # the identity head has no weights and no geometry
-        head, predictor = build_head(spec, inputs.backbone.dim, recipe.seed)
+        head, predictor = build_head(spec, inputs.backbone.dim, seeds[0])
         head.load_state_dict(saved[spec.name]["head"])
         if predictor is not None:
             predictor.load_state_dict(saved[spec.name]["predictor"])
