@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.headprobe-installed
 
-.PHONY: install demo test test-offline lint clean
+.PHONY: install demo test test-fast test-offline lint clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q
+
+# The edit loop: the suite without the end-to-end tests marked `slow` (`make test`, what CI runs, keeps them).
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
 test-offline: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m offline_weights

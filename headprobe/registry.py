@@ -141,6 +141,12 @@ BACKBONES.add(
     "Small randomly initialised networks (from the seed) for controlled experiments (`headprobe list scratch`).",
     "scratch:<name>",
 )
+BACKBONES.add(
+    "ssl", "headprobe.ssl:load_ssl",
+    "Backbone of a self-supervised training checkpoint (formats dino, vicreg, barlow), read with weights_only "
+    "and loaded strictly; options part (teacher | student), pooling, layer(s), resolution, num_heads.",
+    "ssl:<format>:<path>",
+)
 
 OFFLINE_MODELS = Registry("offline backbone")
 OFFLINE_MODELS.add(
@@ -225,10 +231,14 @@ HEADS.add("linear", "headprobe.heads:ProjectionHead",
           "bias-free linear layers (the paper's linear head), depth of them")
 HEADS.add("mlp", "headprobe.heads:ProjectionHead",
           "Linear → [BN] → act per hidden layer, Linear → [BN] out; depth, width, out_dim, act, init_scale")
+HEADS.add("pretrained", "headprobe.ssl:load_pretrained_head",
+          "the head stored in the backbone's ssl:<format>:<path> checkpoint (DINO's MLP → L2 bottleneck → prototypes, "
+          "VICReg/Barlow projectors): probed at every layer, never trained")
 
-# Names the recipe's `augment.preset` and `probes.orbits.sweeps` take; the definitions live beside the code that
-# uses them (data/augment.py PRESETS, probes/orbits.py ORBIT_SWEEPS; a test keeps the names equal), and each entry
-# points at the function that takes the name.
+# Names the recipe's `augment.preset` and `probes.orbits.sweeps` take (the recipe schema checks against these
+# registries, as it does `heads[].type` against HEADS); the definitions live beside the code that uses them
+# (data/augment.py PRESETS, probes/orbits.py ORBIT_SWEEPS; tests/test_registry.py keeps the names equal), and each
+# entry points at the function that takes the name.
 AUGMENT_PRESETS = Registry("augmentation preset")
 AUGMENT_PRESETS.add("simclr", "headprobe.data.augment:augment_spec",
                     "SimCLR: crop(0.08-1), flip, colour jitter 0.4/0.4/0.4/0.1 (p 0.8), grayscale 0.2, blur 0.5")

@@ -138,9 +138,10 @@ def load_inputs(ctx: RunContext) -> Inputs:
 
     recipe, t0 = ctx.recipe, time.perf_counter()
     spec = recipe.backbone
+    extra = {k: v for k, v in (("part", spec.part), ("num_heads", spec.num_heads)) if v is not None}
     backbone = ctx.stage(f"loading backbone {spec.id}", load_backbone, spec.id, pooling=spec.pooling,
                          resolution=spec.resolution, revision=spec.revision, layer=spec.layer, layers=spec.layers,
-                         seed=recipe.seed)
+                         seed=recipe.seed, **extra)
     ctx.clock("load_s", t0)
     ctx.results["backbone"] = backbone.describe()
     data = ctx.stage(f"loading data {recipe.data.source}", load_data, recipe.data)
@@ -208,8 +209,10 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
 
     recipe, run_dir, seeds = ctx.recipe, ctx.run_dir, ctx.recipe.seed_list
     several = len(seeds) > 1
+    trainable = [spec for spec in recipe.heads if spec.type != "pretrained"]
+    pretrained = load_pretrained_heads(ctx)
     by_seed, summaries, seconds, resumed, track_s = {}, {}, 0.0, False, 0.0
-    for seed in seeds:
+    for seed in seeds if trainable else ():
         checkpoints = run_dir.path / "checkpoints" / (f"seed-{seed}" if several else "")
         resume_from = latest_checkpoint(checkpoints) if ctx.resume else None
 
@@ -218,7 +221,7 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
 
         with ctx.progress() as progress:
             by_seed[seed], summaries[seed] = ctx.stage(
-                "training heads" + (f" (seed {seed})" if several else ""), train_loop, recipe.heads,
+                "training heads" + (f" (seed {seed})" if several else ""), train_loop, trainable,
                 features.views.features, objective_name=recipe.objective.name,
                 objective_options=recipe.objective.options, train=recipe.train, seed=seed,
                 checkpoint_dir=checkpoints if run_dir.writable else None, resume_from=resume_from, log=log,
@@ -226,19 +229,27 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
         seconds += summaries[seed].pop("train_s")
         track_s += summaries[seed].pop("track_s")
         resumed = resumed or resume_from is not None
-    ctx.clock_training(seconds, resumed=resumed)
-    _clock_tracking(ctx, track_s)
-    summary = summaries[seeds[0]]
-    _record_training(ctx, summary, {})
+    if trainable:
+        ctx.clock_training(seconds, resumed=resumed)
+        _clock_tracking(ctx, track_s)
+        summary = summaries[seeds[0]]
+        _record_training(ctx, summary, {})
+    else:
+        by_seed, summary = {seed: {} for seed in seeds}, {"steps": 0}
+    for states in by_seed.values():
+        states.update(pretrained)  # the same frozen module for every seed: it is not retrained
     for spec in recipe.heads:
         trained = by_seed[seeds[0]].get(spec.name)
         ctx.results["heads"][spec.name] = {
             "config": dataclasses.asdict(spec),
-            "train": {"steps": summary["steps"], "status": trained.status if trained else "untrained (no parameters)",
+            "train": {"steps": 0 if spec.type == "pretrained" else summary["steps"],
+                      "status": trained.status if trained else "untrained (no parameters)",
                       "final_loss": trained.last_loss if trained else None,
                       "message": trained.message if trained else ""},
             "geometry": {}}
-        if several:
+        if spec.type == "pretrained":
+            ctx.results["heads"][spec.name]["checkpoint"] = trained.head.record.to_dict()
+        elif several:
             ctx.results["heads"][spec.name]["train_seeds"] = {
                 str(seed): {"status": t.status, "final_loss": t.last_loss} if (t := states.get(spec.name))
                 else {"status": "untrained (no parameters)", "final_loss": None} for seed, states in by_seed.items()}
@@ -249,6 +260,36 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
                       "seeds; geometry analyses the first seed's heads"}
     ctx.run_dir.write_results(ctx.results)
     return TrainedHeads(by_seed)
+
+
+@dataclass
+class PretrainedHead:
+    """A head read from the backbone's self-supervised checkpoint (`headprobe.ssl`): frozen, never trained."""
+
+    head: Any
+    predictor: Any = None
+    status: str = "pretrained (not trained)"
+    last_loss: float | None = None
+    message: str = ""
+
+
+def load_pretrained_heads(ctx: RunContext) -> dict[str, PretrainedHead]:
+    """{name: head} for the recipe's `type: pretrained` heads: the head stored in the backbone's checkpoint
+    (`backbone.id: ssl:<format>:<path>`, the same `part`), checked against the features it was trained on."""
+    from .ssl import load_pretrained_head
+
+    out = {}
+    spec = ctx.recipe.backbone
+    for head_spec in (h for h in ctx.recipe.heads if h.type == "pretrained"):
+        head = ctx.stage(f"loading the pretrained head {head_spec.name!r}", load_pretrained_head, spec.id,
+                         part=spec.part)
+        expects = getattr(head, "expects", {}) or {}
+        if expects.get("pooling") not in (None, spec.pooling):
+            raise RecipeError(f"heads: {head_spec.name!r} is {spec.id}'s own head, trained on "
+                              f"{expects['pooling']!r} features, but backbone.pooling = {spec.pooling!r}; set "
+                              f"backbone.pooling: {expects['pooling']}.")
+        out[head_spec.name] = PretrainedHead(head)
+    return out
 
 
 def _clock_tracking(ctx: RunContext, track_s: float) -> None:
@@ -317,6 +358,10 @@ def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> None
     t0 = time.perf_counter()
     objective = OBJECTIVES.get(ctx.recipe.objective.name)
     for name, trained in heads.items():
+        if isinstance(trained, PretrainedHead):
+            ctx.results["heads"][name]["geometry"] = {
+                "skipped": "a pretrained head: the loss it was trained with is not the recipe's objective"}
+            continue
         geometry = ctx.stage(f"analysing the geometry of head {name!r}", analyse_head, trained.head, trained.predictor,
                              objective, ctx.recipe.objective.options, features.train.features,
                              features.views.features, rows=ctx.recipe.geometry.rows, seed=ctx.recipe.seed)

@@ -164,6 +164,9 @@ def probe_heads(ctx, features, trained) -> None:
         first = trained.first.get(spec.name)
         if first is None:
             probe_tap(ctx, features, Tap(spec.name, spec.name, 0))  # the identity head: the same for every seed
+        elif spec.type == "pretrained":  # the checkpoint's own head: one module, not retrained per seed
+            for tap in head_taps(spec.name, first.head):
+                probe_tap(ctx, features, tap)
         else:
             for tap in head_taps(spec.name, first.head):
                 for seed, states in trained.by_seed.items():

@@ -89,6 +89,7 @@ def test_clip_checkpoint_gives_the_post_normed_vision_tower(tmp_path):
     torch.testing.assert_close(bb(x), clip.vision_model(pixel_values=x).pooler_output)
 
 
+@pytest.mark.slow
 def test_missing_model_says_where_it_looked_and_what_to_do(tmp_path):
     with pytest.raises(BackboneNotFoundError, match=r"not in the Hugging Face cache.*HF_HUB_OFFLINE=1.*hf download"):
         load_backbone("hf:no-such-org/no-such-model")

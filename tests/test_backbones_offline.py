@@ -18,6 +18,7 @@ skimage_data = pytest.importorskip("skimage.data")
 DOMESTIC_CATS = range(281, 286)
 
 
+@pytest.mark.slow
 @pytest.mark.offline_weights
 def test_efficientnet_lite0_sees_a_cat_in_chelsea():
     bb = load_backbone("offline:efficientnet-lite0", pooling="mean")

@@ -80,6 +80,7 @@ def test_lora_adapts_attention_query_and_value_only(tiny_dinov2):
     assert moved and moved <= names and all(".lora_B." in n for n in moved)  # A gets no gradient while B is 0
 
 
+@pytest.mark.slow
 def test_lora_adapters_save_and_load(tmp_path):
     bb = load_backbone("scratch:vit-tiny")
     apply_tuning(bb, "lora", seed=1)

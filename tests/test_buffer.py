@@ -87,6 +87,7 @@ def _world(seed: int, n_train=160, n_test=120, d=8):
     return x_train, y_train, x_test, y_test, views
 
 
+@pytest.mark.slow
 def test_an_untrained_orthogonal_head_gets_no_resolved_evidence():
     # Rotation-invariant probes (L2 logistic regression, cosine k-NN, alignment, view cosine) read an orthogonal
     # map of the backbone the same in expectation: over 100 seeds at least 95 verdicts must be inconclusive.

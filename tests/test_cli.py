@@ -1,19 +1,34 @@
+"""`headprobe` on the command line: run/report/compare/list/validate/geometry end to end, and the contract: exit 2
+on bad recipes/arguments (nothing written, message printed verbatim), exit 1 on failures while running, and
+`headprobe geometry` never changing a recorded run's status."""
+
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from headprobe.cli import main
 
+QUICKSTART = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
 
-def _write(tmp_path, recipe):
-    path = tmp_path / "recipe.yaml"
+
+def _tiny(**extra) -> dict:
+    return {"name": "tiny", "backbone": {"id": "scratch:vit-tiny", "pooling": "cls"},
+            "data": {"source": "sklearn-digits", "limit": {"train": 120, "test": 60}},
+            "features": {"batch_size": 60}, "probes": {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5]}},
+            "report": False, **extra}
+
+
+def _write(tmp_path, recipe, name="recipe.yaml"):
+    path = tmp_path / name
     path.write_text(yaml.safe_dump(recipe))
     return path
 
 
+@pytest.mark.slow
 def test_run_report_compare_end_to_end(tiny_recipe, tmp_path, capsys):
     path = _write(tmp_path, {**tiny_recipe, "report": True})
     assert main(["run", str(path), "--out", str(tmp_path / "a"), "--set", "probes.knn.ks=[3]"]) == 0
@@ -61,11 +76,13 @@ def test_list_names_every_family(capsys):
         assert name in out
 
 
+@pytest.mark.slow
 def test_module_entry_point():
     done = subprocess.run([sys.executable, "-m", "headprobe", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and "headprobe 0.1.0" in done.stdout
 
 
+@pytest.mark.slow
 def test_sweep_expands_into_runs_and_a_comparison(tiny_recipe, tmp_path, capsys):
     from headprobe.recipe import RecipeError, expand_sweep
 
@@ -82,6 +99,7 @@ def test_sweep_expands_into_runs_and_a_comparison(tiny_recipe, tmp_path, capsys)
     assert "knn.k5.acc" in (tmp_path / "sw" / "compare.csv").read_text()
 
 
+@pytest.mark.slow
 def test_geometry_of_a_finished_run_without_retraining(tiny_recipe, tmp_path, capsys):
     recipe = {**tiny_recipe, "probes": {"knn": {"ks": [5]}}, "heads": [{"name": "relu", "width": 16}],
               "augment": {"preset": "crop-flip", "views": 2}, "train": {"epochs": 1, "batch_size": 50}}
@@ -98,3 +116,93 @@ def test_geometry_of_a_finished_run_without_retraining(tiny_recipe, tmp_path, ca
     assert after["timing"] == before["timing"]  # the analysis's own load/extract/geometry time is kept apart
     assert set(after["geometry_timing"]) >= {"load_s", "extract_s", "geometry_s"}
     assert main(["geometry", str(tmp_path / "nothing")]) == 2
+
+
+def test_error_messages_with_brackets_are_printed_verbatim(capsys, tmp_path):
+    assert main(["validate", str(QUICKSTART), "--set", "backbone.id=foo:bar"]) == 2
+    err = capsys.readouterr().err
+    assert "backbone.id = 'foo:bar'" in err and "open_clip:<arch>[/<pretrained tag or weights file>]" in err
+    path = tmp_path / "bad.yaml"
+    path.write_text("backbone: {pooling: [cls\n")
+    assert main(["validate", str(path)]) == 2
+    assert "[cls" in capsys.readouterr().err
+    weird = tmp_path / "[bold]x.yaml"
+    weird.write_text("seed: 1\n")
+    assert main(["validate", str(weird)]) == 0
+    assert "[bold]x.yaml" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("override, words", [
+    ("probes.orbits.sweeps=[rotation46]", ["probes.orbits.sweeps[0]", "'rotation46'", "Did you mean 'rotation45'"]),
+    ("data.test_fraction=0", ["data.test_fraction", "(0, 1)"]),
+    ("data.limit.train=200", ["train.batch_size = 256", "data.limit.train = 200"]),
+    ("name=../../escape", ["name = '../../escape'", "[A-Za-z0-9]"]),
+    ("name=a/b", ["name = 'a/b'"]),
+])
+def test_validate_refuses_what_run_would_refuse(override, words, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", str(QUICKSTART), "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in words), err
+    assert main(["run", str(QUICKSTART), "--set", override]) == 2
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even runs/
+
+
+def test_validate_checks_every_sweep_combination(tmp_path, capsys):
+    heads = {"heads": [{"name": "a"}]}
+    assert main(["validate", str(_write(tmp_path, {**heads, "sweep": {"heads.0.actt": ["relu"]}}))]) == 2
+    assert "unknown key 'heads[0].actt'" in capsys.readouterr().err
+    assert main(["validate", str(_write(tmp_path, {**heads, "sweep": {"heads.0.act": ["relu", "bogus"]}}))]) == 2
+    assert "sweep combination act=bogus" in capsys.readouterr().err
+    assert main(["validate", str(_write(tmp_path, {**heads, "sweep": {"heads.0.act": ["relu", "gelu"]}}))]) == 0
+    assert "sweep: 2 runs" in capsys.readouterr().out
+
+
+def test_duplicate_keys_and_empty_files_fail_validate(tmp_path, capsys):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("seed: 1\nseed: 2\n")
+    assert main(["validate", str(dup)]) == 2
+    assert "duplicate key 'seed' at line 2" in capsys.readouterr().err
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert main(["validate", str(empty)]) == 2
+    assert "is empty" in capsys.readouterr().err
+
+
+def test_out_that_is_a_file_exits_2_and_writes_nothing(tmp_path, capsys):
+    path = _write(tmp_path, _tiny())
+    target = tmp_path / "some_file"
+    target.write_text("keep me")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["run", str(path), "--out", str(target)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert main(["run", str(path), "--out", str(target / "sub")]) == 2
+    assert "which is a file" in capsys.readouterr().err
+    assert target.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.slow
+def test_geometry_bad_rows_and_failures_leave_the_run_status_alone(tmp_path, capsys, monkeypatch):
+    recipe = _tiny(heads=[{"name": "relu", "width": 16}], augment={"preset": "crop-flip", "views": 2},
+                   train={"epochs": 1, "batch_size": 40})
+    path = _write(tmp_path, recipe)
+    run_dir = tmp_path / "r"
+    assert main(["run", str(path), "--out", str(run_dir)]) == 0
+    results = run_dir / "results.json"
+    before = results.read_bytes()
+    assert json.loads(before)["status"] == "complete"
+    for rows in ("0", "1", "-3"):
+        assert main(["geometry", str(run_dir), "--rows", rows]) == 2
+        assert f"--rows = {rows} is out of range" in capsys.readouterr().err
+        assert results.read_bytes() == before
+    import headprobe.geometry.analyse as geometry_analyse
+
+    def broken(*args, **kwargs):
+        raise FloatingPointError("simulated geometry failure")
+
+    monkeypatch.setattr(geometry_analyse, "analyse_head", broken)
+    assert main(["geometry", str(run_dir), "--rows", "16"]) == 1
+    assert "simulated geometry failure" in capsys.readouterr().err
+    after, recorded = json.loads(results.read_text()), json.loads(before)
+    assert after["status"] == "complete" and "error" not in after
+    assert after["heads"] == recorded["heads"] and after["taps"] == recorded["taps"]

@@ -55,6 +55,7 @@ def test_imagefolder_without_test_split_and_fingerprint_tracks_files(tmp_path):
     assert load_data(spec).fingerprint != data.fingerprint
 
 
+@pytest.mark.slow
 def test_bad_columns_splits_and_paths_are_explained(tmp_path):
     with pytest.raises(DataSourceError, match="data.label_column = 'target' is not a column.*image, label"):
         load_data(DataSpec(label_column="target"))
@@ -74,6 +75,7 @@ def _write_idx(path, array):
         f.write(header + array.astype(np.uint8).tobytes())
 
 
+@pytest.mark.slow
 def test_fashion_mnist_reads_idx_files(tmp_path):
     rng = np.random.default_rng(0)
     for prefix, n in (("train", 30), ("t10k", 20)):
@@ -93,6 +95,7 @@ def _read(root):
     return _read_idx(root / "train-images-idx3-ubyte.gz")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").exists(),
                     reason="needs Debian's files: apt-get install dataset-fashion-mnist")
 def test_debian_fashion_mnist():

@@ -1,4 +1,4 @@
-"""Two processes (torchrun, gloo on CPU) give the same features and metrics as one."""
+"""Two processes (torchrun, gloo on CPU) give the same features and metrics as one, seed by seed."""
 
 import json
 import os
@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import json, sys
@@ -27,7 +29,7 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
     recipe = json.dumps({**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 101, "test": 37}},
                          "features": {"batch_size": 16}, "probes": probes,
                          "heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 3},
-                         "train": {"epochs": 2, "batch_size": 32}})
+                         "train": {"epochs": 2, "batch_size": 32}, "seeds": [0, 1]})
     torchrun = str(Path(sys.executable).parent / "torchrun")
     runs = {}
     for name, launcher in (("one", [sys.executable]), ("two", [torchrun, "--nproc_per_node", "2"])):
@@ -38,10 +40,15 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
         runs[name] = json.loads((tmp_path / name / "results.json").read_text())
     assert runs["two"]["environment"]["num_processes"] == 2
     assert list(runs["two"]["taps"]) == ["backbone", "relu@1", "relu"]
+    assert set(runs["two"]["taps"]["relu"]["seeds"]) == {"0", "1"}  # several seeds, each trained on both ranks
     for tap, values in runs["one"]["taps"].items():
         for metric, value in values["metrics"].items():
             # Features agree to ~1e-6; L-BFGS probes amplify that slightly in continuous metrics.
             assert runs["two"]["taps"][tap]["metrics"][metric] == pytest.approx(value, rel=1e-3, abs=1e-6), metric
+        for seed, record in values.get("seeds", {}).items():
+            for metric, value in record["metrics"].items():
+                two = runs["two"]["taps"][tap]["seeds"][seed]["metrics"][metric]
+                assert two == pytest.approx(value, rel=1e-3, abs=1e-6), (seed, metric)
     views = runs["one"]["protocol"]["views"]["cache_key"]
     one = load_file(tmp_path / "cache-one" / "views" / f"{views}.safetensors")
     two = load_file(tmp_path / "cache-two" / "views" / f"{views}.safetensors")

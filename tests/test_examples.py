@@ -9,6 +9,7 @@ import pytest
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "api.py"
 
 
+@pytest.mark.slow
 @pytest.mark.offline_weights
 def test_the_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

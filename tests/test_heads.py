@@ -58,3 +58,9 @@ def test_identity_init_scale_l2_and_predictor():
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ProjectionHead(4, **kwargs)
+
+
+def test_projection_head_is_importable_from_headprobe():
+    import headprobe
+
+    assert headprobe.ProjectionHead is ProjectionHead and "ProjectionHead" in headprobe.__all__

@@ -56,6 +56,7 @@ def test_out_under_a_file_or_unwritable_exits_2(tmp_path, capsys, monkeypatch):
     assert list(locked.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_write_failure_during_the_run_exits_1_records_it_and_leaves_no_temporaries(tmp_path, capsys, monkeypatch):
     from headprobe import runs
 
@@ -143,6 +144,7 @@ def test_a_sweep_value_with_a_long_folder_name_is_shortened_with_a_hash():
     assert sweep_folder_name("é" * 200).encode().decode() and len(sweep_folder_name("é" * 200).encode()) <= 200
 
 
+@pytest.mark.slow
 def test_resume_of_a_failed_run_with_a_null_metric(tmp_path, capsys):
     recipe = _write(tmp_path, _tiny(probes={"linear": {"C_grid": [1.0]}, "knn": {"ks": [5]}, "spectrum": {}}))
     out = tmp_path / "run"

@@ -18,6 +18,7 @@ SEEDS_RECIPE = {
 }
 
 
+@pytest.mark.slow
 def test_each_seed_equals_its_own_single_seed_run_and_the_tap_is_their_mean(tiny_recipe, tmp_path):
     recipe = {**tiny_recipe, **SEEDS_RECIPE}
     several = run({**recipe, "seeds": [0, 1]}, out=tmp_path / "s", quiet=True)
@@ -48,6 +49,7 @@ def test_each_seed_equals_its_own_single_seed_run_and_the_tap_is_their_mean(tiny
     assert verdict["verdict"] in ("buffer", "no-buffer", "mixed", "inconclusive")
 
 
+@pytest.mark.slow
 def test_a_multi_seed_run_resumes_per_seed(tiny_recipe, tmp_path, monkeypatch):
     recipe = {**tiny_recipe, **SEEDS_RECIPE, "seeds": [0, 1]}
     reference = run(recipe, out=tmp_path / "ref", quiet=True)

@@ -34,6 +34,7 @@ def registered():
     PROBES.remove("nearest_centroid")
 
 
+@pytest.mark.slow
 def test_a_probe_registered_from_outside_runs_through_a_recipe(tiny_recipe, tmp_path, registered):
     recipe = {**tiny_recipe, "augment": {"preset": "crop-flip", "views": 3},
               "probes": {"nearest_centroid": {"shrink": 0.1}}, "report": False}

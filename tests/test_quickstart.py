@@ -6,7 +6,7 @@ import pytest
 
 from headprobe.cli import main
 
-pytestmark = pytest.mark.offline_weights
+pytestmark = [pytest.mark.offline_weights, pytest.mark.slow]
 
 
 def test_quickstart_subset_with_real_weights(tmp_path, capsys):
@@ -18,7 +18,7 @@ def test_quickstart_subset_with_real_weights(tmp_path, capsys):
     except FileNotFoundError as err:
         pytest.skip(str(err))
     overrides = ["data.limit.train=200", "data.limit.test=100", "probes.knn.ks=[10,20]", "augment.views=2",
-                 "train.epochs=3", "train.batch_size=100", "probes.orbits.n_images=8", "report=false"]
+                 "seeds=[0,1]", "train.epochs=3", "train.batch_size=100", "probes.orbits.n_images=8", "report=false"]
     overrides += [f"heads.{i}.width=64" for i in range(3)]
     args = ["run", "recipes/quickstart.yaml", "--out", str(tmp_path / "qs")]
     for item in overrides:
@@ -36,5 +36,7 @@ def test_quickstart_subset_with_real_weights(tmp_path, capsys):
     low, high = results["taps"]["backbone"]["uncertainty"]["linear.acc"]["ci95"]
     assert low < metrics["linear.acc"] < high and high - low < 0.2  # 100 test images: about ±0.05
     assert all("resolved" in e for v in results["buffer"].values() for e in v["evidence"].values())
+    assert set(results["taps"]["lin"]["seeds"]) == {"0", "1"}  # the recipe's seeds, two of them here
+    assert results["taps"]["lin"]["uncertainty"]["rankme"]["n_seeds"] == 2
     out = capsys.readouterr().out
     assert "linear.acc" in out and "buffer verdicts" in out

@@ -8,6 +8,8 @@ import yaml
 
 from headprobe.pipeline import run, run_sweep
 
+pytestmark = pytest.mark.slow
+
 RECIPES = sorted(p for p in (Path(__file__).parents[1] / "recipes").glob("*.yaml")
                  if p.name == "quickstart.yaml" or p.name.startswith("offline_"))
 

@@ -11,8 +11,8 @@ from report_run import write_run
 from headprobe.report.html import write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="headless Chromium is not installed (apt-get install -y chromium; .ci/run does it)")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    CHROMIUM is None, reason="headless Chromium is not installed (apt-get install -y chromium; .ci/run does it)")]
 
 # Injected into a copy of the report only: the report itself carries no script.
 PROBE = """<script>

@@ -54,6 +54,7 @@ def test_unreadable_or_foreign_checkpoints_stop_with_a_sentence(tmp_path):
         load_checkpoint(tmp_path / "list.pt")
 
 
+@pytest.mark.slow
 def test_geometry_and_resume_refuse_a_crafted_checkpoint_with_exit_1(tiny_recipe, tmp_path, capsys):
     recipe = {**tiny_recipe, "probes": {"knn": {"ks": [5]}}, "heads": [{"name": "relu", "width": 16}],
               "augment": {"preset": "crop-flip", "views": 2}, "train": {"epochs": 1, "batch_size": 50}}

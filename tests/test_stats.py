@@ -57,6 +57,7 @@ def test_resampled_means_are_means_of_the_drawn_values():
         resampled_means(values[:5], idx)
 
 
+@pytest.mark.slow
 def test_accuracy_interval_covers_the_true_accuracy_95_percent_of_the_time():
     # 400 replications of a 450-image, 10-class stratified test set whose probe is right with probability 0.9:
     # the paired stratified percentile interval must cover 0.9 in 95% ± 3% of them.

@@ -151,6 +151,7 @@ def test_resume_continues_exactly(tiny_dinov2, digits, tmp_path):
         assert torch.equal(states["lin"].head.state_dict()[key], value), key
 
 
+@pytest.mark.slow
 def test_pipeline_scores_the_tuned_backbone_and_keeps_the_untuned_one(tiny_recipe, tiny_dinov2, tmp_path):
     recipe = {**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 40, "test": 40}},
               "backbone": {**tiny_recipe["backbone"], "tune": "last:1"},
@@ -188,6 +189,7 @@ run(json.loads(sys.argv[1]), out=sys.argv[2], quiet=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_two_processes_train_like_one(tiny_recipe, tmp_path):
     """Each rank takes half of every batch and the objective gathers: SGD reaches the one-process weights (Adam's

@@ -121,17 +121,6 @@ def test_layers_and_resolution_are_checked_without_loading(backbone, override, w
         load_recipe({"backbone": {"id": backbone, "pooling": pooling}}, [override])
 
 
-def test_known_block_counts_and_patch_sizes_match_the_models():
-    from headprobe.backbones import load_backbone
-    from headprobe.recipe_checks import KNOWN_BLOCKS, KNOWN_PATCH
-
-    backbone = load_backbone("scratch:vit-tiny", pooling="cls")
-    assert len(backbone.blocks) == KNOWN_BLOCKS["scratch:vit-tiny"]
-    assert KNOWN_PATCH["scratch:vit-tiny"] == 4
-    with pytest.raises(ValueError, match="layer 3 is out of range; this model has 3 blocks"):
-        load_backbone("scratch:vit-tiny", pooling="cls", layer=3)
-
-
 def test_non_utf8_recipes_exit_2_with_a_sentence(tmp_path, capsys):
     latin = tmp_path / "latin.yaml"
     latin.write_bytes("name: caf\xe9\n".encode("latin-1"))

@@ -1,7 +1,11 @@
+"""recipe.loading: YAML, overrides, sweeps and the generic checker (types, declared ranges, registered names)."""
+
 import pytest
 import yaml
 
-from headprobe.recipe import KnnSpec, Recipe, RecipeError, apply_override, dump_recipe, load_recipe
+from headprobe.recipe import KnnSpec, Recipe, RecipeError, apply_override, dump_recipe, expand_sweep, load_recipe
+
+HEADS = {"heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 2}}
 
 
 def test_defaults_and_yaml_round_trip(tmp_path):
@@ -90,3 +94,56 @@ def test_tuning_needs_a_head():
     with pytest.raises(RecipeError, match="backbone.tune = 'lora' trains the backbone through projection heads"):
         load_recipe({"backbone": {"tune": "lora"}})
     assert load_recipe({"backbone": {"tune": "last:2"}, "heads": [{"name": "h"}]}).backbone.tune == "last:2"
+
+
+@pytest.mark.parametrize("sweep, message", [
+    ({"heads.0.actt": ["relu"]}, r"sweep combination actt=relu: unknown key 'heads\[0\]\.actt'.*Did you mean 'act'"),
+    ({"heads.0.act": ["relu", "bogus"]}, r"sweep combination act=bogus: heads\[0\]\.act = 'bogus' is not allowed"),
+    ({"heads.0.act": []}, r"sweep\.heads\.0\.act must be a non-empty list"),
+    ({"heads.3.act": ["relu"]}, r"sweep combination act=relu: override 'heads\.3\.act=relu'"),
+])
+def test_every_sweep_combination_is_validated_by_load_recipe(sweep, message, tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**HEADS, "sweep": sweep}))
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(path)
+    with pytest.raises(RecipeError, match=message):  # run (expand_sweep) rejects it the same way
+        expand_sweep(path)
+
+
+def test_a_valid_sweep_still_expands():
+    recipe = {**HEADS, "sweep": {"heads.0.act": ["relu", "swish"]}}
+    assert load_recipe(recipe).sweep == {"heads.0.act": ["relu", "swish"]}
+    assert [label for label, _ in expand_sweep(recipe)] == ["act=relu", "act=swish"]
+
+
+def test_duplicate_keys_are_refused_with_key_and_line(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("name: x\nbackbone:\n  pooling: cls\n  pooling: mean\n")
+    with pytest.raises(RecipeError, match=r"duplicate key 'pooling' at line 4 \(first given at line 3\)"):
+        load_recipe(path)
+    path.write_text("seed: 1\nprobes: {knn: {}}\nseed: 2\n")
+    with pytest.raises(RecipeError, match=r"duplicate key 'seed' at line 3 \(first given at line 1\)"):
+        load_recipe(path)
+    with pytest.raises(RecipeError, match=r"override 'probes=\{knn: \{\}, knn: null\}': duplicate key 'knn'"):
+        load_recipe({}, ["probes={knn: {}, knn: null}"])
+    path.write_text("base: &b {k: 1}\nseed: 1\n")  # anchors and merges stay legal YAML
+    with pytest.raises(RecipeError, match="unknown key 'base'"):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n", "---\n"])
+def test_an_empty_recipe_file_is_refused(text, tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError, match=r"empty\.yaml' is empty; a recipe is a mapping"):
+        load_recipe(path)
+
+
+def test_python_values_override_after_strings():
+    recipe = load_recipe({}, ["seed=3", "name=yes"], {"train.epochs": 2, "name": "on", "probes.knn.ks": [3]})
+    assert (recipe.seed, recipe.train.epochs, recipe.name, recipe.probes["knn"].ks) == (3, 2, "on", [3])
+    with pytest.raises(RecipeError, match=r"train\.epochs = 0 is out of range"):
+        load_recipe({}, values={"train.epochs": 0})
+    with pytest.raises(RecipeError, match=r"seed = '1' has the wrong type"):  # no YAML parsing of values
+        load_recipe({}, values={"seed": "1"})

@@ -1,0 +1,54 @@
+"""Recipes: YAML → typed, validated objects, with ``--set key.sub=value`` overrides and sweeps.
+
+`schema` declares the sections (each field's type, default, range and registered names), `loading` reads YAML,
+applies overrides and sweeps and checks every field against its declaration, and `checks` relates fields to each
+other. Everything is checked before a model loads; a refusal is a `RecipeError` naming the key path, the bad
+value, the allowed values and a "did you mean".
+"""
+
+from .checks import KNOWN_BLOCKS, KNOWN_PATCH, check_recipe, known_train_size, patch_size
+from .loading import (
+    MAX_FOLDER_BYTES,
+    apply_override,
+    dump_recipe,
+    expand_sweep,
+    load_recipe,
+    resolve_recipe_data,
+    set_value,
+    sweep_folder_name,
+)
+from .schema import (
+    NAME_PATTERN,
+    PROBE_SPECS,
+    AugmentR2Spec,
+    AugmentRecipe,
+    BackboneSpec,
+    DataSpec,
+    FeatureSpec,
+    GeometrySpec,
+    HeadSpec,
+    InvarianceSpec,
+    KnnSpec,
+    LimitSpec,
+    LinearProbeSpec,
+    LoraSpec,
+    NoOptions,
+    ObjectiveSpec,
+    OrbitSpec,
+    Range,
+    Recipe,
+    RecipeError,
+    RotationSpec,
+    SpectrumSpec,
+    TrainSpec,
+    ViewMISpec,
+)
+
+__all__ = [
+    "KNOWN_BLOCKS", "KNOWN_PATCH", "MAX_FOLDER_BYTES", "NAME_PATTERN", "PROBE_SPECS", "AugmentR2Spec",
+    "AugmentRecipe", "BackboneSpec", "DataSpec", "FeatureSpec", "GeometrySpec", "HeadSpec", "InvarianceSpec",
+    "KnnSpec", "LimitSpec", "LinearProbeSpec", "LoraSpec", "NoOptions", "ObjectiveSpec", "OrbitSpec", "Range",
+    "Recipe", "RecipeError", "RotationSpec", "SpectrumSpec", "TrainSpec", "ViewMISpec", "apply_override",
+    "check_recipe", "dump_recipe", "expand_sweep", "known_train_size", "load_recipe", "patch_size",
+    "resolve_recipe_data", "set_value", "sweep_folder_name",
+]

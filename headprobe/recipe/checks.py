@@ -1,0 +1,270 @@
+"""The recipe checks that relate fields to each other, or need facts the schema does not declare: prefixed
+registered names (``offline:NAME``), the backbone's layers, tune policy and LoRA options, the heads against the
+objective and the data, the probes against the training set. Run by `load_recipe` on every recipe, after every
+field's own type, range and registered names (`recipe.schema`); none imports a model library."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+
+from ..registry import BACKBONES, DATA_SOURCES, OBJECTIVES, OFFLINE_MODELS, ORBIT_SWEEPS, SCRATCH_MODELS, Registry
+from .schema import NAME_PATTERN, BackboneSpec, DataSpec, LoraSpec, Recipe, RecipeError, not_allowed, unknown_name
+
+
+def check_recipe(recipe: Recipe) -> None:
+    """Checks across fields and registered names, without importing any model library."""
+    if not re.fullmatch(NAME_PATTERN, recipe.name):
+        raise RecipeError(f"name = {recipe.name!r} is not allowed: it names the run's folder, so it must match "
+                          f"{NAME_PATTERN} (letters, digits, '.', '_', '-'; no '/', no leading dot), "
+                          "e.g. name: my_study.")
+    _check_prefixed("backbone.id", recipe.backbone.id, BACKBONES)
+    _check_backbone(recipe.backbone, has_heads=bool(recipe.heads))
+    _check_prefixed("data.source", recipe.data.source, DATA_SOURCES)
+    src_prefix, src_rest = recipe.data.source.partition(":")[::2]
+    if src_prefix in ("imagefolder", "hf") and not src_rest:
+        raise RecipeError(f"data.source = {recipe.data.source!r} needs a path or id after ':'.")
+    _check_seeds(recipe)
+    _check_heads(recipe)
+    _check_probes(recipe, known_train_size(recipe.data)[0])
+    n_classes = known_train_size(recipe.data)[1]
+    limit = recipe.data.limit.train
+    if limit is not None and n_classes is not None and limit < n_classes:
+        raise RecipeError(f"data.limit.train = {limit} is below the number of classes of {recipe.data.source} "
+                          f"({n_classes}): a class-stratified subset needs at least one image of every class; "
+                          f"raise data.limit.train to at least {n_classes} (a few per class, e.g. "
+                          f"{10 * n_classes}, for the probes' validation split).")
+
+
+def _check_prefixed(path: str, value: str, registry: Registry) -> None:
+    """``PREFIX:rest`` or a bare name of `registry`; the allowed values are written as the entries' usages."""
+    prefix, sep, _ = value.partition(":")
+    name = prefix if sep else value
+    if name not in registry:
+        raise unknown_name(f"{path} = {value!r}", registry.family, name, registry.names(),
+                           {e.name: e.usage for e in registry})
+
+
+def _check_seeds(recipe: Recipe) -> None:
+    if recipe.seeds is None:
+        return
+    if not recipe.seeds:
+        raise RecipeError("seeds = [] is empty; list the seeds to train the heads with (e.g. seeds: [0, 1, 2]) or "
+                          "remove the key to use `seed` alone.")
+    if len(set(recipe.seeds)) != len(recipe.seeds):
+        raise RecipeError(f"seeds = {recipe.seeds} repeats a seed; each retraining needs its own seed.")
+    if len(recipe.seeds) > 1 and recipe.backbone.tune != "frozen":
+        raise RecipeError(f"seeds = {recipe.seeds} with backbone.tune = {recipe.backbone.tune!r}: several seeds "
+                          "retrain the heads on one set of cached backbone features, which a tuned backbone does not "
+                          "have; use one seed, or run one recipe per seed (sweep: {seed: [0, 1, 2]}).")
+
+
+# Training images of the built-in sources (their `train` split), and their classes: what validate can know
+# about the data without loading it.
+_BUILTIN_SIZES = {"sklearn-digits": (1797, 10, ()), "fashion-mnist": (60000, 10, ("test",))}
+
+
+def known_train_size(data: DataSpec) -> tuple[int | None, int | None]:
+    """(an upper bound on the training images, the number of classes) of `data`, each None where it cannot be
+    known without loading the data; data.limit.train bounds the images of any source."""
+    prefix = data.source.partition(":")[0]
+    n, classes = None, None
+    if prefix in _BUILTIN_SIZES and data.train_split == "train":
+        total, classes, test_splits = _BUILTIN_SIZES[prefix]
+        # load_data holds out a stratified test_fraction (sklearn rounds the test part up) without a test split.
+        n = total if data.test_split in test_splits else total - math.ceil(data.test_fraction * total)
+    limit = data.limit.train
+    if limit is not None:
+        n = limit if n is None else min(n, limit)
+    return n, classes
+
+
+def _check_probes(recipe: Recipe, n_train: int | None) -> None:
+    """The probes' options that each field's range cannot say alone: empty or repeated lists, k against the
+    training images."""
+    probes = recipe.probes
+    images = ("data.limit.train" if recipe.data.limit.train is not None and n_train == recipe.data.limit.train
+              else recipe.data.source)
+    knn = probes.get("knn")
+    if knn is not None:
+        if not knn.ks:
+            raise RecipeError("probes.knn.ks is empty; give at least one k, e.g. [10, 20].")
+        if len(set(knn.ks)) != len(knn.ks):
+            raise RecipeError(f"probes.knn.ks = {knn.ks} lists a k twice; list each neighbour count once.")
+        for i, k in enumerate(knn.ks):
+            if n_train is not None and k > n_train:
+                raise RecipeError(f"probes.knn.ks[{i}] = {k} is more neighbours than the {n_train} training "
+                                  f"images ({images}); use ks of at most {n_train}, e.g. "
+                                  f"probes.knn.ks=[{min(10, n_train)}], or train on more images.")
+    linear = probes.get("linear")
+    if linear is not None and not linear.C_grid:
+        raise RecipeError("probes.linear.C_grid is empty; give at least one C, e.g. [0.1, 1, 10].")
+    aug = probes.get("augment_r2")
+    if aug is not None and aug.alphas is not None and not aug.alphas:
+        raise RecipeError("probes.augment_r2.alphas is empty; give ridge penalties such as [0.1, 1, 10], "
+                          "or null for the default grid.")
+    rotation = probes.get("rotation")
+    if rotation is not None and rotation.C_grid is not None and not rotation.C_grid:
+        raise RecipeError("probes.rotation.C_grid is empty; give at least one C, e.g. [0.1, 1, 10], "
+                          "or null for the linear probe's default grid.")
+    orbits = probes.get("orbits")
+    if orbits is not None and not orbits.sweeps:
+        raise RecipeError(f"probes.orbits.sweeps is empty; give at least one of: {', '.join(ORBIT_SWEEPS.names())}.")
+
+
+# Registered CNN backbones (their loaders reject token poolings too; this catches it before loading).
+_CNN_IDS = ("scratch:resnet18-cifar", "offline:efficientnet-lite0")
+# Backbone sources whose models are registered by name (`offline:NAME`, `scratch:NAME`).
+_NAMED_MODELS = {"offline": OFFLINE_MODELS, "scratch": SCRATCH_MODELS}
+# The tune policies; `last:N` with N >= 1 blocks.
+_TUNE = ("frozen", "lora", "full")
+
+
+def _check_backbone(spec: BackboneSpec, has_heads: bool = True) -> None:
+    """Source names, layers, tune policy and LoRA options of `backbone`."""
+    prefix, rest = spec.id.partition(":")[::2]
+    if prefix == "hf" and not rest:
+        raise RecipeError("backbone.id = 'hf:' needs a hub id or a local dir, e.g. hf:facebook/dinov2-small.")
+    if prefix in ("open_clip", "timm") and not rest:
+        raise RecipeError(f"backbone.id = {spec.id!r} needs a model name, e.g. open_clip:ViT-B-32/openai or "
+                          "timm:vit_small_patch14_dinov2.lvd142m.")
+    models = _NAMED_MODELS.get(prefix)
+    if models is not None and rest not in models:
+        raise unknown_name(f"backbone.id = {spec.id!r}", models.family, rest, models.names(),
+                               {e.name: e.usage for e in models})
+    if spec.layers is not None:
+        if not spec.layers:
+            raise RecipeError("backbone.layers is empty; give block indices such as [-4, -1], or null.")
+        if spec.layer != -1:
+            raise RecipeError(f"backbone.layer = {spec.layer} and backbone.layers = {spec.layers} are both set; "
+                              "keep one (layers replaces layer).")
+        if len(set(spec.layers)) != len(spec.layers):
+            raise RecipeError(f"backbone.layers = {spec.layers} names a block twice.")
+    _check_layers_and_resolution(spec)
+    if spec.id in _CNN_IDS and spec.pooling != "mean":
+        raise RecipeError(f"backbone.id = {spec.id!r} is a CNN: it has no class token, so backbone.pooling = "
+                          f"{spec.pooling!r} is undefined; set backbone.pooling: mean (global average pooling).")
+    if spec.pooling == "pooler" and (spec.layers is not None or spec.layer != -1):
+        raise RecipeError("backbone.pooling = 'pooler' is the model's own head on the final layer; it cannot be "
+                          "combined with backbone.layer/layers. Use cls, mean or cls+mean.")
+    kind, sep, n = spec.tune.partition(":")
+    if spec.tune not in _TUNE and not (kind == "last" and sep and n.isdigit() and int(n) >= 1):
+        raise not_allowed("backbone.tune", spec.tune, ["frozen", "last:N (N >= 1 blocks)", "lora", "full"],
+                          [*_TUNE, "last:1"])
+    if spec.tune != "frozen" and not has_heads:
+        raise RecipeError(f"backbone.tune = {spec.tune!r} trains the backbone through projection heads, but the "
+                          "recipe has none; add a `heads:` section (an identity head trains with no projector) "
+                          "or set backbone.tune: frozen.")
+    if spec.tune != "lora" and spec.lora != LoraSpec():
+        raise RecipeError(f"backbone.lora is set but backbone.tune = {spec.tune!r}; set backbone.tune: lora "
+                          "or remove backbone.lora.")
+    if spec.lora.target_modules is not None and not spec.lora.target_modules:
+        raise RecipeError("backbone.lora.target_modules is empty; give module names, or null for the defaults.")
+
+
+# Blocks and patch size of the registered models whose architecture is fixed (kept equal to the models by
+# tests/test_recipe_checks.py): validate checks backbone.layer/layers and resolution against them unloaded.
+KNOWN_BLOCKS = {"offline:dinov2-vits14": 12, "offline:efficientnet-lite0": 16, "scratch:resnet18-cifar": 8,
+                "scratch:vit-tiny": 3}
+KNOWN_PATCH = {"offline:dinov2-vits14": 14, "scratch:vit-tiny": 4}
+# No image model here sees anything in fewer pixels; below this a resolution is a typo.
+MIN_RESOLUTION = 8
+
+
+def patch_size(backbone_id: str) -> int | None:
+    """The ViT patch size of `backbone_id` where its name or the registry says it, else None."""
+    if backbone_id in KNOWN_PATCH:
+        return KNOWN_PATCH[backbone_id]
+    prefix, _, rest = backbone_id.partition(":")
+    if prefix == "open_clip":
+        found = re.match(r"(?:EVA\d*-)?ViT-[A-Za-z0-9]+-(\d+)", rest)
+    elif prefix == "timm":
+        found = re.search(r"patch(\d+)", rest)
+    else:
+        found = None
+    return int(found.group(1)) if found else None
+
+
+def _check_layers_and_resolution(spec: BackboneSpec) -> None:
+    res = spec.resolution
+    if res is not None:
+        patch = patch_size(spec.id)
+        if res < max(MIN_RESOLUTION, patch or 0):
+            why = (f"below the patch size {patch} of {spec.id} (the patch embedding would see no whole patch)"
+                   if patch and res < patch else f"below {MIN_RESOLUTION} pixels")
+            raise RecipeError(f"backbone.resolution = {res} is {why}; use at least {max(MIN_RESOLUTION, patch or 0)}"
+                              ", or null for the checkpoint's own crop size.")
+        if spec.id == "scratch:vit-tiny" and res % 4:
+            raise RecipeError(f"backbone.resolution = {res} is not a multiple of the patch size 4 of "
+                              f"scratch:vit-tiny; use e.g. {res - res % 4 or 4} or {res + 4 - res % 4}.")
+    blocks = KNOWN_BLOCKS.get(spec.id)
+    if blocks is None:
+        return
+    chosen = spec.layers if spec.layers is not None else [spec.layer]
+    key = "backbone.layers" if spec.layers is not None else "backbone.layer"
+    for i in chosen:
+        if i != -1 and not -blocks <= i < blocks:
+            raise RecipeError(f"{key} names block {i}, but {spec.id} has {blocks} blocks; use -{blocks}..{blocks - 1} "
+                              "(-1: the final features).")
+
+
+def _check_heads(recipe: Recipe) -> None:
+    """Head names, the objective's options and the augmentation knobs against the heads and the data."""
+    part = recipe.backbone.part
+    if part is not None and (part not in ("teacher", "student") or not recipe.backbone.id.startswith("ssl:")):
+        raise RecipeError(f"backbone.part = {part!r}: a part is `teacher` or `student`, and only ssl:<format>:<path> "
+                          "backbones (DINO-style checkpoints hold both networks) take one; remove it otherwise.")
+    names = [h.name for h in recipe.heads]
+    for i, head in enumerate(recipe.heads):
+        if head.name == "backbone" or not head.name or "@" in head.name:
+            raise RecipeError(f"heads[{i}].name = {head.name!r} is reserved or invalid; use e.g. 'mlp_relu'.")
+        if names.count(head.name) > 1:
+            raise RecipeError(f"heads[{i}].name = {head.name!r} is used twice; each head needs its own name.")
+        if head.type == "pretrained" and not recipe.backbone.id.startswith("ssl:"):
+            raise RecipeError(f"heads[{i}] ({head.name}) is `type: pretrained`, the head stored in the backbone's "
+                              f"self-supervised checkpoint, but backbone.id = {recipe.backbone.id!r} is not one; "
+                              "use backbone.id: ssl:<format>:<path> (e.g. ssl:dino:ckpt.pth) or another head type.")
+        if head.type == "pretrained" and recipe.backbone.tune != "frozen":
+            raise RecipeError(f"heads[{i}] ({head.name}) is `type: pretrained` with backbone.tune = "
+                              f"{recipe.backbone.tune!r}; a checkpoint's own head is probed on its frozen backbone.")
+        if recipe.objective.name == "simsiam" and head.predictor is None and head.type != "pretrained":
+            raise RecipeError(f"heads[{i}] ({head.name}) has no predictor, which objective simsiam needs; "
+                              f"set heads[{i}].predictor to a width, e.g. 512.")
+    objective = recipe.objective
+    if recipe.heads and objective.options:
+        params = [p for p in inspect.signature(OBJECTIVES.get(objective.name)).parameters][2:]
+        params = [p for p in params if p not in ("p1", "p2", "z1", "z2")]
+        for key in objective.options:
+            if key not in params:
+                raise unknown_name(f"objective.options.{key}", f"{objective.name} option", key, params)
+    for section, options in (("objective.options", objective.options), ("augment.options", recipe.augment.options)):
+        for key, value in options.items():
+            _check_finite(f"{section}.{key}", value)
+    if recipe.heads:
+        from ..data.augment import augment_spec
+
+        try:
+            augment_spec(recipe.augment.preset, **recipe.augment.options)
+        except (ValueError, TypeError) as err:
+            raise RecipeError(f"augment: {err}") from None
+    train, limit = recipe.train, recipe.data.limit.train
+    if recipe.heads and limit is not None and limit < train.batch_size:
+        # The rule training applies (train.train_heads / train_tuned): every batch is train.batch_size images
+        # of the training split (data.limit.train of them at most; no validation part is taken off).
+        raise RecipeError(f"train.batch_size = {train.batch_size} is larger than the {limit} training images of "
+                          f"data.limit.train = {limit}; lower train.batch_size to at most {limit} or raise "
+                          f"data.limit.train to at least {train.batch_size}.")
+
+
+def _check_finite(path: str, value) -> None:
+    """Free-form options (objective.options, augment.options) hold no NaN or infinity, at any depth."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RecipeError(f"{path} = {value!r} is not a finite number; give an ordinary number "
+                          "(NaN and infinities are not accepted).")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(f"{path}.{key}", item)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_finite(f"{path}[{i}]", item)

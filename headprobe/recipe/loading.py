@@ -1,0 +1,364 @@
+"""Recipes from YAML: reading the file, ``--set key.sub=value`` overrides, sweeps, and the generic checker that
+turns plain data into the schema's dataclasses.
+
+The checker reads each field's declaration (`recipe.schema`): its type, its range and the registry its names
+come from; `check_recipe` (`recipe.checks`) then relates fields to each other. Every refusal is a `RecipeError`
+naming the key path, the bad value, the allowed values and a "did you mean".
+
+>>> load_recipe({}, ["heads=[{name: h}]", "heads.0.depth=3"]).heads[0].depth
+3
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import itertools
+import math
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from ..registry import Registry
+from ..safe_yaml import AliasLimitError, BoundedAliasLoader
+from .checks import check_recipe
+from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unknown_name
+
+
+class _NotFinite(RecipeError):
+    """A NaN or infinite number where a finite one is needed; raised through unions (never a type mismatch)."""
+
+
+def load_recipe(
+    source: str | Path | dict, overrides: list[str] | None = None, values: dict[str, Any] | None = None
+) -> Recipe:
+    """Read a recipe file (or dict), apply ``KEY=VALUE`` overrides, validate, return a `Recipe`.
+
+    `values` are overrides given as Python objects (``{"train.epochs": 1}``), applied after `overrides`.
+    A recipe with a `sweep:` has every combination validated here too, exactly as `expand_sweep` makes them.
+    """
+    return _from_data(resolve_recipe_data(source, overrides, values))
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.to_dict(), sort_keys=False)
+
+
+# --- YAML ---------------------------------------------------------------------------------
+
+
+def _default_name(stem: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).lstrip("._-")[:128]
+    return name or "run"
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, line: int) -> None:
+        super().__init__(f"duplicate key {key!r} at line {line} (first given at line {first}); keep one of them")
+        self.key, self.first, self.line = key, first, line
+
+
+class _RecipeLoader(BoundedAliasLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (PyYAML keeps the last silently) and
+    aliases that expand past `safe_yaml.MAX_ALIAS_NODES` nodes (`safe_yaml.BoundedAliasLoader`)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def resolve_recipe_data(source: str | Path | dict, overrides: list[str] | None, values: dict[str, Any] | None) -> dict:
+    """The recipe's plain data with defaults and overrides applied, not yet validated."""
+    if isinstance(source, dict):
+        data, default_name = copy.deepcopy(source), "run"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise RecipeError(f"recipe file {str(path)!r} does not exist; pass the path to a .yaml recipe.")
+        try:
+            data = _yaml_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise RecipeError(f"recipe {str(path)!r} is not UTF-8 text (byte {err.start} cannot be decoded); "
+                              "save it as UTF-8 YAML, e.g. recipes/quickstart.yaml.") from None
+        except OSError as err:
+            raise RecipeError(f"recipe {str(path)!r} cannot be read ({err.strerror or err}); check that it is "
+                              "a readable file.") from None
+        except (_DuplicateKey, AliasLimitError) as err:
+            raise RecipeError(f"recipe {str(path)!r}: {err}.") from None
+        except yaml.YAMLError as err:
+            raise RecipeError(f"recipe {str(path)!r} is not valid YAML: {err}") from None
+        if data is None:
+            raise RecipeError(f"recipe {str(path)!r} is empty; a recipe is a mapping of keys to values, "
+                              "e.g. `backbone: {id: scratch:vit-tiny}` (see recipes/quickstart.yaml).")
+        default_name = _default_name(path.stem)
+    if not isinstance(data, dict):
+        raise RecipeError(f"a recipe must be a mapping of keys to values, got {type(data).__name__}.")
+    data.setdefault("name", default_name)
+    # Overrides refine the default probe set instead of replacing it.
+    data.setdefault("probes", {name: {} for name in Recipe().probes})
+    for item in overrides or []:
+        apply_override(data, item)
+    for key, value in (values or {}).items():
+        set_value(data, key, copy.deepcopy(value), f"override {key}={value!r}")
+    return data
+
+
+# --- overrides ----------------------------------------------------------------------------
+
+
+def apply_override(data: dict, item: str) -> None:
+    """Apply one ``a.b.c=value`` (value parsed as YAML) to a nested dict in place; ``heads.0.act=swish``
+    indexes a list."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise RecipeError(
+            f"override {item!r} is not KEY=VALUE; write e.g. --set backbone.pooling=mean "
+            "or --set probes.knn.ks=[10,20]."
+        )
+    try:
+        value = _yaml_load(raw) if raw.strip() else None
+    except (_DuplicateKey, AliasLimitError) as err:
+        raise RecipeError(f"override {item!r}: {err}.") from None
+    except yaml.YAMLError as err:
+        raise RecipeError(f"override {item!r}: the value is not valid YAML ({err}).") from None
+    set_value(data, key, value, f"override {item!r}")
+
+
+def set_value(data: dict, key: str, value: Any, label: str | None = None) -> None:
+    """Set ``a.b.c`` (a Python value, not parsed) in a nested dict in place; ``heads.0.act`` indexes a list."""
+    label = label or f"override {key!r}"
+    if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
+        raise RecipeError(f"{label}: {key!r} is not a dotted key such as train.epochs.")
+    parts = key.split(".")
+    node: Any = data
+    for i, part in enumerate(parts):
+        where = ".".join(parts[: i + 1])
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise RecipeError(f"{label}: {where} is not an index of a list of {len(node)} items "
+                                  f"(use 0 to {len(node) - 1}).")
+            part = int(part)
+        elif not isinstance(node, dict):
+            parent = ".".join(parts[:i])
+            raise RecipeError(f"{label}: {parent} is {node!r}, not a section with keys.")
+        if last:
+            node[part] = value
+            return
+        if isinstance(node, dict) and node.get(part) is None:
+            node[part] = {}
+        node = node[part]
+
+
+# --- sweeps -------------------------------------------------------------------------------
+
+
+def _from_data(data: dict) -> Recipe:
+    recipe = _build(Recipe, data, "")
+    check_recipe(recipe)
+    for label, items in _sweep_items(recipe):
+        combo = copy.deepcopy(data)
+        try:
+            for item in items:
+                apply_override(combo, item)
+            combo["sweep"] = {}
+            _from_data(combo)
+        except RecipeError as err:
+            raise RecipeError(f"sweep combination {label}: {err}") from None
+    return recipe
+
+
+def _sweep_items(recipe: Recipe) -> list[tuple[str, list[str]]]:
+    """[(label, ["key=value", ...])] for every combination of `recipe.sweep` (cartesian product, keys in order)."""
+    if not recipe.sweep:
+        return []
+    for key, values in recipe.sweep.items():
+        if not isinstance(values, list) or not values:
+            raise RecipeError(f"sweep.{key} must be a non-empty list of values, got {values!r}.")
+    keys = list(recipe.sweep)
+    out = []
+    for combo in itertools.product(*(recipe.sweep[k] for k in keys)):
+        items = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+                 for k, v in zip(keys, combo, strict=True)]
+        label = "-".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, combo, strict=True))
+        out.append((label, items))
+    return out
+
+
+def expand_sweep(source: str | Path | dict, overrides: list[str] | None = None) -> list[tuple[str, list[str]]]:
+    """A recipe with `sweep: {key: [values], ...}` → [(label, overrides)], one per combination (cartesian
+    product, keys in order). Every combination is validated (by `load_recipe`), before anything runs. A recipe
+    without a sweep gives one entry with label ""."""
+    recipe = load_recipe(source, overrides)
+    if not recipe.sweep:
+        return [("", list(overrides or []))]
+    return [(sweep_folder_name(label), list(overrides or []) + items + ["sweep={}"])
+            for label, items in _sweep_items(recipe)]
+
+
+# Folder names are at most 255 bytes on common file systems; a longer sweep label is cut with a hash.
+MAX_FOLDER_BYTES = 200
+
+
+def sweep_folder_name(label: str) -> str:
+    """A sweep combination's label → its run folder's name: '/' replaced, and a label over `MAX_FOLDER_BYTES`
+    bytes cut and suffixed with a hash of the whole label (each run's config.yaml and results.json keep the full
+    values)."""
+    name = label.replace("/", "_").replace("\0", "_")
+    raw = name.encode()
+    if len(raw) <= MAX_FOLDER_BYTES:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:12]
+    head = raw[: MAX_FOLDER_BYTES - len(digest) - 1].decode(errors="ignore")
+    return f"{head}-{digest}"
+
+
+# --- the generic checker: types, declared ranges, registered names --------------------------
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path or 'recipe'} must be a mapping of keys, got {data!r}.")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        key = unknown[0]
+        where = f"{path}.{key}" if path else str(key)
+        raise RecipeError(f"unknown key {where!r}; allowed keys here: {', '.join(fields)}."
+                          f"{did_you_mean_hint(str(key), list(fields))}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        where = f"{path}.{name}" if path else name
+        if "specs" in f.metadata:
+            kwargs[name] = _build_named_section(data[name], where, f.metadata["registry"], f.metadata["specs"])
+            continue
+        value = _coerce(hints[name], data[name], where)
+        _check_declared(f, value, where)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _check_declared(f: dataclasses.Field, value: Any, where: str) -> None:
+    """The field's declared range and registry (`recipe.schema`), on the value or on each item of a list."""
+    if value is None:
+        return
+    items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+    for i, item in items:
+        at = where if i is None else f"{where}[{i}]"
+        if "range" in f.metadata:
+            f.metadata["range"].check(at, item)
+        registry = f.metadata.get("registry")
+        if registry is not None and item not in registry:
+            raise unknown_name(f"{at} = {item!r}", registry.family, item, registry.names())
+
+
+def _build_named_section(value: Any, path: str, registry: Registry, specs: dict[str, type]) -> dict:
+    """``probes: {linear: {...}, knn: null}``: each key a registered name, each value its options."""
+    if isinstance(value, list):
+        value = {name: None for name in value}
+    if not isinstance(value, dict):
+        raise RecipeError(f"{path} must map {registry.family} names to options, got {value!r}.")
+    out = {}
+    for name, options in value.items():
+        if name not in registry:
+            raise unknown_name(f"{path}.{name}", registry.family, name, registry.names())
+        out[name] = _build(specs.get(name) or registry.entry(name).load_options() or NoOptions, options,
+                           f"{path}.{name}")
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(arg, value, path)
+            except _NotFinite:
+                raise
+            except RecipeError:
+                continue
+        raise RecipeError(f"{path} = {value!r} has the wrong type; expected {_type_name(tp)}.")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise not_allowed(path, value, [str(a) for a in allowed])
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected {_type_name(tp)}.")
+        return [_coerce(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is Any:
+        return value
+    if tp is type(None):
+        if value is not None:
+            raise RecipeError(f"{path} = {value!r}: expected null.")
+        return None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected true or false.")
+        return value
+    if tp is int:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _NotFinite(f"{path} = {value!r} is not a finite number; give an integer.")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected an integer.")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected a number.")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise _NotFinite(f"{path} = {value!r} is not a finite number; give an ordinary number "
+                             "(NaN and infinities are not accepted).")
+        return number
+    if tp is str:
+        if not isinstance(value, str):
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected a string.")
+        return value
+    raise TypeError(f"recipe schema type {tp!r} at {path} is not supported")

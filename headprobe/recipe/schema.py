@@ -1,0 +1,383 @@
+"""The recipe schema: one dataclass per section, each field with its default and, where it has one, the range
+of values it takes (`Range` in the field's metadata) or the registry its names come from (`registered`).
+
+The loader (`recipe.loading`) reads both declarations for every field, so a range or a name list is written
+once, here or in `headprobe.registry`; the checks that relate several fields live in `recipe.checks`.
+
+>>> HeadSpec(depth=3).width, dataclasses.fields(HeadSpec)[2].metadata["range"].describe()
+(2048, '>= 1')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..registry import (
+    AUGMENT_PRESETS,
+    HEADS,
+    OBJECTIVES,
+    ORBIT_SWEEPS,
+    POOLINGS,
+    PROBES,
+    Registry,
+    did_you_mean,
+    unknown_name_message,
+)
+
+
+class RecipeError(ValueError):
+    """A recipe or override that cannot be run; the message says where and how to fix it."""
+
+
+# --- messages -----------------------------------------------------------------------------
+
+
+def did_you_mean_hint(name: str, allowed: Sequence[str], shown: Mapping[str, str] | None = None) -> str:
+    """" Did you mean 'x'?" for the allowed name closest to `name` (written as `shown` has it), or ""."""
+    guess = did_you_mean(str(name), [str(a) for a in allowed])
+    if guess is None:
+        return ""
+    return f" Did you mean {(shown or {}).get(guess, guess)!r}?"
+
+
+def unknown_name(where: str, family: str, name: str, allowed: Sequence[str],
+                 shown: Mapping[str, str] | None = None) -> RecipeError:
+    """`where: unknown FAMILY 'name'; allowed: ...` with a "did you mean" (`registry.unknown_name_message`).
+
+    `shown` maps a name to how a recipe writes it (a registry entry's usage, e.g. 'offline:dinov2-vits14'): the
+    allowed values and the guess are then written that way, and the name, part of a value `where` quotes, is not
+    repeated."""
+    if shown is None:
+        return RecipeError(f"{where}: {unknown_name_message(family, str(name), [str(a) for a in allowed])}")
+    listed = ", ".join(shown.get(a, a) for a in allowed)
+    return RecipeError(f"{where}: unknown {family}; allowed: {listed}.{did_you_mean_hint(name, allowed, shown)}")
+
+
+def not_allowed(where: str, value: Any, allowed: Sequence[str], guesses: Sequence[str] | None = None) -> RecipeError:
+    """`where = value is not allowed; allowed: ...` for a fixed set of values, guessing among `guesses`
+    (default: `allowed`)."""
+    hint = did_you_mean_hint(str(value), list(guesses if guesses is not None else allowed))
+    return RecipeError(f"{where} = {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}.{hint}")
+
+
+# --- declared ranges and names ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field (or each item of a list field) takes: a lower bound and maybe an upper one,
+    each open or closed."""
+
+    low: float
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+
+    def describe(self) -> str:
+        low, high = self.low, self.high
+        if high is None:
+            return f"> {low:g}" if self.open_low else f">= {low}"
+        if not self.open_low and not self.open_high and isinstance(high, int):
+            return f"in [{low}, {high}]"
+        return f"in {'(' if self.open_low else '['}{low:g}, {high:g}{')' if self.open_high else ']'}"
+
+    def check(self, path: str, value: float) -> None:
+        below = value <= self.low if self.open_low else value < self.low
+        above = self.high is not None and (value >= self.high if self.open_high else value > self.high)
+        if below or above:
+            raise RecipeError(f"{path} = {value!r} is out of range; it must be {self.describe()}.")
+
+
+def at_least(low: float) -> dict:
+    return {"range": Range(low)}
+
+
+def within(low: float, high: float, open_high: bool = False) -> dict:
+    return {"range": Range(low, high, open_high=open_high)}
+
+
+def registered(registry: Registry) -> dict:
+    """Metadata of a name field (or list of names) whose values are `registry`'s names."""
+    return {"registry": registry}
+
+
+POSITIVE = {"range": Range(0, open_low=True)}
+# A share of the images: 0 or 1 would leave one side of the split empty.
+FRACTION = {"range": Range(0, 1, open_low=True, open_high=True)}
+# numpy's (and so `accelerate.set_seed`'s) seed range.
+MAX_SEED = 2**32 - 1
+SEED = within(0, MAX_SEED)
+# Plausibility bounds: past these a run would not finish (10^7 steps of a tiny head is days of compute).
+MAX_EPOCHS = 100_000
+MAX_STEPS = 10_000_000
+
+# A run's name becomes a folder name under runs/: one path component, no separators, no leading dot.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+
+
+# --- the schema ---------------------------------------------------------------------------
+
+
+@dataclass
+class LoraSpec:
+    """LoRA adapters for `tune: lora` (peft): rank, scaling alpha, dropout on the adapter input."""
+
+    r: int = field(default=8, metadata=at_least(1))
+    alpha: float = field(default=16.0, metadata=POSITIVE)
+    dropout: float = field(default=0.0, metadata=within(0, 1, open_high=True))
+    # Module names (or name suffixes) to adapt; null: attention q/v for ViT-style models, convolutions for CNNs.
+    target_modules: list[str] | None = None
+
+
+@dataclass
+class BackboneSpec:
+    id: str = "offline:dinov2-vits14"
+    pooling: str = field(default="cls", metadata=registered(POOLINGS))
+    # Overrides the checkpoint's crop size (resize keeps its ratio); ViTs interpolate positions.
+    resolution: int | None = None
+    revision: str | None = None
+    # -1: the final features; i: the output of block i (through the final norm for transformers).
+    layer: int = -1
+    # Several blocks, each pooled, concatenated in this order (e.g. [-4, -1]); replaces `layer`.
+    layers: list[int] | None = None
+    # frozen | last:N (last N blocks + final norm) | lora | full
+    tune: str = "frozen"
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    # ssl: checkpoints with both networks (DINO): which one to load, teacher (default) or student.
+    part: str | None = None
+    # ssl: ViTs whose attention-head count is not in the checkpoint's args (DINO's vit_tiny/small/base are).
+    num_heads: int | None = field(default=None, metadata=at_least(1))
+
+
+@dataclass
+class LimitSpec:
+    train: int | None = field(default=None, metadata=at_least(1))
+    test: int | None = field(default=None, metadata=at_least(1))
+
+
+@dataclass
+class DataSpec:
+    source: str = "sklearn-digits"
+    image_column: str = "image"
+    label_column: str = "label"
+    train_split: str = "train"
+    test_split: str = "test"
+    # Used only when the source has no `test_split`: a stratified split of train (0 would leave no test images).
+    test_fraction: float = field(default=0.25, metadata=FRACTION)
+    split_seed: int = field(default=0, metadata=SEED)
+    limit: LimitSpec = field(default_factory=LimitSpec)
+    # Part of train held out to choose hyper-parameters (never the test split); 1 would leave none to fit on.
+    val_fraction: float = field(default=0.2, metadata=FRACTION)
+
+
+@dataclass
+class FeatureSpec:
+    batch_size: int = field(default=64, metadata=at_least(1))
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    cache: bool = True
+    num_workers: int = field(default=0, metadata=at_least(0))
+
+
+# The probes' options: each default equals the probe function's own (tests/test_recipe_schema.py checks every one
+# against `headprobe.probes.suite`), and each range is what the probe would refuse at run time.
+
+
+@dataclass
+class LinearProbeSpec:
+    C_grid: list[float] = field(default_factory=lambda: [10.0**k for k in range(-4, 4)], metadata=POSITIVE)
+    standardize: bool = True
+    max_iter: int = field(default=1000, metadata=at_least(1))
+    # At scikit-learn's default 1e-4 the answer depends on where each fit starts: on the quickstart's backbone,
+    # the path-warm-started fits at large C already meet it at their start, so C = 100 won (linear.acc 0.973)
+    # where sklearn from zero picks C = 1 (0.980). At 1e-6 headprobe and sklearn agree on every validation
+    # accuracy, the C and the test accuracy; it costs ~0.3 s per tap there, against 0.21 s at 1e-4.
+    tol: float = field(default=1e-6, metadata=POSITIVE)
+
+
+@dataclass
+class KnnSpec:
+    ks: list[int] = field(default_factory=lambda: [10, 20, 100, 200], metadata=at_least(1))
+    temperature: float = field(default=0.07, metadata=POSITIVE)
+    weighting: Literal["exp", "uniform"] = "exp"
+    # Test queries per similarity block: memory only (O(chunk_size × N)), never the predictions.
+    chunk_size: int = field(default=256, metadata=at_least(1))
+
+
+@dataclass
+class SpectrumSpec:
+    # Condition number on the top-k eigenvalues; null = decided from samples vs dimension.
+    top_k: int | None = field(default=None, metadata=at_least(1))
+
+
+@dataclass
+class InvarianceSpec:
+    uniformity_t: float = field(default=2.0, metadata=POSITIVE)
+
+
+@dataclass
+class ViewMISpec:
+    # InfoNCE needs negatives: a batch of at least 2 pairs (probes.information.mutual_information).
+    batch_size: int = field(default=128, metadata=at_least(2))
+    temperature: float = field(default=0.1, metadata=POSITIVE)
+    pca_dims: int = field(default=32, metadata=at_least(1))
+    # InfoNCE critic: the fixed cosine/temperature one, or a separable (linear + MLP) critic trained on half the
+    # pairs, early-stopped on a quarter of those, and evaluated on the other half; critic_steps is its maximum.
+    critic: Literal["cosine", "separable"] = "cosine"
+    critic_steps: int = field(default=1000, metadata=at_least(1))
+
+
+@dataclass
+class AugmentR2Spec:
+    # Ridge penalties tried per parameter (None: 1e-3 … 1e6, half-decade steps).
+    alphas: list[float] | None = field(default=None, metadata=POSITIVE)
+    # Cross-validation folds on the training images that choose each parameter's penalty (2 at least).
+    folds: int = field(default=5, metadata=at_least(2))
+    test_fraction: float = field(default=0.25, metadata=FRACTION)
+
+
+@dataclass
+class RotationSpec:
+    C_grid: list[float] | None = field(default=None, metadata=POSITIVE)
+    mlp_hidden: int = field(default=256, metadata=at_least(1))
+    mlp_epochs: int = field(default=100, metadata=at_least(1))
+
+
+@dataclass
+class OrbitSpec:
+    # The sweeps whose orbits the pipeline extracts (the probe measures every orbit it is given).
+    sweeps: list[str] = field(default_factory=lambda: ["rotation45", "rotation360"], metadata=registered(ORBIT_SWEEPS))
+    n_images: int = field(default=64, metadata=at_least(1))
+    pca_images: int = field(default=8, metadata=at_least(1))
+
+
+PROBE_SPECS: dict[str, type] = {
+    "linear": LinearProbeSpec, "knn": KnnSpec, "spectrum": SpectrumSpec, "invariance": InvarianceSpec,
+    "view_mi": ViewMISpec, "augment_r2": AugmentR2Spec, "rotation": RotationSpec, "orbits": OrbitSpec,
+}
+
+
+@dataclass
+class NoOptions:
+    """The options of a plug-in registered without an options class: none."""
+
+
+@dataclass
+class HeadSpec:
+    """One projection head; `name` labels its taps (`NAME@i`, `NAME`) in results.json."""
+
+    name: str = "head"
+    type: str = field(default="mlp", metadata=registered(HEADS))
+    depth: int = field(default=2, metadata=at_least(1))
+    width: int = field(default=2048, metadata=at_least(1))
+    out_dim: int | None = field(default=None, metadata=at_least(1))
+    act: Literal["relu", "gelu", "swish", "silu", "tanh", "none"] = "relu"
+    bn_hidden: bool = True
+    bn_out: bool = False
+    l2_out: bool = False
+    init_scale: float = field(default=1.0, metadata=POSITIVE)
+    # Width of a SimSiam/BYOL predictor on top of the head (needed by `simsiam`); null = none.
+    predictor: int | None = field(default=None, metadata=at_least(1))
+
+
+@dataclass
+class ObjectiveSpec:
+    name: str = field(default="vicreg", metadata=registered(OBJECTIVES))
+    # Keyword arguments of the objective function (e.g. temperature, sim_weight); checked by name.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AugmentRecipe:
+    preset: str = field(default="simclr", metadata=registered(AUGMENT_PRESETS))
+    # Augmented views extracted once per training image (frozen backbone); each step draws two.
+    views: int = field(default=8, metadata=at_least(2))
+    # Knobs of the preset to change (e.g. crop_scale: [0.2, 1.0]); checked by name.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainSpec:
+    epochs: int = field(default=10, metadata=within(1, MAX_EPOCHS))
+    # Total optimisation steps; overrides epochs when set.
+    steps: int | None = field(default=None, metadata=within(1, MAX_STEPS))
+    batch_size: int = field(default=256, metadata=at_least(2))
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = field(default=1e-3, metadata=at_least(0.0))
+    weight_decay: float = field(default=1e-4, metadata=at_least(0.0))
+    # torch.optim.SGD refuses a negative momentum; 1 or more never forgets a gradient (diverges).
+    momentum: float = field(default=0.9, metadata=within(0, 1, open_high=True))
+    schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = field(default=0, metadata=at_least(0))
+    # Accumulate the gradients of N consecutive batches per optimiser update (batch statistics stay per batch).
+    grad_accum: int = field(default=1, metadata=at_least(1))
+    log_every: int = field(default=10, metadata=at_least(1))
+    # Save heads, optimisers and the step every N steps (and always at the end); null = only at the end.
+    checkpoint_every: int | None = field(default=None, metadata=at_least(1))
+
+
+@dataclass
+class GeometrySpec:
+    """The paper's geometric objects per head: at the end of training, and tracked during it."""
+
+    # Pull-back metric, augmentation degeneracy, effective Hessian (G/M terms), curvature and SLQ density.
+    final: bool = False
+    rows: int = field(default=256, metadata=at_least(2))
+    # Every N steps log λ_min/λ_max of the loss Hessian w.r.t. the representation batch (Lanczos); null = off.
+    track_every: int | None = field(default=None, metadata=at_least(1))
+    track_rows: int = field(default=64, metadata=at_least(2))
+    track_max_iter: int = field(default=20, metadata=at_least(2))
+    # Split each tracked λ_min into G-term (the loss seen through J_h), M-term (the head's curvature) and ∇²_h L.
+    track_split: bool = True
+    # Claim 4's start: a number c starts every head collapsed by `geometry.tracking.collapsed_init` (first layer
+    # scaled by collapse_scale plus a shared offset c per unit); null = heads as built (init_scale and all).
+    collapse_offset: float | None = None
+    collapse_scale: float = 0.01
+    # Step 0 counts as "collapsed" iff out_std ≤ collapse_threshold/√out (recorded in protocol.train.collapse_start).
+    collapse_threshold: float = 0.1
+
+
+@dataclass
+class Recipe:
+    name: str = "run"
+    seed: int = field(default=0, metadata=SEED)
+    # Retrain the heads once per seed on the same backbone features and views (null: the one `seed`); every head
+    # tap metric is then the mean over seeds, with the per-seed values and their spread kept.
+    seeds: list[int] | None = field(default=None, metadata=SEED)
+    backbone: BackboneSpec = field(default_factory=BackboneSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    features: FeatureSpec = field(default_factory=FeatureSpec)
+    probes: dict[str, Any] = field(
+        default_factory=lambda: {"linear": LinearProbeSpec(), "knn": KnnSpec()},
+        metadata={"registry": PROBES, "specs": PROBE_SPECS},
+    )
+    heads: list[HeadSpec] = field(default_factory=list)
+    objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
+    augment: AugmentRecipe = field(default_factory=AugmentRecipe)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    geometry: GeometrySpec = field(default_factory=GeometrySpec)
+    # Write report.html and plots/ at the end of the run (`headprobe report RUN_DIR` makes them later too).
+    report: bool = True
+    # {override key: [values]}: one run per combination, then a comparison (e.g. {heads.0.act: [relu, swish]}).
+    sweep: dict[str, list[Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return to_plain(self)
+
+    @property
+    def seed_list(self) -> list[int]:
+        """The seeds the heads are trained with: `seeds`, or the one `seed`."""
+        return list(self.seeds) if self.seeds else [self.seed]
+
+
+def to_plain(obj: Any) -> Any:
+    """A schema object as plain dicts, lists and scalars (what YAML and JSON hold)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_plain(v) for v in obj]
+    return obj

@@ -1,0 +1,120 @@
+"""Backbones and heads read from self-supervised training checkpoints: ``ssl:<format>:<path>``.
+
+The paper's foundation-model evidence measures official checkpoints before and after the head they were
+pretrained with. ``load_backbone("ssl:dino:/ckpt/dino_deitsmall16_pretrain_full_checkpoint.pth", part="teacher")``
+rebuilds the backbone; ``load_pretrained_head(same id, part="teacher")`` rebuilds its head with headprobe's tap
+interface. Files are read with ``torch.load(weights_only=True)`` (never a full unpickle) and loaded strictly; the
+record of what was read (sha256, format, part, tensors matched) is in ``backbone.describe()["checkpoint"]`` and
+``head.record``.
+
+>>> bb = load_backbone("ssl:dino:dino_deitsmall16_pretrain_full_checkpoint.pth")  # doctest: +SKIP
+>>> head = load_pretrained_head("ssl:dino:dino_deitsmall16_pretrain_full_checkpoint.pth")  # doctest: +SKIP
+>>> [t.shape[-1] for t in head.taps(bb(pixels))]  # doctest: +SKIP
+[2048, 2048, 256, 65536]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from torch import nn
+
+from ..backbones.base import Backbone
+from ..backbones.blocks import wrap_blocks
+from ..backbones.pooling import FINAL
+from ..registry import unknown_name_message
+from . import dino, vicreg
+from .checkpoint import CheckpointBackbone, Selected, SSLCheckpointError, SSLRecord, read_checkpoint
+from .heads import BNReLUProjector, DINOProjectionHead, WeightNormLinear
+
+FORMATS: dict[str, ModuleType | vicreg.Format] = {"dino": dino, "vicreg": vicreg.VICREG, "barlow": vicreg.BARLOW}
+
+
+def parse_id(id: str) -> tuple[str, str]:
+    """``ssl:<format>:<path>`` or ``<format>:<path>`` → (format, path); an unknown format lists the supported."""
+    ref = id.removeprefix("ssl:")
+    format, sep, path = ref.partition(":")
+    if format not in FORMATS:
+        raise SSLCheckpointError(f"backbone id {id!r}: " + unknown_name_message("checkpoint format", format,
+                                                                               list(FORMATS))
+                                 + " Write it as ssl:<format>:<path>.")
+    if not sep or not path:
+        raise SSLCheckpointError(f"backbone id {id!r} names no file; write it as ssl:{format}:<path>.")
+    return format, path
+
+
+def read_part(id: str, part: str | None = None) -> tuple[ModuleType, Selected, SSLRecord]:
+    """Read the checkpoint of `id` safely and pick `part`: (format module, selected state dicts, record)."""
+    format, path = parse_id(id)
+    fmt = FORMATS[format]
+    content, digest = read_checkpoint(path, format=format, allowed=fmt.ALLOWED_GLOBALS)
+    sel = fmt.select(content, part, path)
+    record = SSLRecord(path=str(Path(path).expanduser()), sha256=digest, format=format, part=sel.part,
+                       layout=sel.layout, ignored=sel.ignored, args=sel.args)
+    return fmt, sel, record
+
+
+def load_ssl(
+    ref: str,
+    *,
+    part: str | None = None,
+    pooling: str | None = None,
+    layer: int = FINAL,
+    layers: list[int] | None = None,
+    resolution: int | None = None,
+    num_heads: int | None = None,
+    seed: int | None = None,
+) -> Backbone:
+    """The backbone of a training checkpoint, ``ssl:<format>:<path>`` (the `BACKBONES` entry ``ssl``).
+
+    `part`: teacher or student where the format has both (DINO: default teacher). `num_heads`: attention heads of
+    a ViT whose arch the checkpoint does not name. Pooling, layer(s) and resolution as for other ViT sources.
+    """
+    id = f"ssl:{ref}"
+    fmt, sel, record = read_part(id, part)
+    what = f"{record.path}, {sel.part} backbone"
+    model = fmt.build_backbone(sel, what, num_heads=num_heads)
+    record.matched["backbone"] = len(sel.backbone)
+    pooling = pooling or fmt.DEFAULT_POOLING
+    preprocess = fmt.PREPROCESS if resolution is None else fmt.PREPROCESS.with_resolution(resolution)
+    backbone = wrap_blocks(
+        model.eval(), id=id, **fmt.wrap_options(model), pooling=pooling, layer=layer, layers=layers,
+        preprocess=preprocess,
+        description=f"{record.format} {sel.part} backbone from {record.path} (sha256 {record.sha256[:12]}…, "
+                    f"{len(sel.backbone)} tensors); preprocessing: {record.format}'s evaluation transform",
+        options={"part": sel.part, "pooling": pooling, "resolution": resolution, "layer": layer, "layers": layers},
+    )
+    return CheckpointBackbone.wrap(backbone, record)
+
+
+def load_pretrained_head(id: str, *, part: str | None = None) -> nn.Module:
+    """The head a checkpoint was pretrained with, frozen, in eval mode, with ``taps``/``depth``/``tap_labels``.
+
+    `id` is the backbone's id (``ssl:<format>:<path>``, the ``ssl:`` optional) and `part` the same part as the
+    backbone's. `head.record` is the `SSLRecord` (sha256, part, tensors matched); `head.expects` the backbone
+    features it was trained on (pooling cls, layer -1 for DINO).
+    """
+    fmt, sel, record = read_part(id, part)
+    head = fmt.build_head(sel, f"{record.path}, {sel.part} head")
+    record.matched["head"] = len(sel.head or {})
+    head.record = record
+    head.eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return head
+
+
+__all__ = [
+    "FORMATS",
+    "BNReLUProjector",
+    "CheckpointBackbone",
+    "DINOProjectionHead",
+    "SSLCheckpointError",
+    "SSLRecord",
+    "WeightNormLinear",
+    "load_pretrained_head",
+    "load_ssl",
+    "parse_id",
+    "read_part",
+]

@@ -1,0 +1,114 @@
+"""The Vision Transformer of DINO (facebookresearch/dino, ``vision_transformer.py``), rebuilt with the same
+module names so that its state dict loads key for key:
+
+``cls_token (1,1,D) · pos_embed (1,1+N,D) · patch_embed.proj.{weight,bias} · blocks.{i}.norm1 · blocks.{i}.attn.qkv
+· blocks.{i}.attn.proj · blocks.{i}.norm2 · blocks.{i}.mlp.fc1 · blocks.{i}.mlp.fc2 · norm`` (the classifier
+``head`` is an ``nn.Identity`` in DINO's MultiCropWrapper and has no tensors).
+
+Pre-norm blocks, GELU MLP, LayerNorm eps 1e-6 (``vit_tiny/small/base``). The forward pass returns the tokens after
+the last block, before the final norm; `headprobe.backbones.blocks` applies ``norm`` and pools, so pooling ``cls``
+on layer -1 is DINO's ``VisionTransformer.forward`` (``norm(x)[:, 0]``). Positional embeddings are interpolated
+for other input sizes exactly as DINO's ``interpolate_pos_encoding`` does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+# num_heads of DINO's named ViTs (vision_transformer.py: vit_tiny, vit_small, vit_base); head width is 64 in all.
+DINO_VIT_HEADS = {"vit_tiny": 3, "vit_small": 6, "vit_base": 12}
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, D) → (B, T, D)."""
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, num_heads: int, hidden: int, qkv_bias: bool, eps: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=eps)
+        self.attn = Attention(dim, num_heads, qkv_bias)
+        self.norm2 = nn.LayerNorm(dim, eps=eps)
+        self.mlp = Mlp(dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, patch_size: int, dim: int) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, 3, H, W) → (B, H·W/p², D)."""
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class DinoViT(nn.Module):
+    """DINO's ViT: (B, 3, H, W) → (B, 1 + N, D) tokens after the last block (final `norm` not applied)."""
+
+    def __init__(self, *, patch_size: int, dim: int, depth: int, num_heads: int, mlp_hidden: int,
+                 num_patches: int, qkv_bias: bool = True, eps: float = 1e-6) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embedding width {dim} is not divisible by num_heads={num_heads}.")
+        self.embed_dim = dim
+        self.patch_embed = PatchEmbed(patch_size, dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
+        self.blocks = nn.ModuleList(Block(dim, num_heads, mlp_hidden, qkv_bias, eps) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim, eps=eps)
+
+    def interpolate_pos_encoding(self, x: torch.Tensor, w: int, h: int) -> torch.Tensor:
+        """DINO's rule: bicubic resize of the patch grid by (w/p + 0.1)/√N, (h/p + 0.1)/√N."""
+        npatch, n = x.shape[1] - 1, self.pos_embed.shape[1] - 1
+        if npatch == n and w == h:
+            return self.pos_embed
+        cls_pos, patch_pos = self.pos_embed[:, 0], self.pos_embed[:, 1:]
+        dim, side = x.shape[-1], int(math.sqrt(n))
+        w0 = w // self.patch_embed.patch_size + 0.1
+        h0 = h // self.patch_embed.patch_size + 0.1
+        patch_pos = nn.functional.interpolate(
+            patch_pos.reshape(1, side, side, dim).permute(0, 3, 1, 2),
+            scale_factor=(w0 / math.sqrt(n), h0 / math.sqrt(n)), mode="bicubic",
+        )
+        patch_pos = patch_pos.permute(0, 2, 3, 1).reshape(1, -1, dim)
+        return torch.cat((cls_pos.unsqueeze(0), patch_pos), dim=1)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        _, _, w, h = pixels.shape
+        x = self.patch_embed(pixels)
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        x = x + self.interpolate_pos_encoding(x, w, h)
+        for block in self.blocks:
+            x = block(x)
+        return x

@@ -1,0 +1,52 @@
+"""`heads: [{type: pretrained}]`: a checkpoint's own head, probed at every layer next to a freshly trained head on
+the same backbone, in one run (issue #17)."""
+
+import pytest
+import torch
+from test_ssl_dino import HEADS, checkpoint
+
+from headprobe import run
+from headprobe.recipe import RecipeError, load_recipe
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def dino_checkpoint(tmp_path):
+    path = tmp_path / "dino.pth"
+    torch.save(checkpoint(num_heads=HEADS), path)
+    return path
+
+
+def _recipe(path) -> dict:
+    return {"name": "own_head", "backbone": {"id": f"ssl:dino:{path}", "pooling": "cls", "part": "teacher",
+                                             "num_heads": HEADS, "resolution": 32},
+            "data": {"source": "sklearn-digits", "limit": {"train": 120, "test": 60}},
+            "heads": [{"name": "dino", "type": "pretrained"}, {"name": "mlp", "act": "relu", "width": 16}],
+            "objective": {"name": "vicreg"}, "augment": {"preset": "crop-flip", "views": 2},
+            "train": {"epochs": 1, "batch_size": 40},
+            "probes": {"linear": {"C_grid": [1.0]}, "knn": {"ks": [5]}, "invariance": {}}, "report": False}
+
+
+def test_the_checkpoints_own_head_is_probed_next_to_a_retrained_one(dino_checkpoint, tmp_path):
+    results = run(_recipe(dino_checkpoint), out=tmp_path / "r", quiet=True)
+    taps = results["taps"]
+    # DINO's head: two hidden layers, the L2-normalised bottleneck, the prototype logits.
+    assert [t for t in taps if t.startswith("dino")] == ["dino@1", "dino@2", "dino@3", "dino"]
+    assert {"mlp@1", "mlp"} <= set(taps)
+    bottleneck = results["taps"]["dino@3"]["metrics"]
+    assert 0.0 <= bottleneck["linear.acc"] <= 1.0 and "align" in bottleneck
+    head = results["heads"]["dino"]
+    assert head["train"]["status"] == "pretrained (not trained)" and head["train"]["steps"] == 0
+    assert head["checkpoint"]["part"] == "teacher" and len(head["checkpoint"]["sha256"]) == 64
+    assert results["heads"]["mlp"]["train"]["steps"] > 0  # the fresh head trained as usual
+    assert results["backbone"]["checkpoint"]["sha256"] == head["checkpoint"]["sha256"]
+    assert results["buffer"]["dino"]["verdict"] in ("buffer", "no-buffer", "mixed", "inconclusive")
+
+
+def test_a_pretrained_head_needs_an_ssl_backbone(dino_checkpoint):
+    data = _recipe(dino_checkpoint) | {"backbone": {"id": "offline:dinov2-vits14"}}
+    with pytest.raises(RecipeError, match="type: pretrained.*ssl:<format>:<path>"):
+        load_recipe(data)
+    with pytest.raises(RecipeError, match="backbone.part"):
+        load_recipe(_recipe(dino_checkpoint) | {"backbone": {"id": "offline:dinov2-vits14", "part": "teacher"}})
