@@ -100,6 +100,28 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
+def load_image(dataset, index: int):
+    """Image `index` of a Hugging Face `dataset`, decoded in full here, so that a file that cannot be decoded (a
+    truncated PNG, say) is named in the error instead of failing deep inside a transform."""
+    try:
+        image = dataset[index]["image"]
+        image.load()
+        return image
+    except (OSError, ValueError, SyntaxError) as err:
+        raise ValueError(f"image {index} of the data ({_image_path(dataset, index)}) cannot be decoded "
+                         f"({type(err).__name__}: {err}); replace or remove that file.") from None
+
+
+def _image_path(dataset, index: int) -> str:
+    import datasets
+
+    try:
+        raw = dataset.cast_column("image", datasets.Image(decode=False))[index]["image"]
+        return raw.get("path") or "an image stored in the dataset itself, with no file name"
+    except Exception:  # the path is only for the message: never let finding it hide the decode error
+        return "file name unknown"
+
+
 class _Images(torch.utils.data.Dataset):
     def __init__(self, dataset, indices: Sequence[int], preprocess, rotation: int = 0) -> None:
         self.dataset, self.indices, self.preprocess, self.rotation = dataset, indices, preprocess, rotation % 360
@@ -108,7 +130,7 @@ class _Images(torch.utils.data.Dataset):
         return len(self.indices)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        image = self.dataset[self.indices[i]]["image"]
+        image = load_image(self.dataset, self.indices[i])
         if self.rotation:
             image = image.rotate(self.rotation, expand=True)  # exact for multiples of 90°
         return self.preprocess(image)
@@ -320,7 +342,7 @@ class AugmentedViews(torch.utils.data.Dataset):
         from .data.augment import make_view
 
         index, view = divmod(self.items[j], self.views)
-        image = self.dataset[index]["image"]
+        image = load_image(self.dataset, index)
         if image.mode != "RGB":
             image = image.convert("RGB")
         pixels, params = make_view(image, self.spec, self.seed, index, view)

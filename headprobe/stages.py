@@ -161,7 +161,8 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
     options = {"data_info": data.info, "batch_size": f.batch_size, "precision": f.precision, "cache": f.cache,
                "num_workers": f.num_workers, "state": ctx.state}
     needs, cache, clean = probe_needs(recipe), {}, {}
-    out = FeatureSet(None, None, data.n_classes, inert_params=grey_params(data.train))
+    out = FeatureSet(None, None, data.n_classes,
+                     inert_params=ctx.stage("reading the training images' colours", grey_params, data.train))
     with ctx.progress() as progress:
         for split, ds in (("train", data.train), ("test", data.test)):
             clean[split] = ctx.stage(f"extracting {split} features", extract, backbone, ds, split=split,
@@ -389,8 +390,10 @@ def grey_params(dataset, n_images: int = 64) -> dict[str, str] | None:
     than average R² ≈ 0 of unobservable parameters into aug_r2.mean (every tap gets the same list)."""
     import numpy as np
 
+    from .features import load_image
+
     for i in range(min(n_images, len(dataset))):
-        pixels = np.asarray(dataset[i]["image"].convert("RGB"))
+        pixels = np.asarray(load_image(dataset, i).convert("RGB"))
         if not ((pixels[..., 0] == pixels[..., 1]).all() and (pixels[..., 1] == pixels[..., 2]).all()):
             return None
     reason = f"the images are grey (R = G = B in the first {min(n_images, len(dataset))} training images)"
