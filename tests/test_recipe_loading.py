@@ -147,3 +147,13 @@ def test_python_values_override_after_strings():
         load_recipe({}, values={"train.epochs": 0})
     with pytest.raises(RecipeError, match=r"seed = '1' has the wrong type"):  # no YAML parsing of values
         load_recipe({}, values={"seed": "1"})
+
+
+def test_a_yaml_exponent_read_as_text_gets_the_spelling_yaml_reads_as_a_number():
+    with pytest.raises(RecipeError, match=r"train.lr = '1e-3'.*write 1\.0e-3\.$"):
+        load_recipe({"train": {"lr": "1e-3"}})
+    with pytest.raises(RecipeError, match=r"train.epochs = '1e3'.*write 1000\.$"):
+        load_recipe({"train": {"epochs": "1e3"}})
+    assert yaml.safe_load("1.0e-3") == 0.001 and yaml.safe_load("1e-3") == "1e-3"  # why the hint is right
+    with pytest.raises(RecipeError, match=r"expected a number\.$"):
+        load_recipe({"train": {"lr": "fast"}})

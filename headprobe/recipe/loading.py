@@ -294,6 +294,28 @@ def _build_named_section(value: Any, path: str, registry: Registry, specs: dict[
     return out
 
 
+def _yaml_number_hint(value: Any, integer: bool = False) -> str:
+    """Why a number written like `1e-3` arrived as text: YAML 1.1 reads an exponent without a dot and a sign as a
+    string. Empty when the value is not such a number."""
+    import decimal
+
+    if not isinstance(value, str) or "e" not in value.lower():
+        return ""
+    try:
+        number = decimal.Decimal(value.strip())
+    except decimal.InvalidOperation:
+        return ""
+    if integer:
+        if number != number.to_integral_value():
+            return ""
+        written = str(int(number))
+    else:
+        mantissa, exponent = value.strip().lower().split("e")
+        written = (mantissa if "." in mantissa else mantissa + ".0") + "e" + (
+            exponent if exponent.startswith(("+", "-")) else "+" + exponent)
+    return f" YAML reads {value!r} as text (an exponent needs a dot and a sign); write {written}."
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -344,11 +366,12 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
             raise _NotFinite(f"{path} = {value!r} is not a finite number; give an integer.")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise RecipeError(f"{path} = {value!r} has the wrong type; expected an integer.")
+            hint = _yaml_number_hint(value, integer=True)
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected an integer.{hint}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RecipeError(f"{path} = {value!r} has the wrong type; expected a number.")
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected a number.{_yaml_number_hint(value)}")
         try:
             number = float(value)
         except OverflowError:
