@@ -289,6 +289,11 @@ def load_pretrained_heads(ctx: RunContext) -> dict[str, PretrainedHead]:
             raise RecipeError(f"heads: {head_spec.name!r} is {spec.id}'s own head, trained on "
                               f"{expects['pooling']!r} features, but backbone.pooling = {spec.pooling!r}; set "
                               f"backbone.pooling: {expects['pooling']}.")
+        if head_spec.taps and max(head_spec.taps) > head.depth:
+            message = (f"heads: {head_spec.name!r} ({spec.id}'s own head) has {head.depth} layers, so taps "
+                       f"{[d for d in head_spec.taps if d > head.depth]} do not exist; choose among 1..{head.depth}.")
+            ctx.record_stop("failed", f"loading the pretrained head {head_spec.name!r}", message, report=False)
+            raise RecipeError(message)
         out[head_spec.name] = PretrainedHead(head)
     return out
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .recipe import RecipeError
 from .stats import (
     ORBIT_IMAGES,
     TEST_IMAGES,
@@ -162,18 +163,32 @@ def probe_heads(ctx, features, trained) -> None:
     several = len(trained.by_seed) > 1
     for spec in ctx.recipe.heads:
         first = trained.first.get(spec.name)
+        chosen = None if first is None else _chosen_taps(spec, first.head)
         if first is None:
             probe_tap(ctx, features, Tap(spec.name, spec.name, 0))  # the identity head: the same for every seed
         elif spec.type == "pretrained":  # the checkpoint's own head: one module, not retrained per seed
-            for tap in head_taps(spec.name, first.head):
+            for tap in chosen:
                 probe_tap(ctx, features, tap)
         else:
-            for tap in head_taps(spec.name, first.head):
+            for tap in chosen:
                 for seed, states in trained.by_seed.items():
                     seeded = next(t for t in head_taps(spec.name, states[spec.name].head) if t.name == tap.name)
                     probe_tap(ctx, features, seeded, seed=seed if several else None)
                 if several:
                     aggregate_seeds(ctx, features, tap.name)
-        ctx.results["buffer"][spec.name] = buffer_verdict(ctx.results["taps"], spec.name, ctx.per_unit,
-                                                          ctx.resamples)
+        compared = spec.name if chosen is None else chosen[-1].name
+        verdict = buffer_verdict(ctx.results["taps"], compared, ctx.per_unit, ctx.resamples)
+        ctx.results["buffer"][spec.name] = verdict | ({} if compared == spec.name else {"tap": compared})
         ctx.run_dir.write_results(ctx.results)
+
+
+def _chosen_taps(spec, head) -> list[Tap]:
+    """The head's taps the recipe asks for (`heads[i].taps`: layer numbers), every one by default."""
+    taps = head_taps(spec.name, head)
+    if spec.taps is None:
+        return taps
+    beyond = [d for d in spec.taps if d > len(taps)]
+    if beyond:
+        raise RecipeError(f"heads: {spec.name!r} has {len(taps)} layers, so taps {beyond} do not exist; choose "
+                          f"among 1..{len(taps)} (the output is {len(taps)}).")
+    return [t for t in taps if t.depth in spec.taps]

@@ -50,3 +50,16 @@ def test_a_pretrained_head_needs_an_ssl_backbone(dino_checkpoint):
         load_recipe(data)
     with pytest.raises(RecipeError, match="backbone.part"):
         load_recipe(_recipe(dino_checkpoint) | {"backbone": {"id": "offline:dinov2-vits14", "part": "teacher"}})
+
+
+def test_a_recipe_can_leave_the_prototype_logits_out(dino_checkpoint, tmp_path):
+    recipe = _recipe(dino_checkpoint)
+    recipe["heads"] = [{"name": "dino", "type": "pretrained", "taps": [1, 3]}]
+    results = run(recipe, out=tmp_path / "r", quiet=True)
+    assert [t for t in results["taps"] if t.startswith("dino")] == ["dino@1", "dino@3"]  # no 128-d logits tap
+    assert results["buffer"]["dino"]["tap"] == "dino@3"  # the verdict compares the deepest probed layer
+    recipe["heads"] = [{"name": "dino", "type": "pretrained", "taps": [7]}]
+    with pytest.raises(RecipeError, match="4 layers, so taps \\[7\\] do not exist"):
+        run(recipe, out=tmp_path / "bad", quiet=True)
+    with pytest.raises(RecipeError, match="heads\\[0\\].taps = \\[3\\] must name layers among 1..2"):
+        load_recipe(_recipe(dino_checkpoint) | {"heads": [{"name": "mlp", "depth": 2, "taps": [3]}]})

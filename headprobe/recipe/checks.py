@@ -225,6 +225,9 @@ def _check_heads(recipe: Recipe) -> None:
             raise RecipeError(f"heads[{i}] ({head.name}) is `type: pretrained`, the head stored in the backbone's "
                               f"self-supervised checkpoint, but backbone.id = {recipe.backbone.id!r} is not one; "
                               "use backbone.id: ssl:<format>:<path> (e.g. ssl:dino:ckpt.pth) or another head type.")
+        if head.taps is not None and head.type != "pretrained" and (not head.taps or max(head.taps) > head.depth):
+            raise RecipeError(f"heads[{i}].taps = {head.taps} must name layers among 1..{head.depth} (the head's "
+                              f"depth; {head.depth} is its output), or be null for every layer.")
         if head.type == "pretrained" and recipe.backbone.tune != "frozen":
             raise RecipeError(f"heads[{i}] ({head.name}) is `type: pretrained` with backbone.tune = "
                               f"{recipe.backbone.tune!r}; a checkpoint's own head is probed on its frozen backbone.")

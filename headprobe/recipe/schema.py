@@ -280,6 +280,9 @@ class HeadSpec:
     init_scale: float = field(default=1.0, metadata=POSITIVE)
     # Width of a SimSiam/BYOL predictor on top of the head (needed by `simsiam`); null = none.
     predictor: int | None = field(default=None, metadata=at_least(1))
+    # The layers to probe (1 = the first hidden layer … depth = the output), e.g. [1, 3] to skip a pretrained DINO
+    # head's 65,536-d prototype logits; null = every layer. The verdict compares the deepest probed layer.
+    taps: list[int] | None = field(default=None, metadata=at_least(1))
 
 
 @dataclass
