@@ -64,7 +64,7 @@ def pyhessian(matvec, dim: int, seed: int, cap: int) -> dict:
     PyHessian takes the first result as λ_max, which is wrong when |λ_min| > λ_max (it is λ_min then); here its sign
     decides which end it is, so that the baseline returns the right eigenvalues and the count is a fair one.
     """
-    from headprobe.geometry.hessian import power_iteration
+    from headprobe.geometry.power import power_iteration
 
     first = power_iteration(matvec, dim, iters=cap, tol=TOL, seed=seed, device=device())
     second = power_iteration(matvec, dim, iters=cap, shift=first.eigenvalue, tol=TOL, seed=seed + 1000,

@@ -463,7 +463,7 @@ def extract_orbits(backbone, dataset, *, sweeps: list[str], n_images: int, batch
     Orbits are made at the backbone's input size (after resize and crop, before normalisation), so
     rotation corners and blur sigmas are in input pixels. Orbits are few and cheap, so they are not cached.
     """
-    from .probes.orbits import orbit_images
+    from .data.orbits import orbit_images
 
     pre = backbone.preprocess
     normalise = normalise_only(pre)

@@ -237,7 +237,7 @@ HEADS.add("pretrained", "headprobe.ssl:load_pretrained_head",
 
 # Names the recipe's `augment.preset` and `probes.orbits.sweeps` take (the recipe schema checks against these
 # registries, as it does `heads[].type` against HEADS); the definitions live beside the code that uses them
-# (data/augment.py PRESETS, probes/orbits.py ORBIT_SWEEPS; tests/test_registry.py keeps the names equal), and each
+# (data/augment.py PRESETS, data/orbits.py ORBIT_SWEEPS; tests/test_registry.py keeps the names equal), and each
 # entry points at the function that takes the name.
 AUGMENT_PRESETS = Registry("augmentation preset")
 AUGMENT_PRESETS.add("simclr", "headprobe.data.augment:augment_spec",
@@ -251,14 +251,14 @@ AUGMENT_PRESETS.add("rotation", "headprobe.data.augment:augment_spec",
 AUGMENT_PRESETS.add("none", "headprobe.data.augment:augment_spec", "no augmentation (resize and crop only)")
 
 ORBIT_SWEEPS = Registry("orbit sweep")
-ORBIT_SWEEPS.add("rotation45", "headprobe.probes.orbits:sweep_values",
+ORBIT_SWEEPS.add("rotation45", "headprobe.data.orbits:sweep_values",
                  "rotation 0-45° in 10 steps: the paper's trajectory-curvature sweep")
-ORBIT_SWEEPS.add("rotation360", "headprobe.probes.orbits:sweep_values",
+ORBIT_SWEEPS.add("rotation360", "headprobe.data.orbits:sweep_values",
                  "rotation 0-330° in 12 steps of 30° (a closed orbit): the paper's orbit spread")
-ORBIT_SWEEPS.add("hue", "headprobe.probes.orbits:sweep_values", "hue shift -0.5..0.5 of the colour wheel, 11 steps")
-ORBIT_SWEEPS.add("saturation", "headprobe.probes.orbits:sweep_values",
+ORBIT_SWEEPS.add("hue", "headprobe.data.orbits:sweep_values", "hue shift -0.5..0.5 of the colour wheel, 11 steps")
+ORBIT_SWEEPS.add("saturation", "headprobe.data.orbits:sweep_values",
                  "saturation factor 0 (grey) to 2, 11 steps; 1 is the image")
-ORBIT_SWEEPS.add("blur", "headprobe.probes.orbits:sweep_values", "Gaussian blur sigma 0-3 px, 7 steps")
+ORBIT_SWEEPS.add("blur", "headprobe.data.orbits:sweep_values", "Gaussian blur sigma 0-3 px, 7 steps")
 
 FAMILIES: dict[str, Registry] = {
     "backbones": BACKBONES,

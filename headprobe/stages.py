@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .objectives import objective_protocol
+from .pretrained_heads import PretrainedHead, load_pretrained_heads
 from .recipe import Recipe, RecipeError
 from .runs import RunDir
 
@@ -261,41 +262,6 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
                       "seeds; geometry analyses the first seed's heads"}
     ctx.run_dir.write_results(ctx.results)
     return TrainedHeads(by_seed)
-
-
-@dataclass
-class PretrainedHead:
-    """A head read from the backbone's self-supervised checkpoint (`headprobe.ssl`): frozen, never trained."""
-
-    head: Any
-    predictor: Any = None
-    status: str = "pretrained (not trained)"
-    last_loss: float | None = None
-    message: str = ""
-
-
-def load_pretrained_heads(ctx: RunContext) -> dict[str, PretrainedHead]:
-    """{name: head} for the recipe's `type: pretrained` heads: the head stored in the backbone's checkpoint
-    (`backbone.id: ssl:<format>:<path>`, the same `part`), checked against the features it was trained on."""
-    from .ssl import load_pretrained_head
-
-    out = {}
-    spec = ctx.recipe.backbone
-    for head_spec in (h for h in ctx.recipe.heads if h.type == "pretrained"):
-        head = ctx.stage(f"loading the pretrained head {head_spec.name!r}", load_pretrained_head, spec.id,
-                         part=spec.part)
-        expects = getattr(head, "expects", {}) or {}
-        if expects.get("pooling") not in (None, spec.pooling):
-            raise RecipeError(f"heads: {head_spec.name!r} is {spec.id}'s own head, trained on "
-                              f"{expects['pooling']!r} features, but backbone.pooling = {spec.pooling!r}; set "
-                              f"backbone.pooling: {expects['pooling']}.")
-        if head_spec.taps and max(head_spec.taps) > head.depth:
-            message = (f"heads: {head_spec.name!r} ({spec.id}'s own head) has {head.depth} layers, so taps "
-                       f"{[d for d in head_spec.taps if d > head.depth]} do not exist; choose among 1..{head.depth}.")
-            ctx.record_stop("failed", f"loading the pretrained head {head_spec.name!r}", message, report=False)
-            raise RecipeError(message)
-        out[head_spec.name] = PretrainedHead(head)
-    return out
 
 
 def _clock_tracking(ctx: RunContext, track_s: float) -> None:

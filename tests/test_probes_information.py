@@ -12,12 +12,12 @@ from headprobe.probes.information import (
     dv_bound,
     gaussian_mi,
     infonce_bound,
-    label_mi_lower_bound,
     mutual_information,
     nwj_bound,
     smile_bound,
     train_critic,
 )
+from headprobe.probes.label_mi import label_mi_lower_bound
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -1,5 +1,6 @@
-"""Curvature of a scalar loss: Hessian-vector products, Lanczos and power iteration (exact Hessians and
-`hessian_eigs`: `headprobe.geometry.eigs`; Hutchinson and SLQ: `headprobe.geometry.density`).
+"""Curvature of a scalar loss: Hessian-vector products and Lanczos (the power-iteration baseline:
+`headprobe.geometry.power`; exact Hessians and `hessian_eigs`: `headprobe.geometry.eigs`; Hutchinson and SLQ:
+`headprobe.geometry.density`).
 
 The paper tracks "λ_min of the loss Hessian w.r.t. the backbone output batch, by power iteration (20 steps for
 λ_max, 20 on H − λ_max I)", which gives unreliable signs for λ_min ~ 1e-7. Here the same number comes from
@@ -122,18 +123,6 @@ class LanczosResult:
     n_hvp: int
     n_iter: int
     residual_kind: str
-
-
-@dataclass
-class PowerIterationResult:
-    """What `power_iteration` returns: eigenvalue of H (shift added back), its unit eigenvector (dim,),
-    residual ‖Hv − λv‖, products used, and whether `tol` was given and met."""
-
-    eigenvalue: float
-    eigenvector: torch.Tensor
-    residual: float
-    n_hvp: int
-    converged: bool
 
 
 _BASIS_BLOCK = 32  # the Krylov basis starts at max_steps halved until below 2 blocks (32-63 rows), then doubles
@@ -360,44 +349,6 @@ def lanczos(hvp: HVP, dim: int, k: int = 6, which: str = "both", max_iter: int |
         error_bounds=torch.as_tensor(bounds), converged=torch.as_tensor(converged),
         eigenvectors=vectors, n_hvp=count[0], n_iter=rec.m, residual_kind=kind,
     )
-
-
-def power_iteration(hvp: HVP, dim: int, iters: int = 20, shift: float | None = None, seed: int = 0,
-                    tol: float | None = None, dtype: torch.dtype = torch.float64,
-                    device: torch.device | str | None = None) -> PowerIterationResult:
-    """Dominant eigenpair of H − shift·I by power iteration: the PyHessian baseline `lanczos` is measured against.
-
-    PyHessian's recipe is λ_max = power_iteration(hvp, dim) -- which converges to the eigenvalue of largest |λ|,
-    not the largest, when |λ_min| > λ_max -- then λ_min = power_iteration(hvp, dim, shift=λ_max). `iters` caps the
-    products (the paper uses 20); with tol, stop once ‖Hv − λv‖ ≤ tol·|ρ|, ρ = vᵀ(H − shift·I)v the estimate of
-    the dominant eigenvalue (the norm) of the operator iterated: tol is relative, so H and c·H (with c·shift) take
-    the same steps; (H − shift·I)v = 0 stops at once, converged. The residual is free: it comes from the product
-    the next step needs anyway.
-
-    >>> a = torch.diag(torch.tensor([1.0, 2.0, 5.0], dtype=torch.float64))
-    >>> round(power_iteration(lambda v: a @ v, 3, iters=200).eigenvalue, 6)
-    5.0
-    """
-    if iters < 1:
-        raise ValueError(f"iters must be at least 1, got {iters}.")
-    device, gen = krylov_setup(hvp, dim, seed, dtype, device)
-    matvec, count = counted_matvec(hvp, dtype, device)
-    shift = 0.0 if shift is None else float(shift)
-    v = torch.randn(dim, generator=gen, dtype=dtype).to(device)
-    v = v / v.norm()
-    converged = False
-    for _ in range(iters):
-        w = matvec(v) - shift * v
-        rayleigh = float(torch.dot(v, w))
-        residual = float((w - rayleigh * v).norm())
-        norm = float(w.norm())
-        # Relative to |ρ| ≈ ‖H − shift·I‖, not max(1, |λ|): that floor made tol absolute for operators below 1.
-        if (tol is not None and residual <= tol * abs(rayleigh)) or norm == 0.0:
-            converged = tol is not None
-            break
-        v = w / norm
-    return PowerIterationResult(eigenvalue=rayleigh + shift, eigenvector=v, residual=residual, n_hvp=count[0],
-                                converged=converged)
 
 
 def scalar_loss_value(loss: torch.Tensor) -> torch.Tensor:

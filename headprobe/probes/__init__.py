@@ -7,13 +7,13 @@ from headprobe.probes.information import (
     dv_bound,
     gaussian_mi,
     infonce_bound,
-    label_mi_lower_bound,
     mutual_information,
     nwj_bound,
     smile_bound,
     train_critic,
 )
 from headprobe.probes.knn import KnnResult, knn
+from headprobe.probes.label_mi import label_mi_lower_bound
 from headprobe.probes.linear import LinearProbeResult, linear_probe
 from headprobe.probes.logistic import fit_logistic
 from headprobe.probes.spectrum import (

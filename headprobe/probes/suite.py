@@ -69,7 +69,7 @@ def _need_views(tap: TapData, probe: str) -> torch.Tensor:
 
 def linear(tap: TapData, **options) -> ProbeOutput:
     """Linear probe (class accuracy) and the label-MI lower bound I(Z;Y) ≥ H(Y) − CE of that probe, in nats."""
-    from .information import label_mi_lower_bound
+    from .label_mi import label_mi_lower_bound
     from .linear import linear_probe
 
     result = linear_probe(tap.train_x, tap.train_y, tap.test_x, tap.test_y, val_fraction=tap.val_fraction,

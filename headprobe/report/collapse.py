@@ -17,7 +17,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from .html import esc, table
+from .markup import esc, table
 
 PAPER = {"swish": "72/100 epochs (Swish, collapsed)", "silu": "72/100 epochs (Swish, collapsed)",
          "relu": "1/100 epochs (ReLU, collapsed)"}

@@ -14,7 +14,7 @@ import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .html import esc, fmt, page
+from .markup import esc, fmt, page
 
 
 def run_labels(run_dirs: Sequence[str | Path]) -> dict[str, Path]:
