@@ -8,10 +8,11 @@ import warnings
 import pytest
 import torch
 
-from headprobe import features as features_module
+from headprobe import feature_cache
 from headprobe.backbones import load_backbone
 from headprobe.data import load_data
-from headprobe.features import extract, tensor_checksum
+from headprobe.feature_cache import tensor_checksum
+from headprobe.features import extract
 from headprobe.recipe import DataSpec, LimitSpec
 
 
@@ -92,7 +93,7 @@ def test_an_unwritable_cache_warns_once_and_carries_on(setup, monkeypatch, tmp_p
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be")
     monkeypatch.setenv("HEADPROBE_CACHE", str(blocker / "cache"))
-    monkeypatch.setattr(features_module, "_UNWRITABLE", set())
+    monkeypatch.setattr(feature_cache, "_UNWRITABLE", set())
     with pytest.warns(UserWarning, match="cannot be written.*carrying on without caching") as record:
         first = _extract(bb, data)
         second = extract(bb, data.test, data_info=data.info, split="test", batch_size=20)
