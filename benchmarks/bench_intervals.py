@@ -55,7 +55,7 @@ def intervals(taps: dict[str, TapData], probed: dict) -> None:
     records = {}
     for name, (metrics, per_unit) in probed.items():
         records[name] = {"metrics": metrics,
-                         "uncertainty": tap_uncertainty(metrics, per_unit, resamples, {TEST_IMAGES: True})}
+                         "uncertainty": tap_uncertainty(metrics, per_unit, resamples)}
     samples = {name: per_unit for name, (_, per_unit) in probed.items()}
     for head in HEADS:
         buffer_verdict(records, head, samples, resamples)

@@ -16,9 +16,9 @@ import torch
 from . import stages, taps
 from .recipe import Recipe, RecipeError, dump_recipe, load_recipe
 from .runs import RunDir, check_out_folder, default_run_dir, metrics_from_json, new_results
-from .stages import RunContext, RunError, grey_params
+from .stages import RunContext, RunError
 
-__all__ = ["Results", "RunError", "grey_params", "run", "run_sweep"]
+__all__ = ["Results", "RunError", "run", "run_sweep"]
 
 
 class Results:

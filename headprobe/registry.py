@@ -37,6 +37,12 @@ def unknown_name_message(family: str, name: str, allowed: list[str]) -> str:
     return msg + (f". Did you mean {guess!r}?" if guess else ".")
 
 
+def _import(target: str) -> Any:
+    """``"package.module:attribute"`` → that attribute, importing the module on first use."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str
@@ -50,14 +56,10 @@ class Entry:
     options: str | None = None
 
     def load(self) -> Any:
-        module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return _import(self.target)
 
     def load_options(self) -> type | None:
-        if self.options is None:
-            return None
-        module, _, attr = self.options.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return None if self.options is None else _import(self.options)
 
 
 # The inputs a probe can ask for beyond the clean features: the cached augmented views of the training images

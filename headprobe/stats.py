@@ -78,8 +78,8 @@ class Resamples:
     each unit is drawn divided by n, so the resampled means of any per-unit values v are one product weights @ v
     (computed once and shared by every metric and tap: far cheaper than gathering v[indices] per metric)."""
 
-    def __init__(self, indices: torch.Tensor) -> None:
-        self.indices = indices
+    def __init__(self, indices: torch.Tensor, stratified: bool = False) -> None:
+        self.indices, self.stratified = indices, stratified  # stratified: drawn within classes
         self._weights: torch.Tensor | None = None
 
     @property
@@ -113,7 +113,7 @@ def bootstrap_resamples(n: int, n_boot: int = N_BOOT, seed: int = 0, strata: tor
         members = (strata == value).nonzero().squeeze(1)
         picks = torch.randint(len(members), (n_boot, len(members)), generator=gen)
         out[:, members] = members[picks]
-    return Resamples(out)
+    return Resamples(out, stratified=True)
 
 
 def resampled_means(values: torch.Tensor, resamples: Resamples) -> torch.Tensor:
@@ -209,8 +209,7 @@ def load_per_unit(path) -> dict[str, PerUnit]:
         return {}
 
 
-def tap_uncertainty(metrics: dict[str, float], per_unit: dict, resamples: dict[str, Resamples],
-                    stratified: dict[str, bool]) -> dict[str, dict]:
+def tap_uncertainty(metrics: dict[str, float], per_unit: dict, resamples: dict[str, Resamples]) -> dict[str, dict]:
     """{metric: uncertainty record} for every metric of one tap: a bootstrap interval where the metric is a mean
     of per-unit values over units with shared resamples, else a record saying why there is none."""
     out: dict[str, dict] = {}
@@ -224,7 +223,7 @@ def tap_uncertainty(metrics: dict[str, float], per_unit: dict, resamples: dict[s
         if not math.isclose(mean, value, rel_tol=1e-9, abs_tol=1e-12):
             out[metric] = {"ci95": None, "method": f"unavailable: per-unit values give {mean}, not {value}"}
             continue
-        kind = "stratified by class, " if stratified.get(p.unit) else ""
+        kind = "stratified by class, " if resamples[p.unit].stratified else ""
         how = "the ratio recomputed on each resample" if isinstance(p, SpreadRatio) else "percentile interval"
         out[metric] = interval(p, resamples[p.unit], f"paired bootstrap over {p.unit} ({kind}resamples shared "
                                                      f"by every tap), {how}")

@@ -121,8 +121,7 @@ def record_uncertainty(ctx, features, tap_name: str) -> None:
             strata = features.test.labels[:n] if p.unit in (TEST_IMAGES, ORBIT_IMAGES) else None
             ctx.resamples[p.unit] = bootstrap_resamples(n, seed=ctx.recipe.seed, strata=strata)
     tap = ctx.results["taps"][tap_name]
-    stratified = {TEST_IMAGES: True, ORBIT_IMAGES: True}
-    tap["uncertainty"] = tap_uncertainty(tap["metrics"], ctx.per_unit[tap_name], ctx.resamples, stratified)
+    tap["uncertainty"] = tap_uncertainty(tap["metrics"], ctx.per_unit[tap_name], ctx.resamples)
     ctx.run_dir.write_results(ctx.results)
 
 
@@ -170,10 +169,10 @@ def probe_heads(ctx, features, trained) -> None:
             for tap in chosen:
                 probe_tap(ctx, features, tap)
         else:
-            for tap in chosen:
-                for seed, states in trained.by_seed.items():
-                    seeded = next(t for t in head_taps(spec.name, states[spec.name].head) if t.name == tap.name)
-                    probe_tap(ctx, features, seeded, seed=seed if several else None)
+            by_seed = {seed: _chosen_taps(spec, states[spec.name].head) for seed, states in trained.by_seed.items()}
+            for i, tap in enumerate(chosen):
+                for seed, seeded in by_seed.items():
+                    probe_tap(ctx, features, seeded[i], seed=seed if several else None)
                 if several:
                     aggregate_seeds(ctx, features, tap.name)
         compared = spec.name if chosen is None else chosen[-1].name
