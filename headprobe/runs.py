@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, record
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -89,26 +89,16 @@ def _is_temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-# Version of the results.json layout (docs/DESIGN.md, "results.json"): 2 added uncertainty, seeds and the
-# evidence-based verdict. A test keeps the documented keys equal to what a run writes.
-SCHEMA_VERSION = 2
+# Version of the results.json layout (docs/DESIGN.md, "results.json"; the typed layout is `headprobe.record`):
+# 2 added uncertainty, seeds and the evidence-based verdict.
+SCHEMA_VERSION = record.SCHEMA_VERSION
 
 
-def new_results(recipe: dict) -> dict:
-    return {
-        "headprobe_version": __version__,
-        "schema_version": SCHEMA_VERSION,
-        "status": "running",
-        "recipe": recipe,
-        "backbone": {},
-        "data": {},
-        "taps": {},
-        "heads": {},
-        "buffer": {},
-        "protocol": {},
-        "timing": {},
-        "environment": {},
-    }
+def new_results(recipe: dict) -> record.RunRecord:
+    """The record of a run that has just started: every key of `record.ALWAYS`, status "running"."""
+    return record.RunRecord(headprobe_version=__version__, schema_version=SCHEMA_VERSION, status="running",
+                            recipe=recipe, backbone={}, data={}, taps={}, heads={}, buffer={}, protocol={}, timing={},
+                            environment={})
 
 
 class RunDir:
@@ -158,7 +148,7 @@ class RunDir:
         return read_results(self.path)
 
 
-def read_results(run_dir: str | Path) -> dict:
+def read_results(run_dir: str | Path) -> record.RunRecord:
     """A run's results.json, checked to have the shape every reader relies on (a mapping; `taps` a mapping of
     taps, each with a `metrics` mapping); ValueError with a sentence otherwise."""
     path = Path(run_dir) / "results.json"
@@ -173,23 +163,8 @@ def read_results(run_dir: str | Path) -> dict:
         raise ValueError(f"{path} is not valid JSON ({err}); was the run interrupted while writing?") from None
     except OSError as err:
         raise ValueError(f"{path} cannot be read ({err.strerror or err}).") from None
-    _check_results_shape(results, path)
+    record.check_record(results, str(path))
     return results
-
-
-def _check_results_shape(results: Any, path: Path) -> None:
-    fix = "it was not written by `headprobe run`, or was edited; restore it or rerun the study."
-    if not isinstance(results, dict):
-        raise ValueError(f"{path} holds a {type(results).__name__}, not the mapping of a run's results; {fix}")
-    for key in ("taps", "heads", "buffer", "recipe", "backbone", "data", "protocol", "timing"):
-        if key in results and not isinstance(results[key], (dict, type(None))):
-            raise ValueError(f"{path}: {key!r} is a {type(results[key]).__name__}, not a mapping; {fix}")
-    for name, tap in (results.get("taps") or {}).items():
-        if not isinstance(tap, dict):
-            raise ValueError(f"{path}: tap {name!r} is a {type(tap).__name__}, not a mapping; {fix}")
-        if not isinstance(tap.get("metrics", {}), dict):
-            raise ValueError(f"{path}: taps.{name}.metrics is a {type(tap['metrics']).__name__}, not a mapping "
-                             f"of metric names to numbers; {fix}")
 
 
 def metrics_from_json(taps: dict) -> dict:

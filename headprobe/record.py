@@ -1,0 +1,135 @@
+"""The run record: the typed layout of `results.json` (schema_version 2), one class per level.
+
+`results.json` stays plain JSON (a researcher reads it with `json.load`), so the record is a set of
+`TypedDict`s rather than objects: `runs.new_results` builds a `RunRecord`, `runs.read_results` checks a file
+against it (`check_record`), and the report, `headprobe compare` and the tests read the same names. The
+example in docs/DESIGN.md ("results.json") is checked against these classes by `tests/test_record.py`, and
+every key a real run writes must be one of them (`tests/test_runs.py`).
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Literal, TypedDict
+
+SCHEMA_VERSION = 2
+
+Verdict = Literal["buffer", "no-buffer", "mixed", "inconclusive"]
+Resolved = Literal["for", "against", "unresolved"]
+
+
+class Uncertainty(TypedDict, total=False):
+    """taps[T]["uncertainty"][M]: the 95% interval of metric M at tap T and how it was obtained."""
+
+    ci95: list[float] | None
+    method: str
+    n_boot: int
+    n_units: int
+    unit: str
+    se: float
+    per_seed: list[float]
+    sd_seeds: float
+    n_seeds: int
+    ci95_seeds: list[float] | None
+
+
+class SeedRecord(TypedDict, total=False):
+    """taps[T]["seeds"][S]: one seed's retrained head probed at tap T."""
+
+    metrics: dict[str, float | None]
+    protocol: dict[str, Any]
+
+
+class TapRecord(TypedDict, total=False):
+    """taps[T]: one probed representation (the backbone, a head's output or one of its hidden layers)."""
+
+    head: str | None
+    depth: int
+    metrics: dict[str, float | None]
+    uncertainty: dict[str, Uncertainty]
+    protocol: dict[str, Any]
+    seeds: dict[str, SeedRecord]
+
+
+class Evidence(TypedDict, total=False):
+    """buffer[H]["evidence"][M]: one metric's margin between the backbone and head H, as the claim predicts."""
+
+    backbone: float
+    head: float
+    margin: float
+    claim: str
+    ci95: list[float] | None
+    p: float | None
+    p_holm: float | None
+    resolved: Resolved
+    method: str
+    n_boot: int
+    why_unresolved: str
+    margin_seeds: list[float]
+
+
+class BufferVerdict(TypedDict, total=False):
+    """buffer[H]: the verdict on head H, decided from its resolved evidence."""
+
+    verdict: Verdict
+    support: int
+    against: int
+    unresolved: int
+    rule: str
+    evidence: dict[str, Evidence]
+    tap: str
+
+
+class RunRecord(TypedDict, total=False):
+    """results.json. The first twelve keys exist in every run; the rest only where DESIGN.md says."""
+
+    headprobe_version: str
+    schema_version: int
+    status: Literal["running", "complete", "failed", "interrupted"]
+    recipe: dict[str, Any]
+    backbone: dict[str, Any]
+    data: dict[str, Any]
+    taps: dict[str, TapRecord]
+    heads: dict[str, dict[str, Any]]
+    buffer: dict[str, BufferVerdict]
+    protocol: dict[str, Any]
+    timing: dict[str, float]
+    environment: dict[str, Any]
+    # Written by some runs only.
+    orbits: dict[str, Any]
+    timing_ratios: dict[str, Any]
+    error: dict[str, Any]
+    backbone_tuned: dict[str, Any]
+    geometry_from: str
+    geometry_timing: dict[str, Any]
+
+
+ALWAYS = ("headprobe_version", "schema_version", "status", "recipe", "backbone", "data", "taps", "heads", "buffer",
+          "protocol", "timing", "environment")
+
+
+def fields(cls: type) -> dict[str, Any]:
+    """The keys of a record class with their types (evaluated, so `dict[...]` can be told from a scalar)."""
+    return typing.get_type_hints(cls)
+
+
+def _is_mapping(hint: Any) -> bool:
+    return typing.get_origin(hint) is dict or (isinstance(hint, type) and issubclass(hint, dict))
+
+
+def check_record(results: Any, where: str) -> None:
+    """Raise ValueError with a sentence when `results` does not have the shape every reader relies on: a mapping
+    whose mapping-typed keys (`taps`, `heads`, `buffer`, ...) are mappings (or null), each tap a mapping with a
+    `metrics` mapping. Unknown keys are allowed (a newer headprobe may add some)."""
+    fix = "it was not written by `headprobe run`, or was edited; restore it or rerun the study."
+    if not isinstance(results, dict):
+        raise ValueError(f"{where} holds a {type(results).__name__}, not the mapping of a run's results; {fix}")
+    for key, hint in fields(RunRecord).items():
+        if _is_mapping(hint) and key in results and not isinstance(results[key], (dict, type(None))):
+            raise ValueError(f"{where}: {key!r} is a {type(results[key]).__name__}, not a mapping; {fix}")
+    for name, tap in (results.get("taps") or {}).items():
+        if not isinstance(tap, dict):
+            raise ValueError(f"{where}: tap {name!r} is a {type(tap).__name__}, not a mapping; {fix}")
+        for key, hint in fields(TapRecord).items():
+            if _is_mapping(hint) and not isinstance(tap.get(key, {}), dict):
+                raise ValueError(f"{where}: taps.{name}.{key} is a {type(tap[key]).__name__}, not a mapping; {fix}")
