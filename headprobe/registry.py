@@ -145,8 +145,9 @@ BACKBONES.add(
 )
 BACKBONES.add(
     "ssl", "headprobe.ssl:load_ssl",
-    "Backbone of a self-supervised training checkpoint (formats dino, vicreg, barlow), read with weights_only "
-    "and loaded strictly; options part (teacher | student), pooling, layer(s), resolution, num_heads.",
+    "Backbone of a self-supervised training checkpoint (formats dino, vicreg, barlow or barlowtwins, solo-learn, "
+    "lightly), read with weights_only and loaded strictly; options part (teacher | student), pooling, layer(s), "
+    "resolution, num_heads.",
     "ssl:<format>:<path>",
 )
 

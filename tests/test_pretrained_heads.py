@@ -63,3 +63,28 @@ def test_a_recipe_can_leave_the_prototype_logits_out(dino_checkpoint, tmp_path):
         run(recipe, out=tmp_path / "bad", quiet=True)
     with pytest.raises(RecipeError, match="heads\\[0\\].taps = \\[3\\] must name layers among 1..2"):
         load_recipe(_recipe(dino_checkpoint) | {"heads": [{"name": "mlp", "depth": 2, "taps": [3]}]})
+
+
+@pytest.mark.parametrize("fmt", ["solo-learn", "lightly", "vicreg"])
+def test_resnet_formats_own_head_is_probed_end_to_end(fmt, tmp_path):
+    """The same run for the ResNet formats: their projector probed at every layer next to a retrained head."""
+    from test_ssl_lightly import save as save_lightly
+    from test_ssl_solo_learn import save_run
+    from test_ssl_vicreg import full, projector, resnet
+
+    if fmt == "solo-learn":
+        path, depth = save_run(tmp_path, "vicreg"), 3
+    elif fmt == "lightly":
+        path, depth = save_lightly(tmp_path, "simclr"), 2
+    else:
+        path, depth = tmp_path / "vicreg.pth", 3
+        torch.save(full(resnet(), projector(True)), path)
+    recipe = _recipe(path) | {"backbone": {"id": f"ssl:{fmt}:{path}", "pooling": "mean", "resolution": 32}}
+    recipe["heads"][0]["name"] = "own"
+    results = run(recipe, out=tmp_path / "r", quiet=True)
+    own = [t for t in results["taps"] if t == "own" or t.startswith("own@")]
+    assert own == [f"own@{i}" for i in range(1, depth)] + ["own"]
+    assert results["heads"]["own"]["train"]["steps"] == 0 and results["heads"]["mlp"]["train"]["steps"] > 0
+    assert results["heads"]["own"]["checkpoint"]["format"] == fmt
+    assert results["backbone"]["checkpoint"]["sha256"] == results["heads"]["own"]["checkpoint"]["sha256"]
+    assert results["buffer"]["own"]["verdict"] in ("buffer", "no-buffer", "mixed", "inconclusive")

@@ -74,12 +74,23 @@ def test_missing_and_invalid_files(tmp_path):
         load_recipe(scalar)
 
 
-def test_every_shipped_recipe_validates():
+def test_every_shipped_recipe_validates(monkeypatch):
     from pathlib import Path
 
     recipes = sorted(Path(__file__).parents[1].joinpath("recipes").glob("*.yaml"))
     assert recipes
     for path in recipes:
+        backbone = yaml.safe_load(path.read_text())["backbone"]["id"]
+        if backbone.startswith("ssl:") and not Path(backbone.split(":", 2)[2]).exists():
+            # A checkpoint downloaded by hand (e.g. DINO's): absent here, validate says where to get it, and the
+            # rest of the recipe is checked with the file's inspection left out (tests/test_ssl_validate.py
+            # validates these recipes against stand-in files in the same layout).
+            with pytest.raises(RecipeError, match="no such file.*https://"):
+                load_recipe(path)
+            with monkeypatch.context() as m:
+                m.setattr("headprobe.ssl.inspect_checkpoint", lambda *a, **k: {})
+                load_recipe(path)
+            continue
         load_recipe(path)
 
 

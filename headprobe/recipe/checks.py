@@ -14,7 +14,8 @@ from .schema import NAME_PATTERN, BackboneSpec, DataSpec, LoraSpec, Recipe, Reci
 
 
 def check_recipe(recipe: Recipe) -> None:
-    """Checks across fields and registered names, without importing any model library."""
+    """Checks across fields and registered names, without importing any model library (but torch, to inspect an
+    ssl: checkpoint's keys)."""
     if not re.fullmatch(NAME_PATTERN, recipe.name):
         raise RecipeError(f"name = {recipe.name!r} is not allowed: it names the run's folder, so it must match "
                           f"{NAME_PATTERN} (letters, digits, '.', '_', '-'; no '/', no leading dot), "
@@ -35,6 +36,31 @@ def check_recipe(recipe: Recipe) -> None:
                           f"({n_classes}): a class-stratified subset needs at least one image of every class; "
                           f"raise data.limit.train to at least {n_classes} (a few per class, e.g. "
                           f"{10 * n_classes}, for the probes' validation split).")
+    _check_ssl_checkpoint(recipe)
+
+
+def _check_ssl_checkpoint(recipe: Recipe) -> None:
+    """An ``ssl:<format>:<path>`` backbone's file exists and its keys and shapes are the format's (read with
+    weights_only, modules rebuilt on the meta device: no model is loaded). The one check that imports torch."""
+    spec = recipe.backbone
+    if not spec.id.startswith("ssl:"):
+        return
+    from ..ssl import inspect_checkpoint
+
+    pretrained = [h.name for h in recipe.heads if h.type == "pretrained"]
+    try:
+        expects = inspect_checkpoint(spec.id, part=spec.part, num_heads=spec.num_heads, head=bool(pretrained))
+    except (ValueError, OSError) as err:
+        raise RecipeError(f"backbone.id = {spec.id!r}: {err}") from None
+    if pretrained and expects.get("pooling") not in (None, spec.pooling):
+        raise RecipeError(f"heads: {pretrained[0]!r} is {spec.id}'s own head, trained on {expects['pooling']!r} "
+                          f"features, but backbone.pooling = {spec.pooling!r}; set backbone.pooling: "
+                          f"{expects['pooling']}.")
+    if pretrained and expects.get("layer") == -1 and (spec.layer != -1 or spec.layers is not None):
+        chosen = f"backbone.layers = {spec.layers}" if spec.layers is not None else f"backbone.layer = {spec.layer}"
+        raise RecipeError(f"heads: {pretrained[0]!r} is {spec.id}'s own head, trained on the backbone's final "
+                          f"features, but {chosen}; remove it (layer -1) to probe the head on what it was trained "
+                          "on.")
 
 
 def _check_prefixed(path: str, value: str, registry: Registry) -> None:

@@ -7,6 +7,13 @@ interface. Files are read with ``torch.load(weights_only=True)`` (never a full u
 record of what was read (sha256, format, part, tensors matched) is in ``backbone.describe()["checkpoint"]`` and
 ``head.record``.
 
+Formats (each module's docstring quotes the code that writes its files): ``dino`` (main_dino.py full checkpoints
+and the released backbone-only files), ``vicreg`` and ``barlow`` / ``barlowtwins`` (the official full checkpoints),
+``solo-learn`` (Lightning checkpoints with args.json beside them: vicreg, barlow_twins, simclr, byol on
+resnet18/50) and ``lightly`` (Lightning checkpoints of lightly's example modules: ``backbone`` +
+``projection_head``, ReLU ProjectionHeads). `inspect_checkpoint` checks a file's keys and shapes without loading a
+model (``headprobe validate``).
+
 >>> bb = load_backbone("ssl:dino:dino_deitsmall16_pretrain_full_checkpoint.pth")  # doctest: +SKIP
 >>> head = load_pretrained_head("ssl:dino:dino_deitsmall16_pretrain_full_checkpoint.pth")  # doctest: +SKIP
 >>> [t.shape[-1] for t in head.taps(bb(pixels))]  # doctest: +SKIP
@@ -24,11 +31,14 @@ from ..backbones.base import Backbone
 from ..backbones.blocks import wrap_blocks
 from ..backbones.pooling import FINAL
 from ..registry import unknown_name_message
-from . import dino, vicreg
+from . import dino, lightly, solo_learn, vicreg
 from .checkpoint import CheckpointBackbone, Selected, SSLCheckpointError, SSLRecord, read_checkpoint
-from .heads import BNReLUProjector, DINOProjectionHead, WeightNormLinear
+from .heads import BNReLUProjector, DINOProjectionHead, SequentialProjector, WeightNormLinear
 
-FORMATS: dict[str, ModuleType | vicreg.Format] = {"dino": dino, "vicreg": vicreg.VICREG, "barlow": vicreg.BARLOW}
+# "barlowtwins" is the issue's (and the repository's) name for "barlow"; both read the same files.
+FORMATS: dict[str, ModuleType | vicreg.Format] = {"dino": dino, "vicreg": vicreg.VICREG, "barlow": vicreg.BARLOW,
+                                                  "barlowtwins": vicreg.BARLOW, "solo-learn": solo_learn,
+                                                  "lightly": lightly}
 
 
 def parse_id(id: str) -> tuple[str, str]:
@@ -44,11 +54,13 @@ def parse_id(id: str) -> tuple[str, str]:
     return format, path
 
 
-def read_part(id: str, part: str | None = None) -> tuple[ModuleType, Selected, SSLRecord]:
-    """Read the checkpoint of `id` safely and pick `part`: (format module, selected state dicts, record)."""
+def read_part(id: str, part: str | None = None, *, digest: bool = True) -> tuple[ModuleType, Selected, SSLRecord]:
+    """Read the checkpoint of `id` safely and pick `part`: (format module, selected state dicts, record).
+    `digest`: compute the file's sha256 (validation's inspection skips it)."""
     format, path = parse_id(id)
     fmt = FORMATS[format]
-    content, digest = read_checkpoint(path, format=format, allowed=fmt.ALLOWED_GLOBALS)
+    content, digest = read_checkpoint(path, format=format, allowed=fmt.ALLOWED_GLOBALS,
+                                      where=fmt.where(Path(path).name), digest=digest)
     sel = fmt.select(content, part, path)
     record = SSLRecord(path=str(Path(path).expanduser()), sha256=digest, format=format, part=sel.part,
                        layout=sel.layout, ignored=sel.ignored, args=sel.args)
@@ -76,8 +88,9 @@ def load_ssl(
     what = f"{record.path}, {sel.part} backbone"
     model = fmt.build_backbone(sel, what, num_heads=num_heads)
     record.matched["backbone"] = len(sel.backbone)
-    pooling = pooling or fmt.DEFAULT_POOLING
-    preprocess = fmt.PREPROCESS if resolution is None else fmt.PREPROCESS.with_resolution(resolution)
+    pooling = pooling or sel.pooling or fmt.DEFAULT_POOLING
+    preprocess = sel.preprocess or fmt.PREPROCESS
+    preprocess = preprocess if resolution is None else preprocess.with_resolution(resolution)
     backbone = wrap_blocks(
         model.eval(), id=id, **fmt.wrap_options(model), pooling=pooling, layer=layer, layers=layers,
         preprocess=preprocess,
@@ -105,6 +118,23 @@ def load_pretrained_head(id: str, *, part: str | None = None) -> nn.Module:
     return head
 
 
+def inspect_checkpoint(id: str, *, part: str | None = None, num_heads: int | None = None,
+                       head: bool = False) -> dict:
+    """Check, without loading a model, that the file of `id` exists and holds what its format needs: the part's
+    keys and shapes against the backbone (and, with `head`, the pretrained head) rebuilt on the meta device, where
+    modules hold no memory and nothing is loaded. Raises what loading would (`SSLCheckpointError`,
+    `BackboneNotFoundError`); `headprobe validate` reports it with exit code 2. Returns the head's `expects` (the
+    features it was trained on: pooling, layer), {} without `head`."""
+    import torch
+
+    fmt, sel, record = read_part(id, part, digest=False)
+    with torch.device("meta"):
+        fmt.build_backbone(sel, f"{record.path}, {sel.part} backbone", num_heads=num_heads)
+        if not head:
+            return {}
+        return dict(getattr(fmt.build_head(sel, f"{record.path}, {sel.part} head"), "expects", {}) or {})
+
+
 __all__ = [
     "FORMATS",
     "BNReLUProjector",
@@ -112,7 +142,9 @@ __all__ = [
     "DINOProjectionHead",
     "SSLCheckpointError",
     "SSLRecord",
+    "SequentialProjector",
     "WeightNormLinear",
+    "inspect_checkpoint",
     "load_pretrained_head",
     "load_ssl",
     "parse_id",

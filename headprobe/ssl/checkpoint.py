@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..backbones.base import Backbone, BackboneNotFoundError
+from ..backbones.base import Backbone, BackboneNotFoundError, Preprocess
 
 
 class SSLCheckpointError(ValueError):
@@ -39,6 +39,10 @@ class Selected:
     args: dict
     backbone_prefix: str = ""
     head_prefix: str = ""
+    # The evaluation transform where it depends on the run (solo-learn: CIFAR or ImageNet); None: the format's.
+    preprocess: Preprocess | None = None
+    # The pooling the head was trained on where it depends on the run (solo-learn: cls for ViTs); None: the format's.
+    pooling: str | None = None
 
 
 @dataclass
@@ -68,13 +72,16 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def read_checkpoint(path: str | Path, *, format: str, allowed: tuple[type, ...] = ()) -> tuple[object, str]:
-    """The unpickled content of `path` (weights only, plus the classes in `allowed`) and the file's sha256."""
+def read_checkpoint(path: str | Path, *, format: str, allowed: tuple[type, ...] = (), where: str = "",
+                    digest: bool = True) -> tuple[object, str]:
+    """The unpickled content of `path` (weights only, plus the classes in `allowed`) and the file's sha256 ("" when
+    `digest` is False: validation inspects the keys and needs no checksum). `where` says where to get the file."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise BackboneNotFoundError(f"ssl:{format}:{path}: no such file; give the path of a {format} training "
-                                    "checkpoint (.pth).")
-    digest = sha256_file(path)
+        relative = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        raise BackboneNotFoundError(f"{path}: no such file{relative}; give the path of a {format} training "
+                                    f"checkpoint{'. ' + where if where else ' (.pth).'}")
+    checksum = sha256_file(path) if digest else ""
     with torch.serialization.safe_globals(list(allowed)):
         try:
             content = _load(path)
@@ -91,7 +98,7 @@ def read_checkpoint(path: str | Path, *, format: str, allowed: tuple[type, ...] 
             first = str(err).splitlines()[0] if str(err) else ""
             raise SSLCheckpointError(f"{path} is not a readable torch checkpoint ({type(err).__name__}: {first}).") \
                 from None
-    return content, digest
+    return content, checksum
 
 
 def _load(path: Path):
@@ -126,7 +133,7 @@ def load_strict(module: nn.Module, state: dict, *, what: str, layout: str, prefi
 
     `what` says which file and part it is ("…/checkpoint.pth, teacher backbone"); `layout` is a sentence describing
     the expected key layout, quoted in the error; `prefix` is put back in front of the keys the error names, so
-    they read as in the file.
+    they read as in the file. A `module` built on the meta device (validation's inspection) is checked, not loaded.
     """
     expected = module.state_dict()
     missing = [prefix + k for k in expected if k not in state]
@@ -144,7 +151,8 @@ def load_strict(module: nn.Module, state: dict, *, what: str, layout: str, prefi
                 f"{what}: tensor {prefix + key!r} has shape {tuple(tensor.shape)} in the checkpoint but the rebuilt "
                 f"model needs {tuple(expected[key].shape)}. Expected: {layout}"
             )
-    module.load_state_dict(state, strict=True)
+    if not any(t.is_meta for t in expected.values()):
+        module.load_state_dict(state, strict=True)
     return len(state)
 
 

@@ -25,7 +25,7 @@ import torch
 from ..backbones.base import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from .checkpoint import Selected, SSLCheckpointError, load_strict, split_by_prefix, strip_prefix
 from .heads import DINOProjectionHead
-from .vit import DINO_VIT_HEADS, DinoViT
+from .vit import DINO_VIT_HEADS, DinoViT, vit_from_keys
 
 PARTS = ("teacher", "student")
 DEFAULT_POOLING = "cls"
@@ -111,13 +111,7 @@ def build_backbone(sel: Selected, what: str, *, num_heads: int | None) -> DinoVi
                 f"num_heads (DINO's ViTs use {dim // 64 or 1} for width {dim}: 64 per head)."
             )
         num_heads = DINO_VIT_HEADS[arch]
-    patch = int(args.get("patch_size") or _shape(state, "patch_embed.proj.weight", what)[-1])
-    depth = len({int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))})
-    model = DinoViT(
-        patch_size=patch, dim=dim, depth=depth, num_heads=num_heads,
-        mlp_hidden=_shape(state, "blocks.0.mlp.fc1.weight", what)[0],
-        num_patches=_shape(state, "pos_embed", what)[1] - 1, qkv_bias="blocks.0.attn.qkv.bias" in state,
-    )
+    model = vit_from_keys(state, num_heads=num_heads, what=what, layout=LAYOUT, patch_size=args.get("patch_size"))
     load_strict(model, state, what=what, layout=LAYOUT, prefix=p)
     return model
 
@@ -159,3 +153,15 @@ def build_head(sel: Selected, what: str) -> DINOProjectionHead:
                               nlayers=nlayers, use_bn=use_bn)
     load_strict(head, state, what=what, layout=LAYOUT, prefix=p)
     return head
+
+
+def where(name: str) -> str:
+    """Where to get a DINO checkpoint called `name`: its official URL for the released names (README.md)."""
+    released = re.fullmatch(r"(dino_\w+?_pretrain)(_full_checkpoint)?\.pth", name)
+    if released:
+        return (f"Download it from https://dl.fbaipublicfiles.com/dino/{released.group(1)}/{name} (the URL "
+                "facebookresearch/dino's README links)" + ("" if released.group(2) else
+                                                           "; for the head too, use the *_full_checkpoint.pth") + ".")
+    return ("facebookresearch/dino's README links the released checkpoints, e.g. "
+            "https://dl.fbaipublicfiles.com/dino/dino_deitsmall16_pretrain/dino_deitsmall16_pretrain_full_checkpoint.pth"
+            " (the full checkpoint holds the heads).")

@@ -126,3 +126,46 @@ class BNReLUProjector(nn.Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.taps(x)[-1]
+
+
+class SequentialProjector(nn.Sequential):
+    """A projector that is an ``nn.Sequential`` of ``Linear``, ``BatchNorm1d`` / ``LayerNorm`` and activations, as
+    solo-learn's methods build theirs (``self.projector = nn.Sequential(...)``) and lightly's ``ProjectionHead``
+    holds its ``layers``; the indices of the modules are those of the checkpoint's keys.
+
+    Taps: the output of each activation, then the last module's output; `depth` = activations + 1.
+
+    >>> proj = SequentialProjector([nn.Linear(512, 64), nn.ReLU(), nn.Linear(64, 16)])
+    >>> proj.depth, [t.shape[-1] for t in proj.taps(torch.zeros(2, 512))]
+    (2, [64, 16])
+    """
+
+    ACTIVATIONS = (nn.ReLU, nn.GELU)
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        linears = [m for m in layers if isinstance(m, nn.Linear)]
+        if not linears:
+            raise ValueError("a projector needs at least one Linear layer.")
+        if isinstance(layers[-1], self.ACTIVATIONS):
+            raise ValueError("a projector ends with a Linear or a norm layer, not an activation.")
+        super().__init__(*layers)
+        self.in_dim, self.out_dim = linears[0].in_features, linears[-1].out_features
+        n_hidden = sum(isinstance(m, self.ACTIVATIONS) for m in layers)
+        self.tap_labels = [f"hidden{i}" for i in range(1, n_hidden + 1)] + ["output"]
+        self.expects = {"pooling": "mean", "layer": -1}
+
+    @property
+    def depth(self) -> int:
+        return len(self.tap_labels)
+
+    def taps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x: (B, in_dim) → [hidden_1 (after its activation), …, output (B, out_dim)]."""
+        outs = []
+        for layer in self:
+            x = layer(x)
+            if isinstance(layer, self.ACTIVATIONS):
+                outs.append(x)
+        return [*outs, x]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.taps(x)[-1]

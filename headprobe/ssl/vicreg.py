@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import re
 
-import torch
 from torch import nn
 
 from ..backbones.base import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from .checkpoint import Selected, SSLCheckpointError, load_strict, split_by_prefix, strip_prefix
 from .heads import BNReLUProjector
+from .resnet import resnet_from_keys, resnet_wrap_options
 
 PARTS = ("model",)
 ALLOWED_GLOBALS = ()
@@ -75,29 +75,25 @@ class Format:
 
     def build_backbone(self, sel: Selected, what: str, *, num_heads: int | None) -> nn.Module:
         """The ResNet of `sel` (block type and depths read from the keys), fc removed, loaded strictly."""
-        from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
-
         if num_heads is not None:
             raise SSLCheckpointError(f"{what}: num_heads applies to ViT backbones only; this one is a ResNet.")
-        state = sel.backbone
-        if "conv1.weight" not in state or "layer1.0.conv1.weight" not in state:
-            raise SSLCheckpointError(f"{what}: no ResNet stem ('{sel.backbone_prefix}conv1.weight', "
-                                     f"'{sel.backbone_prefix}layer1.0.conv1.weight'). Expected {self.LAYOUT}")
-        if state["conv1.weight"].shape[0] != 64:
-            raise SSLCheckpointError(f"{what}: the stem has {state['conv1.weight'].shape[0]} channels; only "
-                                     "torchvision-width ResNets (64, e.g. resnet50) are supported, not widened ones.")
-        block = Bottleneck if "layer1.0.conv3.weight" in state else BasicBlock
-        depths = [len({int(m.group(1)) for k in state if (m := re.match(rf"layer{i}\.(\d+)\.", k))})
-                  for i in range(1, 5)]
-        width = int(state["layer1.0.conv1.weight"].shape[0]) if block is Bottleneck else 64
-        model = ResNet(block, depths, width_per_group=width)
-        model.fc = nn.Identity()
-        load_strict(model, state, what=what, layout=self.LAYOUT, prefix=sel.backbone_prefix)
+        model = resnet_from_keys(sel.backbone, what, self.LAYOUT, sel.backbone_prefix)
+        load_strict(model, sel.backbone, what=what, layout=self.LAYOUT, prefix=sel.backbone_prefix)
         return model
 
     def wrap_options(self, model: nn.Module) -> dict:
-        blocks = [b for i in range(1, 5) for b in getattr(model, f"layer{i}").children()]
-        return {"run": resnet_feature_map, "blocks": blocks, "tokens": False}
+        return resnet_wrap_options(model)
+
+    def where(self, name: str) -> str:
+        """Where to get a checkpoint file called `name` (VICReg's released names have official URLs)."""
+        if self.name == "vicreg" and re.fullmatch(r"resnet\w+?(_fullckpt)?\.pth", name):
+            return (f"Download it from https://dl.fbaipublicfiles.com/vicreg/{name} (the URL facebookresearch/"
+                    "vicreg's README links; the *_fullckpt.pth files hold the projector too).")
+        if self.name == "vicreg":
+            return ("facebookresearch/vicreg's README links the released checkpoints, e.g. "
+                    "https://dl.fbaipublicfiles.com/vicreg/resnet50_fullckpt.pth (backbone and projector).")
+        return ("facebookresearch/barlowtwins' README links the released ResNet-50; main.py writes the full "
+                "checkpoint (backbone and projector) to <checkpoint-dir>/checkpoint.pth.")
 
     def build_head(self, sel: Selected, what: str) -> BNReLUProjector:
         state = sel.head
@@ -112,12 +108,6 @@ class Format:
         head = BNReLUProjector(dims, hidden_bias=self.hidden_bias)
         load_strict(head, state, what=what, layout=self.LAYOUT, prefix=sel.head_prefix)
         return head
-
-
-def resnet_feature_map(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """x: (B, 3, H, W) → the (B, C, h, w) map of layer4 (torchvision's forward before avgpool)."""
-    x = model.maxpool(model.relu(model.bn1(model.conv1(x))))
-    return model.layer4(model.layer3(model.layer2(model.layer1(x))))
 
 
 VICREG = Format("vicreg", hidden_bias=True, extra=())

@@ -14,9 +14,12 @@ for other input sizes exactly as DINO's ``interpolate_pos_encoding`` does.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import nn
+
+from .checkpoint import SSLCheckpointError
 
 # num_heads of DINO's named ViTs (vision_transformer.py: vit_tiny, vit_small, vit_base); head width is 64 in all.
 DINO_VIT_HEADS = {"vit_tiny": 3, "vit_small": 6, "vit_base": 12}
@@ -112,3 +115,26 @@ class DinoViT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return x
+
+
+def tensor_shape(state: dict, key: str, what: str, layout: str) -> tuple[int, ...]:
+    """The shape of `state[key]`, or an error saying the model cannot be rebuilt without it."""
+    if key not in state or not isinstance(state[key], torch.Tensor):
+        raise SSLCheckpointError(f"{what}: tensor {key!r} is missing, so the model cannot be rebuilt. "
+                                 f"Expected {layout}")
+    return tuple(state[key].shape)
+
+
+def vit_from_keys(state: dict, *, num_heads: int, what: str, layout: str, patch_size: int | None = None) -> DinoViT:
+    """An unloaded `DinoViT` shaped like `state`: width, depth, MLP width, patch grid and qkv bias read from the
+    tensors (DINO's and timm's ViTs share these key names); `patch_size` where the run recorded it."""
+    dim = tensor_shape(state, "cls_token", what, layout)[-1]
+    patch = int(patch_size or tensor_shape(state, "patch_embed.proj.weight", what, layout)[-1])
+    depth = len({int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))})
+    if dim % num_heads:
+        raise SSLCheckpointError(f"{what}: width {dim} is not divisible by num_heads={num_heads}; give the number "
+                                 "of attention heads the ViT was trained with.")
+    return DinoViT(patch_size=patch, dim=dim, depth=depth, num_heads=num_heads,
+                   mlp_hidden=tensor_shape(state, "blocks.0.mlp.fc1.weight", what, layout)[0],
+                   num_patches=tensor_shape(state, "pos_embed", what, layout)[1] - 1,
+                   qkv_bias="blocks.0.attn.qkv.bias" in state)
