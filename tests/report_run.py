@@ -1,7 +1,9 @@
-"""A small, realistic finished run directory (results.json + metrics.jsonl) for the report tests.
+"""Run directories for the report tests: a REAL small run (`real_run`: `headprobe.pipeline.run` on a scratch ViT,
+two heads, curvature tracked) and a synthetic one (`results_dict`, `write_run`) for the fields a tiny run cannot
+afford (final geometry, orbits, Hessian density), shaped like `headprobe run` output.
 
-Shaped like `headprobe run` output with two heads (a 2-layer MLP and a linear head), the geometry and orbit
-fields the report plots when present, and training records with the objective's terms and λ_min/λ_max.
+The synthetic training records hold what the engine writes: "train" records (loss, terms, collapse statistics,
+optimisation) and separate "geometry" records (λ_min, λ_max, convergence) every few steps.
 """
 
 from __future__ import annotations
@@ -91,10 +93,42 @@ def train_records(steps: int = 40, every: int = 4) -> list[dict]:
                       "loss": loss, "vicreg": loss, "vicreg.sim": 0.3 / step, "vicreg.var": 0.9 - step / 100,
                       "vicreg.cov": 0.01 * step, "out_std": 0.08 - 0.01 * k, "rankme": 60.0 - step * (1 + k) / 2,
                       "grad_norm": 5.0 / step ** 0.5, "lr": 1e-3 * math.cos(step / steps), "rel_update": 1e-3}
-            if step % 8 == 0:
-                record |= {"lambda_min": -1e-6 / step, "lambda_max": 3.0 + step / 40}
             records.append(record)
+            if step % 8 == 0:  # what `engine.track_curvature` logs: its own record, stage "geometry"
+                records.append({"time": 1.0e9 + step, "stage": "geometry", "head": head, "step": step,
+                                "epoch": step // 20, "lambda_min": -1e-6 / step, "lambda_max": 3.0 + step / 40,
+                                "converged": step != 16, "out_std": 0.08, "rankme": 50.0})
     return records
+
+
+# A real run small enough for a test: a scratch ViT on 120/60 digits, an MLP head and a linear head, two epochs,
+# curvature tracked every 2 steps, the probes that need no rotated copies or orbit sweeps (those take seconds more).
+REAL_RECIPE = {
+    "name": "report-real", "backbone": {"id": "scratch:vit-tiny", "pooling": "cls"},
+    "data": {"source": "sklearn-digits", "limit": {"train": 120, "test": 60}},
+    "features": {"batch_size": 60},
+    "probes": {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5]}, "spectrum": {}, "invariance": {},
+               "view_mi": {}},
+    "heads": [{"name": "mlp", "width": 16, "depth": 2}, {"name": "lin", "type": "linear", "depth": 1, "width": 16}],
+    "augment": {"preset": "crop-flip", "views": 2},
+    "train": {"epochs": 2, "batch_size": 40, "log_every": 1},
+    "geometry": {"track_every": 2, "track_rows": 8, "track_max_iter": 6, "track_stat_rows": 32, "track_split": False},
+    "report": False,
+}
+
+
+def real_run(path: Path, **overrides) -> tuple[Path, str]:
+    """Run REAL_RECIPE into `path` with `headprobe.pipeline.run`, as `headprobe run` does (not quiet); returns the
+    run directory and what the run printed (stdout and stderr)."""
+    import contextlib
+    import io
+
+    from headprobe.pipeline import run
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        out = run(REAL_RECIPE, out=path, quiet=False, **overrides).path
+    return out, printed.getvalue()
 
 
 def write_run(path: Path, results: dict | None = None, records: list[dict] | None = None,

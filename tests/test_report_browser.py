@@ -47,7 +47,8 @@ def test_chromium_loads_the_report_with_its_images_and_tables(report, tmp_path):
     dom = _chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probed.as_uri()).stdout
     body = dict(re.findall(r'data-([a-z-]+)="(\d+)"', re.search(r"<body[^>]*>", dom).group(0)))
     assert body["images"] == body["decoded"] == body["shown"] == "10"
-    assert int(body["tables"]) >= 10 and body["metric-rows"] == "8" and body["sections"] == "8"
+    # 5 measured metrics + 3 protocol values (linear.val_acc, linear.C, mi.infonce.ceiling) in their own table
+    assert int(body["tables"]) >= 10 and body["metric-rows"] == "8" and body["sections"] == "9"
     assert "headprobe report: synthetic" in dom
 
 

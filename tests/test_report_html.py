@@ -37,7 +37,8 @@ class Page(HTMLParser):
             self._cell.append(data)
 
     def row(self, first: str) -> list[str]:
-        return next(r for r in self.rows if r and r[0] == first)
+        """The first row whose first cell starts with the word `first` (a metric's name may carry its n)."""
+        return next(r for r in self.rows if r and r[0].split(" ")[0] == first)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,3 @@
-import math
 
 import numpy as np
 import pytest
@@ -10,7 +9,6 @@ from headprobe.report.plots import (
     head_out_dims,
     plan_plots,
     read_records,
-    relative_change,
     render_plots,
     train_history,
     write_plots,
@@ -37,25 +35,12 @@ def test_every_figure_the_data_supports_is_drawn_as_a_png(drawn):
             assert image.format == "PNG" and image.width >= 600 and image.height >= 250
 
 
-def test_relative_change_is_percent_of_the_backbone_value():
-    results = results_dict()
-    del results["taps"]["lin"]["metrics"]["align"]
-    metrics, taps, values, change = relative_change(results)
-    assert "linear.C" not in metrics and "mi.infonce.ceiling" not in metrics  # knobs and ceilings are not plotted
-    assert taps == ["backbone", "mlp@1", "mlp", "lin"]
-    i, j = metrics.index("linear.acc"), taps.index("mlp")
-    assert values[i, j] == 0.81 and change[i, j] == pytest.approx(100 * (0.81 - 0.95) / 0.95)
-    assert np.all(change[:, 0] == 0)
-    assert math.isnan(values[metrics.index("align"), taps.index("lin")])
-    assert math.isnan(change[metrics.index("align"), taps.index("lin")])
-
-
 def test_figures_without_their_data_are_left_out():
     results = results_dict()
     bare = {**results, "orbits": None, "heads": {h: {**v, "geometry": {}} for h, v in results["heads"].items()},
             "taps": {t: {**v, "protocol": {}} for t, v in results["taps"].items()}}
     assert [p.name for p, _ in plan_plots(bare, [])] == ["tap_heatmap", "metric_bars"]
-    no_lambda = [{k: v for k, v in r.items() if not k.startswith("lambda")} for r in train_records()]
+    no_lambda = [r for r in train_records() if r["stage"] == "train"]  # no tracked geometry records
     names = [p.name for p, _ in plan_plots(bare, no_lambda)]
     assert names == ["tap_heatmap", "metric_bars", "training_curves", "objective_terms", "optimisation"]
     assert plan_plots({"taps": {}}, []) == []
@@ -87,13 +72,33 @@ def test_a_broken_figure_is_recorded_and_the_others_still_drawn(tmp_path):
 
 def test_records_keep_the_last_of_a_repeated_step_and_skip_a_torn_line(tmp_path):
     records = train_records(steps=8, every=4)
-    resumed = {**records[-1], "loss": -1.0}  # step 8 of "lin" logged again after a resume
+    last_train = [r for r in records if r["stage"] == "train"][-1]
+    resumed = {**last_train, "loss": -1.0}  # step 8 of "lin" logged again after a resume
     write_run(tmp_path, records=[*records, resumed], torn_line=True)
     read = read_records(tmp_path)
     assert len(read) == 4 + len(records) + 1  # 4 probe records, the torn line dropped
     history = train_history(read)
     assert list(history) == ["mlp", "lin"]
     assert [r["step"] for r in history["lin"]] == [4, 8] and history["lin"][-1]["loss"] == -1.0
+    tracked = train_history(read, "geometry")
+    assert [r["step"] for r in tracked["lin"]] == [8] and "lambda_min" in tracked["lin"][0]
+    assert all("lambda_min" not in r for recs in history.values() for r in recs)
+
+
+def test_lambda_plot_is_drawn_from_geometry_records_with_unconverged_points_hollow(tmp_path):
+    from headprobe.report.geometry_plots import convergence_flags
+
+    records = train_records()
+    tracked = train_history(records, "geometry")
+    assert convergence_flags(tracked["mlp"], "lambda_min") == [True, False, True, True, True]  # step 16 unconverged
+    newer = [{**r, "lambda_min_converged": r["step"] == 8, "lambda_max_converged": True} for r in tracked["mlp"]]
+    assert convergence_flags(newer, "lambda_min") == [True, False, False, False, False]  # each end's own key wins
+    assert convergence_flags(newer, "lambda_max") == [True] * 5
+    assert convergence_flags([{"lambda_min": -1.0}, {"lambda_max": 2.0}], "lambda_min") == [None]
+    plots = {p.name: p for p in render_plots({"taps": {}}, records, tmp_path)}
+    assert plots["lambda_over_training"].error is None and plots["lambda_over_training"].path.is_file()
+    only_train = [r for r in records if r["stage"] == "train"]
+    assert "lambda_over_training" not in [p.name for p, _ in plan_plots({"taps": {}}, only_train)]
 
 
 def test_orbit_pca_matches_the_covariance_eigendecomposition():

@@ -15,14 +15,27 @@ import numpy as np
 from .canvas import BACKBONE_COLOR, head_colors, new_figure, save, series
 
 
+def convergence_flags(records: Sequence[dict], key: str) -> list[bool | None]:
+    """For each record holding a number for `key` (the points `series` returns): whether its Lanczos run converged
+    on that end: the record's "<key>_converged" (tracking writes "lambda_min_converged", "lambda_max_converged"),
+    else its "converged" (both ends, older runs), else None (the record says nothing)."""
+    flags = []
+    for r in records:
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool):
+            flags.append(next((r[c] for c in (f"{key}_converged", "converged") if isinstance(r.get(c), bool)), None))
+    return flags
+
+
 def plot_lambda_over_training(history: Mapping[str, Sequence[dict]], path: Path,
                               colors: Mapping[str, str] | None = None) -> Path:
-    """λ_max and λ_min of the loss Hessian against the training step; λ_min on a symmetric-log axis around 0, with
-    the G-term's λ_min dashed where the records split the Hessian (`curvature_snapshot(split=True)`)."""
+    """λ_max and λ_min of the loss Hessian against the training step, from the "geometry" records tracking writes;
+    λ_min on a symmetric-log axis around 0, with the G-term's λ_min dashed where the records split the Hessian
+    (`curvature_snapshot(split=True)`). Points whose Lanczos run did not converge (`convergence_flags`) are hollow."""
     if not any(series(recs, "lambda_min")[0] or series(recs, "lambda_max")[0] for recs in history.values()):
-        raise ValueError("no lambda_min / lambda_max in the training records")
+        raise ValueError("no lambda_min / lambda_max in the tracked geometry records")
     colors = colors or head_colors(list(history))
     fig = new_figure(11, 3.8)
+    hollow_any = False
     for k, key in enumerate(("lambda_max", "lambda_min")):
         ax = fig.add_subplot(1, 2, k + 1)
         values = []
@@ -30,7 +43,15 @@ def plot_lambda_over_training(history: Mapping[str, Sequence[dict]], path: Path,
             steps, vals = series(recs, key)
             values += vals
             if steps:
-                ax.plot(steps, vals, color=colors[head], label=head, marker=".", linewidth=1.3)
+                flags = convergence_flags(recs, key)
+                ax.plot(steps, vals, color=colors[head], label=head, linewidth=1.3)
+                done = [i for i, f in enumerate(flags) if f is not False]
+                open_ = [i for i, f in enumerate(flags) if f is False]
+                ax.scatter([steps[i] for i in done], [vals[i] for i in done], s=14, color=colors[head], zorder=3)
+                if open_:
+                    hollow_any = True
+                    ax.scatter([steps[i] for i in open_], [vals[i] for i in open_], s=30, facecolors="none",
+                               edgecolors=colors[head], zorder=3, label=f"{head}: not converged")
             g_steps, g_vals = series(recs, "lambda_min_gterm") if key == "lambda_min" else ([], [])
             if g_steps:  # the G-term alone (the loss seen through J_h): where it is negative, the loss is to blame
                 values += g_vals
@@ -44,7 +65,8 @@ def plot_lambda_over_training(history: Mapping[str, Sequence[dict]], path: Path,
         ax.set_ylabel("eigenvalue")
         if values:
             ax.legend(fontsize=7)
-    fig.suptitle("Curvature over training (λ_min < 0: the loss has a descent direction)")
+    hollow = "; hollow: Lanczos did not converge" if hollow_any else ""
+    fig.suptitle(f"Curvature over training (λ_min < 0: the loss has a descent direction{hollow})")
     return save(fig, path)
 
 
@@ -122,6 +144,17 @@ def orbit_pca(points, orbit=None) -> tuple[np.ndarray, np.ndarray, list[float] |
     return centred @ vt[:2].T, ids, (var[:2] / var.sum()).tolist() if var.sum() > 0 else None
 
 
+def _orbit_legend(ordered: bool) -> list:
+    """Legend entries that say how to read an orbit panel (the colours are images, so they get no entry)."""
+    from matplotlib.lines import Line2D
+
+    if ordered:
+        return [Line2D([], [], color="grey", marker=".", label="one image's orbit, in sweep order"),
+                Line2D([], [], color="grey", marker="o", markerfacecolor="none", linestyle="", label="first step")]
+    return [Line2D([], [], color="grey", marker=".", linestyle="", label="one augmented view"),
+            Line2D([], [], color="grey", marker="x", linestyle="", label="the image's orbit centre")]
+
+
 def plot_orbit_pca(orbits: Mapping[str, object], path: Path, title: str = "Augmentation orbits") -> Path:
     """orbits: tap → trajectories (M, T, D), or {"points": (N, D), "orbit": (N,) image ids}; one panel per tap.
 
@@ -149,5 +182,6 @@ def plot_orbit_pca(orbits: Mapping[str, object], path: Path, title: str = "Augme
         ax.set_xlabel(f"PC1 ({100 * explained[0]:.0f}% of variance)" if explained else "PC1")
         ax.set_ylabel(f"PC2 ({100 * explained[1]:.0f}% of variance)" if explained else "PC2")
         ax.set_title(tap, fontsize=10)
+        ax.legend(handles=_orbit_legend(ordered), fontsize=7, loc="best")
     fig.suptitle(f"{title}: 2-D PCA per tap (colour: one image)")
     return save(fig, path)

@@ -1,9 +1,12 @@
 """``report.html``: one self-contained page per run (inline CSS, figures embedded as base64, no scripts, no network).
 
-Sections: recipe, backbone and data with their protocol knobs, every metric at every tap, the buffer
-verdicts with their evidence, training curves, geometry, orbits, timings. Built from ``results.json`` +
-``metrics.jsonl`` alone, so ``headprobe report RUN_DIR`` can rebuild it at any time. A section or figure that
-fails to render is replaced by a note saying why; the page itself is always written.
+Sections: every metric at every tap (protocol values such as `linear.C` in a table of their own; each name's
+meaning as a tooltip; deltas green/red by the buffer claim's predicted direction), the buffer verdicts with their
+evidence and whether each head trained, training curves, geometry, orbits, a glossary of the run's metrics,
+backbone and data with their protocol knobs, the recipe, timings. Built from ``results.json`` + ``metrics.jsonl``
+alone, so ``headprobe report RUN_DIR`` can rebuild it at any time; a run still marked "running" (killed) says where
+it stopped and shows what it recorded. A section or figure that fails to render is replaced by a note saying why;
+the page itself is always written.
 
 >>> write_report("runs/quickstart-20250101-120000")  # doctest: +SKIP
 PosixPath('runs/quickstart-20250101-120000/report.html')
@@ -14,15 +17,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .markup import esc, figure, flatten, fmt, kv_table, page, table
-from .plots import Plot, metric_names, read_records, render_plots
+from .glossary import describe_metric, glossary_table, is_protocol_value, tooltip
+from .markup import esc, figure, flatten, fmt, kv_table, page
+from .plots import Plot, metric_names, read_records, render_plots, train_history
 from .table import half_width
+from .training import stopped_note, training_section
+from .verdicts import buffer_section
 
 __all__ = ["fmt", "render_report", "write_report"]
 
 # Reading order: the numbers first, then how they were obtained.
 SECTIONS = (("metrics", "Metrics at every tap"), ("buffer", "Buffer verdicts"), ("training", "Training"),
-            ("geometry", "Geometry"), ("orbits", "Orbits"), ("setup", "Backbone, data and protocol"),
+            ("geometry", "Geometry"), ("orbits", "Orbits"), ("glossary", "What the metrics mean"),
+            ("setup", "Backbone, data and protocol"),
             ("recipe", "Recipe"), ("timing", "Timings"))
 
 
@@ -41,6 +48,8 @@ def _header(results: dict) -> str:
             + (f"<p class='sub'>buffer verdicts: {verdicts}</p>" if verdicts else "")
             + (f"<p class='error'>failed while {esc(error.get('stage', '?'))}: {esc(error.get('message', ''))}</p>"
                if isinstance(error, dict) else "")
+            + (f"<p class='note'>{esc(note)}</p>" if (note := stopped_note(results, results.get("history", {})))
+               else "")
             + f"<nav>{nav}</nav>")
 
 
@@ -98,6 +107,30 @@ def _probe_protocol(taps: dict) -> str:
     return "".join(out)
 
 
+def _metric_label(metric: str, results: dict) -> str:
+    """The metric's name with its glossary tooltip, and for accuracies how many test units they are over."""
+    data = results.get("data", {})
+    n_classes = data.get("n_classes")
+    label = f"<span title='{esc(tooltip(metric, n_classes))}'>{esc(metric)}</span>"
+    if metric.endswith(".acc"):
+        record = (results.get("taps", {}).get("backbone", {}).get("uncertainty") or {}).get(metric) or {}
+        n, unit = record.get("n_units") or data.get("n_test"), record.get("unit") or "test images"
+        if n is not None:
+            label += f"<span class='delta'>n = {esc(fmt(n))} {esc(unit)}</span>"
+    return label
+
+
+def _cell(metric: str, value, tap: dict, kind: str, base) -> str:
+    half = half_width(tap, metric)
+    ci = f"<span class='ci'> ±{esc(fmt(float(half)))}</span>" if half is not None else ""
+    flag = ""
+    if metric == "mi.infonce" and isinstance(value, (int, float)) and value <= 0:
+        flag = ("<span class='delta' title='InfoNCE ≤ 0: the critic does no better than chance at this tap; not "
+                "evidence'>critic uninformative</span>")
+    delta = _delta(metric, value, base) if kind != "bb" else ""
+    return f"<td class='num {kind}'>{esc(fmt(value))}{ci}{delta}{flag}</td>"
+
+
 def _metrics(results: dict, plots: list[Plot]) -> str:
     taps = results.get("taps", {})
     if not taps:
@@ -108,28 +141,32 @@ def _metrics(results: dict, plots: list[Plot]) -> str:
     top = "".join(f"<th colspan='{len(names)}' class='{'bb' if g == 'backbone' else ''}'>"
                   f"{esc('before the head' if g == 'backbone' else 'head ' + g)}</th>" for g, names in groups.items())
     kinds = {t: _tap_kind(t, tap) for t, tap in taps.items()}
+    order = [t for names in groups.values() for t in names]
     sub = "".join(f"<th class='{kinds[t]}'>{esc(t)}<span class='delta'>{esc(_tap_label(t, taps[t]))}</span></th>"
-                  for names in groups.values() for t in names)
+                  for t in order)
     base = taps.get("backbone", {}).get("metrics", {})
-    rows = []
-    for metric in metric_names(taps):
-        knob = metric not in metric_names(taps, plotted_only=True)
-        cells = []
-        for names in groups.values():
-            for t in names:
-                value = taps[t].get("metrics", {}).get(metric)
-                half = half_width(taps[t], metric)
-                ci = f"<span class='ci'> ±{esc(fmt(float(half)))}</span>" if half is not None else ""
-                cells.append(f"<td class='num {kinds[t]}{' knob' if knob else ''}'>{esc(fmt(value))}{ci}"
-                             f"{_delta(value, base.get(metric)) if kinds[t] != 'bb' and not knob else ''}</td>")
-        rows.append(f"<tr><th>{esc(metric)}</th>{''.join(cells)}</tr>")
+    names = metric_names(taps)
+    rows = [f"<tr><th>{_metric_label(m, results)}</th>"
+            + "".join(_cell(m, taps[t].get("metrics", {}).get(m), taps[t], kinds[t], base.get(m)) for t in order)
+            + "</tr>" for m in names if not is_protocol_value(m)]
     legend = ("<p class='legend'>Grey column: backbone features (before the head). Blue columns: head outputs "
-              "(after). Other columns: hidden layers (inside). Small numbers: difference from the backbone. "
-              "Greyed rows are protocol values chosen on validation data, not measurements. ±: the larger half "
-              "of the 95% interval (paired bootstrap over test images or views; see the uncertainty records).</p>")
+              "(after). Other columns: hidden layers (inside). Small numbers: difference from the backbone, green "
+              "where it goes the way the buffer claim predicts for that metric, red where against it, uncoloured "
+              "where the claim predicts nothing (a description). ±: the larger half of the 95% interval (paired "
+              "bootstrap over test images or views; see the uncertainty records). Hover a metric's name for its "
+              "meaning, or see “What the metrics mean”.</p>")
     body = (f"<table class='metrics'><thead><tr><th rowspan='2'>metric</th>{top}</tr><tr>{sub}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
-    return legend + body + "".join(figure(p) for p in plots if p.section == "metrics")
+    knobs = [m for m in names if is_protocol_value(m)]
+    protocol = ""
+    if knobs:
+        cells = "".join(f"<tr><th>{_metric_label(m, results)}</th>"
+                        + "".join(f"<td class='num {kinds[t]}'>{esc(fmt(taps[t].get('metrics', {}).get(m)))}</td>"
+                                  for t in order) + "</tr>" for m in knobs)
+        protocol = ("<h3>Protocol values</h3><p class='legend'>Chosen on validation data or fixed by the protocol "
+                    "(not measurements of the tap), per tap.</p><table class='metrics protocol'><thead><tr>"
+                    f"<th>value</th>{sub}</tr></thead><tbody>{cells}</tbody></table>")
+    return legend + body + protocol + "".join(figure(p) for p in plots if p.section == "metrics")
 
 
 def _tap_kind(name: str, tap: dict) -> str:
@@ -144,69 +181,41 @@ def _tap_label(name: str, tap: dict) -> str:
     return "output" if name == tap["head"] else f"layer {tap.get('depth', '?')}"
 
 
-def _delta(value, base) -> str:
+def _delta(metric: str, value, base) -> str:
+    """The difference from the backbone, green/red by the direction the buffer claim predicts for `metric`
+    (`headprobe.buffer.predicted_change`), uncoloured where it predicts nothing."""
     if not isinstance(value, (int, float)) or not isinstance(base, (int, float)) or isinstance(value, bool):
         return ""
     diff = value - base
     if diff == 0:
         return "<span class='delta'>±0</span>"
-    cls = "up" if diff > 0 else "down" if diff < 0 else ""
-    return f"<span class='delta {cls}'>{'+' if diff > 0 else ''}{esc(fmt(float(diff)))}</span>"
+    from ..buffer import predicted_change
+
+    sign = predicted_change(metric)
+    if metric == "mi.infonce" and min(value, base) <= 0:
+        sign = None  # a bound ≤ 0 at either tap: the critic is uninformative, the change is not evidence
+    cls = "" if sign is None else " up" if sign * diff > 0 else " down"
+    return f"<span class='delta{cls}'>{'+' if diff > 0 else ''}{esc(fmt(float(diff)))}</span>"
 
 
 def _buffer(results: dict, plots: list[Plot]) -> str:
-    buffer = results.get("buffer", {})
-    if not buffer:
-        return "<p class='note'>No buffer verdict: this run trained no head.</p>"
-    out = []
-    for head, entry in buffer.items():
-        evidence = entry.get("evidence", {})
-        facts = {k: v for k, v in entry.items() if k not in ("verdict", "evidence")}
-        facts |= {k: v for k, v in evidence.items() if not isinstance(v, dict)}
-        rows = {k: v for k, v in evidence.items() if isinstance(v, dict)}
-        # Resolved evidence first, then what the intervals leave open, each in its own table.
-        table_html = ""
-        for title, group in (("resolved", {k: v for k, v in rows.items() if v.get("resolved") in ("for", "against")}),
-                             ("unresolved", {k: v for k, v in rows.items()
-                                             if v.get("resolved") not in ("for", "against")})):
-            if not group:
-                continue
-            columns = [c for c in dict.fromkeys(c for v in group.values() for c in v)
-                       if c not in ("n_boot", "method") and (title == "unresolved" or c != "why_unresolved")]
-            body = "".join(
-                f"<tr><th>{esc(name)}</th>" + "".join(_evidence_cell(col, v.get(col)) for col in columns) + "</tr>"
-                for name, v in group.items())
-            table_html += (f"<h4>{esc(title)} evidence ({len(group)})</h4><table><thead><tr><th>evidence</th>"
-                           f"{''.join(f'<th>{esc(c)}</th>' for c in columns)}</tr></thead><tbody>{body}</tbody>"
-                           "</table>")
-        out.append(f"<div class='card'><h3>{esc(head)} <span class='badge {esc(entry.get('verdict', ''))}'>"
-                   f"{esc(entry.get('verdict', '?'))}</span></h3>"
-                   f"<p class='legend'>{esc(', '.join(f'{k} {fmt(v)}' for k, v in facts.items()))}</p>"
-                   f"{table_html}</div>")
-    return "".join(out)
-
-
-def _evidence_cell(column: str, value) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return f"<td>{esc(fmt(value))}</td>"
-    cls = (" up" if value > 0 else " down" if value < 0 else "") if column in ("margin",) else ""
-    return f"<td class='num{cls}'>{esc(fmt(value))}</td>"
+    return buffer_section(results, plots, results.get("history", {}))
 
 
 def _training(results: dict, plots: list[Plot]) -> str:
-    heads = results.get("heads", {})
-    if not heads:
-        return "<p class='note'>This run trained no head.</p>"
-    rows = []
-    for name, head in heads.items():
-        config, train = head.get("config", {}), head.get("train", {})
-        rows.append([name, config.get("type"), config.get("depth"), config.get("width"), config.get("out_dim"),
-                     config.get("act"), train.get("status"), train.get("steps"), train.get("final_loss"),
-                     train.get("message") or ""])
-    header = ["head", "type", "depth", "width", "out_dim", "act", "status", "steps", "final loss", "message"]
-    return (table(header, rows, numeric_from=2) + kv_table(results.get("protocol", {}).get("train", {}),
-                                                           "Training protocol")
-            + "".join(figure(p) for p in plots if p.section == "training"))
+    return training_section(results, plots, results.get("history", {}))
+
+
+def _glossary(results: dict, plots: list[Plot]) -> str:
+    names = metric_names(results.get("taps", {}))
+    if not names:
+        return "<p class='note'>No metric was recorded in this run.</p>"
+    n_classes = results.get("data", {}).get("n_classes")
+    unknown = sum(describe_metric(m) is None for m in names)
+    return ("<p class='legend'>Each metric of this run: what it measures, its unit, what a higher value says, and "
+            f"its chance level (class accuracies: 1/n_classes = 1/{esc(fmt(n_classes))}; rotation: 0.25)."
+            + (f" {unknown} name(s) are not in the glossary." if unknown else "") + "</p>"
+            + glossary_table(names, n_classes))
 
 
 def _geometry(results: dict, plots: list[Plot]) -> str:
@@ -253,12 +262,15 @@ def _timing(results: dict, plots: list[Plot]) -> str:
 
 BUILDERS: dict[str, Callable[[dict, list[Plot]], str]] = {
     "recipe": _recipe, "setup": _setup, "metrics": _metrics, "buffer": _buffer, "training": _training,
-    "geometry": _geometry, "orbits": _orbits, "timing": _timing,
+    "geometry": _geometry, "orbits": _orbits, "glossary": _glossary, "timing": _timing,
 }
 
 
-def render_report(results: dict, plots: list[Plot]) -> str:
-    """The page for `results` with the already drawn `plots`; a section that fails shows its error instead."""
+def render_report(results: dict, plots: list[Plot], records: list[dict] | None = None) -> str:
+    """The page for `results` with the already drawn `plots` and the run's metrics.jsonl `records` (training
+    curves: whether each head trained, where a killed run stopped); a section that fails shows its error instead."""
+    if records is not None:
+        results = {**results, "history": train_history(records)}
     body = []
     for key, title in SECTIONS:
         try:
@@ -293,5 +305,5 @@ def write_report(run_dir: str | Path) -> Path:
     plots = render_plots(results, records, run_dir / "plots")
     results["collapse_table"] = collapse_section(results, records)  # claim 4's table, atop the Geometry section
     path = run_dir / "report.html"
-    atomic_write_text(path, render_report(results, plots))
+    atomic_write_text(path, render_report(results, plots, records))
     return path

@@ -32,7 +32,6 @@ th { background:var(--soft); font-weight:600; }
 td.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
 .metrics td.bb, .metrics th.bb { background:var(--bb); }
 .metrics td.out, .metrics th.out { background:var(--out); font-weight:600; }
-.metrics td.knob { color:var(--muted); }
 .metrics tr.bb td, .metrics tr.bb th { background:var(--bb); }
 .delta { display:block; font-size:11.5px; font-weight:400; }
 .up { color:var(--good); } .down { color:var(--bad); }

@@ -23,9 +23,8 @@ import numpy as np
 
 from .canvas import BACKBONE_COLOR, head_colors, log_if_wide, new_figure, save, series
 from .geometry_plots import plot_hessian_density, plot_lambda_over_training, plot_orbit_pca, plot_spectra
-
-# Metric-name endings that are protocol knobs or ceilings rather than measurements: kept in tables, not plotted.
-KNOB_SUFFIXES = ("C", "ceiling")
+from .glossary import is_protocol_value, metric_unit
+from .heatmap import plot_tap_heatmap
 
 
 @dataclass
@@ -56,37 +55,22 @@ def read_records(run_dir: str | Path) -> list[dict]:
     return records
 
 
-def train_history(records: Sequence[dict]) -> dict[str, list[dict]]:
-    """head → its training records sorted by step; a step logged twice (a resumed run) keeps the last record."""
+def train_history(records: Sequence[dict], stage: str = "train") -> dict[str, list[dict]]:
+    """head → its records of `stage` sorted by step: "train" (loss, collapse statistics, optimisation) or
+    "geometry" (the curvature snapshots tracking writes every `geometry.track_every` steps: λ_min, λ_max, ...);
+    a step logged twice (a resumed run) keeps the last record."""
     by_head: dict[str, dict[int, dict]] = {}
     for record in records:
-        if record.get("stage") == "train" and "head" in record and "step" in record:
+        if record.get("stage") == stage and "head" in record and "step" in record:
             by_head.setdefault(record["head"], {})[record["step"]] = record
     return {head: [steps[s] for s in sorted(steps)] for head, steps in by_head.items()}
-
-
-def is_knob(metric: str) -> bool:
-    return metric.rsplit(".", 1)[-1] in KNOB_SUFFIXES
 
 
 def metric_names(taps: Mapping[str, dict], plotted_only: bool = False) -> list[str]:
     names: list[str] = []
     for tap in taps.values():
-        names += [m for m in tap.get("metrics", {}) if m not in names and not (plotted_only and is_knob(m))]
+        names += [m for m in tap.get("metrics", {}) if m not in names and not (plotted_only and is_protocol_value(m))]
     return names
-
-
-def metric_unit(metric: str) -> str:
-    last = metric.rsplit(".", 1)[-1]
-    if last in ("acc", "val_acc"):
-        return "accuracy (fraction)"
-    if metric.startswith("mi.") or metric.startswith("mi/"):
-        return "nats"
-    if metric in ("rankme", "lidar", "eff_rank"):
-        return "effective rank (dims)"
-    if metric.startswith("aug_r2"):
-        return "R²"
-    return "value"
 
 
 def _number(value) -> float:
@@ -104,47 +88,6 @@ def _heads_of(results: dict) -> list[str]:
         if tap.get("head") and tap["head"] not in heads:
             heads.append(tap["head"])
     return heads
-
-
-def relative_change(results: dict) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
-    """(metrics, taps, values, change): values (M, T) of each plotted metric at each tap (NaN if not measured)
-    and their change relative to the backbone tap in percent, 100·(v − v_backbone)/|v_backbone|."""
-    taps = results["taps"]
-    names, metrics = list(taps), metric_names(taps, plotted_only=True)
-    rows = [[_number(taps[t]["metrics"].get(m)) for t in names] for m in metrics]
-    values = np.array(rows, dtype=float).reshape(len(metrics), len(names))
-    base = values[:, [names.index("backbone")]] if "backbone" in names else np.full((len(metrics), 1), np.nan)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        change = 100 * (values - base) / np.abs(base)
-    return metrics, names, values, np.where(np.isfinite(change), change, np.nan)
-
-
-def plot_tap_heatmap(results: dict, path: Path) -> Path:
-    """Metric × tap: colour is the change relative to the backbone tap, the number is the measured value."""
-    metrics, names, values, change = relative_change(results)
-    if not metrics:
-        raise ValueError("no metrics to plot")
-    largest = float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 1.0
-    limit = min(max(largest, 1.0), 100.0)
-    fig = new_figure(max(5.0, 1.1 * len(names) + 2.5), max(2.5, 0.42 * len(metrics) + 1.6))
-    ax = fig.add_subplot()
-    image = ax.imshow(np.ma.masked_invalid(change), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
-    ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
-    ax.set_yticks(range(len(metrics)), metrics)
-    for i in range(len(metrics)):
-        for j in range(len(names)):
-            if math.isfinite(values[i, j]):
-                strong = math.isfinite(change[i, j]) and abs(change[i, j]) > 0.6 * limit
-                ax.text(j, i, _short(values[i, j]), ha="center", va="center", fontsize=8,
-                        color="white" if strong else "black")
-    saturated = f", saturated beyond ±{limit:.0f}" if largest > limit else ""
-    fig.colorbar(image, ax=ax, label=f"change vs backbone (%{saturated})", shrink=0.9)
-    ax.set_title("Every metric at every tap (numbers: measured value)")
-    return save(fig, path)
-
-
-def _short(value: float) -> str:
-    return f"{value:.3g}" if abs(value) >= 1000 or (value != 0 and abs(value) < 0.01) else f"{value:.3f}"
 
 
 # The questions a reader asks first; the heat-map and the HTML table hold every metric.
@@ -303,11 +246,11 @@ def _tap_spectra(results: dict) -> dict[str, list[float]]:
 
 def plan_plots(results: dict, records: Sequence[dict]) -> list[tuple[Plot, Callable[[Path], Path]]]:
     """Every figure the data supports, as (Plot, draw(path)); figures without data are left out."""
-    history = train_history(records)
+    history, tracked = train_history(records), train_history(records, "geometry")
     objective = results.get("protocol", {}).get("train", {}).get("objective") or results.get("recipe", {}).get(
         "objective", {}).get("name")
     plan: list[tuple[Plot, Callable[[Path], Path]]] = []
-    colors = head_colors(list(dict.fromkeys(_heads_of(results) + list(history))))
+    colors = head_colors(list(dict.fromkeys(_heads_of(results) + list(history) + list(tracked))))
 
     def add(name, title, section, draw):
         plan.append((Plot(name, title, section), draw))
@@ -327,9 +270,9 @@ def plan_plots(results: dict, records: Sequence[dict]) -> list[tuple[Plot, Calla
             lambda p: plot_series_panels(history, ["grad_norm", "lr", "rel_update"], "Optimisation", p,
                                          {"grad_norm": "‖∇‖ (L2)", "lr": "learning rate",
                                           "rel_update": "lr·‖∇‖ / ‖w‖"}, colors))
-    if any("lambda_min" in r or "lambda_max" in r for recs in history.values() for r in recs):
+    if any("lambda_min" in r or "lambda_max" in r for recs in tracked.values() for r in recs):
         add("lambda_over_training", "λ_min and λ_max over training", "geometry",
-            lambda p: plot_lambda_over_training(history, p, colors))
+            lambda p: plot_lambda_over_training(tracked, p, colors))
     densities = _geometry(results, "hessian_density")
     if densities:
         add("hessian_density", "Hessian eigenvalue density", "geometry",

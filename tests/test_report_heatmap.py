@@ -1,0 +1,81 @@
+"""The heat-map's colour (headprobe/report/heatmap.py): the change from the backbone signed by the buffer claim's
+predicted direction and divided by its 95% interval, computed here by hand for each case."""
+
+import math
+
+import numpy as np
+import pytest
+
+from headprobe.report.heatmap import claim_change, plot_tap_heatmap
+
+
+def _tap(head, metrics, intervals=None):
+    return {"head": head, "depth": 0 if head is None else 1, "metrics": metrics,
+            "uncertainty": {m: {"ci95": ci} for m, ci in (intervals or {}).items()}}
+
+
+def _results():
+    return {
+        "taps": {
+            "backbone": _tap(None, {"linear.acc": 0.90, "align": 0.39, "view_spread_rel": 0.30,
+                                    "aug_r2.jitter_order": 0.0093, "linear.C": 1.0, "mi.infonce": 0.5},
+                             {"linear.acc": [0.86, 0.94], "view_spread_rel": [0.28, 0.32]}),
+            "h@1": _tap("h", {"linear.acc": 0.88, "align": 0.70, "view_spread_rel": 0.20,
+                              "aug_r2.jitter_order": 0.00045, "linear.C": 10.0, "mi.infonce": 0.8},
+                        {"linear.acc": [0.85, 0.91], "view_spread_rel": [0.17, 0.23]}),
+            "h": _tap("h", {"linear.acc": 0.80, "align": 0.75, "view_spread_rel": 0.25, "mi.infonce": 0.4},
+                      {"linear.acc": [0.75, 0.85]}),
+        },
+        "buffer": {"h": {"evidence": {"linear.acc": {"margin": 0.10, "ci95": [0.06, 0.14]}}}},
+    }
+
+
+def test_change_is_signed_by_the_claim_and_scaled_by_the_interval():
+    metrics, taps, values, change, scaled = claim_change(_results())
+    assert "linear.C" not in metrics  # protocol values are not in the heat-map
+    assert taps == ["backbone", "h@1", "h"]
+    row = {m: i for i, m in enumerate(metrics)}
+    acc, spread = row["linear.acc"], row["view_spread_rel"]
+    # linear.acc: the claim predicts lower at the head (−1). Hidden tap: both taps' intervals, half-widths in quadrature
+    assert change[acc, 1] == pytest.approx(-(0.88 - 0.90) / math.hypot(0.03, 0.04)) and scaled[acc, 1]
+    # head output: the verdict's own paired interval of the margin (half-width 0.04)
+    assert change[acc, 2] == pytest.approx(0.10 / 0.04) and scaled[acc, 2]
+    # view_spread_rel: predicted lower (−1), so a fall is positive (green)
+    assert change[spread, 1] == pytest.approx(0.10 / math.hypot(0.03, 0.02))
+    # no interval at the output: the change in the metric's own units, not scaled
+    assert change[spread, 2] == pytest.approx(0.05) and not scaled[spread, 2]
+    # mi.infonce: predicted higher (+1), no intervals
+    assert change[row["mi.infonce"], 1] == pytest.approx(0.3) and change[row["mi.infonce"], 2] == pytest.approx(-0.1)
+
+
+def test_a_negative_infonce_is_not_coloured():
+    results = _results()
+    results["taps"]["h"]["metrics"]["mi.infonce"] = -0.087  # the critic does worse than chance at the output
+    metrics, _, _, change, _ = claim_change(results)
+    row = change[metrics.index("mi.infonce")]
+    assert row[1] == pytest.approx(0.3) and math.isnan(row[2])
+
+
+def test_descriptions_and_the_backbone_column_are_neutral():
+    metrics, _, values, change, _ = claim_change(_results())
+    assert np.isnan(change[:, 0]).all()
+    for metric in ("align", "aug_r2.jitter_order"):  # raw align rose: no colour (it is not evidence)
+        assert np.isnan(change[metrics.index(metric)]).all()
+    jitter = metrics.index("aug_r2.jitter_order")
+    assert values[jitter, 1] == 0.00045 and math.isnan(values[jitter, 2])  # measured values are still shown
+
+
+def test_a_near_zero_metric_does_not_swing(monkeypatch):
+    # a hypothetical evidence metric at 0.0093 → 0.00045 without interval: −95% as a percentage, 0.009 in units
+    import headprobe.buffer
+
+    monkeypatch.setattr(headprobe.buffer, "predicted_change", lambda m: -1 if m == "aug_r2.jitter_order" else None)
+    metrics, _, _, change, _ = claim_change(_results())
+    assert change[metrics.index("aug_r2.jitter_order"), 1] == pytest.approx(0.0093 - 0.00045)
+
+
+def test_heatmap_is_drawn(tmp_path):
+    path = plot_tap_heatmap(_results(), tmp_path / "h.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no metrics"):
+        plot_tap_heatmap({"taps": {"backbone": _tap(None, {"linear.C": 1.0})}}, tmp_path / "e.png")

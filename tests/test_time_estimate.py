@@ -1,0 +1,51 @@
+"""The remaining-time line of `headprobe run` (headprobe/time_estimate.py and RunContext.clock): measured seconds
+× the head taps left, printed once after the first tap is probed and once after training."""
+
+import pytest
+
+from headprobe.recipe import load_recipe
+from headprobe.stages import RunContext
+from headprobe.time_estimate import head_tap_count, remaining_estimate
+
+
+def _recipe(**extra):
+    heads = [{"name": "mlp", "depth": 3}, {"name": "lin", "type": "linear", "depth": 1},
+             {"name": "id", "type": "identity"}, {"name": "two", "depth": 3, "taps": [1, 3]}]
+    return load_recipe({"name": "x", "heads": heads, **extra})
+
+
+def test_head_tap_count_counts_probed_layers_once_per_seed():
+    assert head_tap_count(_recipe()) == 3 + 1 + 0 + 2
+    assert head_tap_count(_recipe(seeds=[0, 1, 2])) == 3 * 6
+    assert head_tap_count(load_recipe({"name": "x"})) == 0
+
+
+def test_estimate_is_the_measured_seconds_times_the_taps_left():
+    line = remaining_estimate(_recipe(), {}, first_probe_s=2.5, head_taps_done=0, after="probing")
+    assert line == ("time estimate: ~15 s more: probing 6 head taps (2.5 s per tap, measured on the first tap "
+                    "probed), after training the heads (its progress bar times it)")
+    line = remaining_estimate(_recipe(geometry={"final": True}), {"train_s": 41.2}, 2.5, 2, "training")
+    assert line == ("training took 41 s; time estimate: ~10 s more: probing 4 head taps (2.5 s per tap, measured "
+                    "on the first tap probed); plus the final geometry of each head (not estimated)")
+    assert remaining_estimate(_recipe(), {}, None, 0, "probing") is None  # nothing measured yet
+    assert remaining_estimate(_recipe(), {}, 1.0, 6, "training") is None  # nothing left
+    with pytest.raises(ValueError, match="after='extracting' is not a point"):
+        remaining_estimate(_recipe(), {}, 1.0, 0, "extracting")
+
+
+def test_run_context_prints_it_after_the_first_probe_and_after_training(capsys, monkeypatch):
+    clock = iter([10.0, 13.0, 20.0, 21.0])
+    monkeypatch.setattr("headprobe.stages.time.perf_counter", lambda: next(clock))
+    results = {"timing": {}, "taps": {"backbone": {"head": None}}}
+    ctx = RunContext(_recipe(), None, results, None, show=True)
+    ctx.clock("probe_s", 10.0)  # perf_counter → 10.0: ...
+    assert capsys.readouterr().err == ""  # a 0 s probe says nothing about the rest
+    ctx = RunContext(_recipe(), None, results, None, show=True)
+    ctx.clock("probe_s", 10.0)  # 13.0 − 10.0 = 3 s for the backbone tap
+    assert capsys.readouterr().err.startswith("time estimate: ~18 s more: probing 6 head taps (3.0 s per tap")
+    ctx.clock("probe_s", 19.0)  # a second probe: no second line
+    assert capsys.readouterr().err == ""
+    ctx.clock_training(64.0, resumed=False)
+    assert capsys.readouterr().err.startswith("training took 64 s; time estimate: ~18 s more")
+    RunContext(_recipe(), None, {"timing": {}, "taps": {}}, None, show=False).clock_training(1.0, resumed=False)
+    assert capsys.readouterr().err == ""  # quiet runs print nothing
