@@ -239,20 +239,36 @@ class Optimisation:
                 s.predictor.load_state_dict(s.last_good["predictor"], strict=True)
 
 
+def tracked_stat_rows(source: StepSource, track, seed: int) -> torch.Tensor | None:
+    """The fixed rows whose head outputs give every tracked record's collapse statistics: `track.track_stat_rows`
+    of a source's cached view features (`views`: (N, K, D), `geometry.collapse.fixed_stat_rows`, drawn with
+    (seed, "collapse rows")); None for a source without cached views (a tuned backbone changes every
+    representation, so its records take the statistics on the step's whole batch instead)."""
+    from .geometry.collapse import fixed_stat_rows
+
+    views = getattr(source, "views", None)
+    if not isinstance(views, torch.Tensor) or views.ndim != 3:
+        return None
+    return fixed_stat_rows(views, track.track_stat_rows, seed_of(seed, "collapse rows"))
+
+
 def track_curvature(state: HeadState, objective, options: dict, z1: torch.Tensor, z2: torch.Tensor, track,
-                    step: int, per_epoch: int, seed: int, log) -> None:
+                    step: int, per_epoch: int, seed: int, log, stat_rows: torch.Tensor | None = None) -> None:
     """Append (and log) a "geometry" record of `state`'s head on z1, z2: (b, D), taken before step `step`'s
-    update: `geometry.tracking.curvature_snapshot` on the first `track.track_rows` rows."""
+    update: `geometry.tracking.curvature_snapshot` on the first `track.track_rows` rows, its collapse statistics
+    on `stat_rows` (`tracked_stat_rows`: the same rows at every step; None: all b rows of the step's batch)."""
     from .geometry.analyse import objective_closure
     from .geometry.tracking import curvature_snapshot
 
     rows = min(track.track_rows, len(z1))
+    fixed = stat_rows is not None
     snap = curvature_snapshot(state.head, z1[:rows], z2[:rows], objective_closure(objective, options, state.predictor),
                               predictor=state.predictor, max_iter=track.track_max_iter, seed=seed,
-                              split=getattr(track, "track_split", False))
+                              split=getattr(track, "track_split", False), stat_rows=stat_rows if fixed else z1)
     snap.pop("cov_top_eigenvalues", None)
     record = {"stage": "geometry", "head": state.name, "step": step + 1, "epoch": step // per_epoch,
-              **{k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in snap.items()}}
+              **{k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in snap.items()},
+              "stats_rows_fixed": fixed}
     state.history.append(record)
     if log is not None:
         log(record)
@@ -317,17 +333,19 @@ def _train_steps(source: StepSource, groups: list[Optimisation], steps: range, t
                  objective, objective_options: dict, train, seed: int, checkpoint_dir: Path | None, log,
                  progress, task, track, backbone) -> int | None:
     """Run `steps`; returns the step after which every optimisation had stopped, or None."""
+    tracking = track is not None and bool(track.track_every)
+    stat_rows = tracked_stat_rows(source, track, seed) if tracking else None
     with source.running():
         for step, batch in source.batches(steps):
             training = [g for g in groups if g.training]
             states = [s for g in training for s in g.heads]
             out = source.forward(step, batch, states)
-            if track is not None and track.track_every and (step + 1) % track.track_every == 0:
+            if tracking and (step + 1) % track.track_every == 0:
                 with local_batch():  # a snapshot of this process's rows; the Hessian products stay local
                     for state in states:
                         if state.has_weights():  # an identity head has no curvature of its own
                             track_curvature(state, objective, objective_options, out.z1.detach(), out.z2.detach(),
-                                            track, step, per_epoch, seed, log)
+                                            track, step, per_epoch, seed, log, stat_rows)
             for group in training:
                 _optimise(group, out, step, total, train, per_epoch, source, log)
             if groups and not any(g.training for g in groups):
@@ -346,7 +364,7 @@ def run_training(source: StepSource, groups: list[Optimisation], specs, *, objec
     """Train `groups` for `total` steps of `source`; returns every head's state and the training summary.
 
     With `track` (a `GeometrySpec`) the fresh heads first get the step-0 collapse check
-    (`geometry.tracking.check_collapsed_start` on `source.first_views()`), and every `track.track_every` steps a
+    (`geometry.collapse.check_collapsed_start` on `source.first_views()`), and every `track.track_every` steps a
     curvature record. `resume_from` restores a checkpoint (strictly) and continues at its step. Checkpoints go to
     `checkpoint_dir` every `train.checkpoint_every` steps and at the end. Afterwards every head is in eval mode
     on the CPU. Summary: "steps", "steps_per_epoch", "start_step", "stopped_at" (the step after which every
@@ -357,7 +375,7 @@ def run_training(source: StepSource, groups: list[Optimisation], specs, *, objec
     states = {s.name: s for g in groups for s in g.heads}
     collapse = {}
     if track is not None:  # the fresh heads (a resumed run's step 0 too) on step 0's first views
-        from .geometry.tracking import check_collapsed_start
+        from .geometry.collapse import check_collapsed_start
 
         z, mean_feature = source.first_views()
         collapse = check_collapsed_start({n: s for n, s in states.items() if s.has_weights()}, specs, z,

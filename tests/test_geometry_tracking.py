@@ -5,7 +5,6 @@ import torch
 from torch import nn
 
 from headprobe.geometry import batchnorm_mode, collapse_start, curvature_snapshot, dense_hessian, symmetric_simsiam
-from headprobe.geometry.tracking import collapse_criterion, collapsed_init
 from headprobe.heads import Predictor, ProjectionHead
 from headprobe.objectives import simsiam, vicreg
 from headprobe.probes.spectrum import rankme
@@ -166,17 +165,6 @@ def test_output_statistics_and_an_exactly_collapsed_head():
     assert flat["out_std"] is None and flat["rankme"] is None and flat["cov_effective_rank"] is None
 
 
-def test_collapse_start_scales_weights_like_init_scale():
-    torch.manual_seed(3)
-    scaled = ProjectionHead(D, depth=2, width=16, act="swish", init_scale=0.1)
-    torch.manual_seed(3)
-    plain = collapse_start(ProjectionHead(D, depth=2, width=16, act="swish"), 0.1)
-    for (name, a), b in zip(scaled.state_dict().items(), plain.state_dict().values(), strict=True):
-        assert torch.equal(a, b), name
-    with pytest.raises(ValueError, match="finite"):
-        collapse_start(plain, float("nan"))
-
-
 def test_snapshot_checks_its_arguments():
     z1, z2 = views()
     head = collapsed_head("gelu")
@@ -186,6 +174,10 @@ def test_snapshot_checks_its_arguments():
         curvature_snapshot(head, z1, z2[:3], vicreg)
     with pytest.raises(ValueError, match="floating-point batch"):
         curvature_snapshot(head, z1[0], z2, vicreg)
+    with pytest.raises(ValueError, match="split"):
+        curvature_snapshot(head, z1, z2, vicreg, wrt="head", split=True)
+    with pytest.raises(ValueError, match="stat_rows must be representations"):
+        curvature_snapshot(head, z1, z2, vicreg, stat_rows=torch.zeros(5, D + 1, dtype=F64))
 
 
 def dense_split(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, objective, modules) -> dict:
@@ -262,25 +254,42 @@ def test_negative_curvature_is_attributed_to_the_loss_under_simsiam_and_to_the_h
     assert sources == {"linear-relu": "none", "mlp-relu": "none", "mlp-swish": "head"}
 
 
-def test_collapse_criterion_and_collapsed_init_start_every_head_collapsed():
-    g = torch.Generator().manual_seed(7)
-    z = 1.0 + torch.randn(64, D, generator=g, dtype=F64)  # a mean direction, as backbone features have
-    for kind, act, bn in (("linear", "relu", False), ("mlp", "relu", False), ("mlp", "swish", False),
-                          ("mlp", "gelu", True)):
-        torch.manual_seed(8)
-        head = ProjectionHead(D, kind=kind, depth=2, width=16, out_dim=8, act=act, bn_hidden=bn).to(F64)
-        with batchnorm_mode(head, "batch"), torch.no_grad():
-            before = nn.functional.normalize(head(z), dim=1).std(0).mean().item()
-            collapsed_init(head, z.mean(0), offset=1.0, scale=0.01)
-            after = nn.functional.normalize(head(z), dim=1).std(0).mean().item()
-        assert not collapse_criterion(before, 8)["collapsed"], kind
-        verdict = collapse_criterion(after, 8)
-        assert verdict["collapsed"] and verdict["out_std"] < 0.1 / math.sqrt(8), (kind, act, bn, after)
-        assert verdict["threshold"] == pytest.approx(0.1 / math.sqrt(8))
-    assert not collapse_criterion(None, 8)["collapsed"] and not collapse_criterion(float("nan"), 8)["collapsed"]
-    with pytest.raises(ValueError, match="offset > 0"):
-        collapsed_init(head, z.mean(0), offset=-1.0)
-    with pytest.raises(ValueError, match="nonzero"):
-        collapsed_init(head, torch.zeros(D, dtype=F64))
-    with pytest.raises(ValueError, match="split"):
-        curvature_snapshot(head, z[:4], z[4:8], vicreg, wrt="head", split=True)
+def test_lambda_min_converged_says_whether_lambda_min_matches_the_dense_eigenvalue():
+    """The flag against an exact eigen-decomposition: every point flagged converged is within the tolerance of
+    the dense λ_min, a short run that is not is flagged so, and the full Krylov space converges."""
+    z1, z2 = views(6)
+    head = collapsed_head("swish")
+    exact = dense_extremes(head, z1, z2, lambda a, b: vicreg(a, b).loss, head)
+    tol, flags = 1e-6, {}
+    for max_iter in (3, 6, 12, 24, 48, 64):
+        out = curvature_snapshot(head, z1, z2, vicreg, tol=tol, max_iter=max_iter)
+        allowed = tol * max(out["scale"], abs(out["lambda_min"]))
+        error = abs(out["lambda_min"] - float(exact[0]))
+        assert out["lambda_min_converged"] == (out["residual_min"] <= allowed), max_iter
+        assert out["max_iter"] == max_iter and out["n_iter"] <= max_iter
+        if out["lambda_min_converged"]:
+            assert error <= allowed, (max_iter, error, allowed)
+        flags[max_iter] = (out["lambda_min_converged"], error > allowed, out["converged"])
+    assert flags[3][:2] == (False, True)  # three products: far from λ_min, and flagged as such
+    assert flags[64][0] and flags[64][2]
+    # λ_min's own flag, not the run's: here λ_min converges before λ_max does.
+    assert any(own and not both for own, _, both in flags.values()), flags
+
+
+def test_collapse_statistics_come_from_the_given_rows_in_one_batch_mode_pass():
+    z1, z2 = views()
+    torch.manual_seed(0)
+    head = ProjectionHead(D, depth=2, width=16, out_dim=8, act="gelu", bn_hidden=True).to(F64)
+    rows = torch.randn(40, D, generator=torch.Generator().manual_seed(9), dtype=F64)
+    out = curvature_snapshot(head, z1, z2, vicreg, stat_rows=rows)
+    with batchnorm_mode(head, "batch"), torch.no_grad():
+        h = head(rows)
+    direct = float((h / h.norm(dim=1, keepdim=True)).std(0).mean())
+    s = torch.linalg.svdvals(h)
+    p = s / s.sum() + 1e-7
+    assert out["stats_rows"] == 40
+    assert out["out_std"] == pytest.approx(direct, rel=1e-12)
+    assert out["rankme"] == pytest.approx(math.exp(float(-(p * p.log()).sum())), rel=1e-12)
+    assert out["rankme"] > B  # RankMe of the 4-row batch could not pass 4
+    plain = curvature_snapshot(head, z1, z2, vicreg)
+    assert plain["stats_rows"] == B and plain["lambda_min"] == out["lambda_min"]
