@@ -1,73 +1,78 @@
 """The on-disk feature cache's files: one safetensors file per key, a checksum of every tensor in its metadata
-(verified on every load), written under a temporary name and renamed; see `features` for what is cached."""
+(verified on every load, in fixed-size chunks), written under a temporary name and renamed; see `features` for what
+is cached. A hit is loaded whole, or memory-mapped (`mapped=True`: nothing is read until it is indexed, see
+`tensor_file`), so a view cache larger than memory can be used."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
-__all__ = ["FORMAT_VERSION", "cache_root", "load_cached", "save_cached", "tensor_checksum"]
+from .tensor_file import checksum_hasher, file_checksum, map_tensors, read_header, write_streamed
+
+__all__ = ["FORMAT_VERSION", "cache_root", "checksum_algorithm", "load_cached", "save_cached", "save_cached_streamed",
+           "tensor_checksum"]
 
 FORMAT_VERSION = 2  # 2: per-tensor checksums in the metadata
 
 
-def tensor_checksum(tensor: torch.Tensor, algorithm: str | None = None) -> str:
-    """``"<algorithm>:<hex digest>"`` of a CPU tensor's raw bytes: xxh3-128 when `xxhash` is installed (several
-    GB/s), else BLAKE2b-128 (standard library). `algorithm` ("xxh3_128" | "blake2b") recomputes a recorded one."""
-    algorithm = algorithm or ("xxh3_128" if _xxhash() is not None else "blake2b")
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-    if algorithm == "xxh3_128":
-        xxhash = _xxhash()
-        if xxhash is None:
-            raise ValueError("it was checksummed with xxh3_128 and the xxhash package is not installed")
-        return f"xxh3_128:{xxhash.xxh3_128_hexdigest(raw)}"
-    if algorithm == "blake2b":
-        return f"blake2b:{hashlib.blake2b(raw, digest_size=16).hexdigest()}"
-    raise ValueError(f"its checksum algorithm {algorithm!r} is unknown")
-
-
-def _xxhash():
+def checksum_algorithm() -> str:
+    """xxh3-128 when `xxhash` is installed (several GB/s), else BLAKE2b-128 (standard library)."""
     try:
-        import xxhash
+        import xxhash  # noqa: F401
     except ImportError:
-        return None
-    return xxhash
+        return "blake2b"
+    return "xxh3_128"
+
+
+def tensor_checksum(tensor: torch.Tensor, algorithm: str | None = None) -> str:
+    """``"<algorithm>:<hex digest>"`` of a CPU tensor's raw bytes (`checksum_algorithm` unless `algorithm`,
+    "xxh3_128" | "blake2b", recomputes a recorded one)."""
+    algorithm = algorithm or checksum_algorithm()
+    hasher = checksum_hasher(algorithm)
+    hasher.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return f"{algorithm}:{hasher.hexdigest()}"
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("HEADPROBE_CACHE", Path.home() / ".cache" / "headprobe")).expanduser()
 
 
-def load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None
+def load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None, mapped: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(features, labels-or-params) from a cache file whose key, row count and checksums match (and whose labels
-    equal `labels`, when given), else None; an unusable file is reported and deleted."""
-    from safetensors import safe_open
-
+    equal `labels`, when given), else None; an unusable file is reported and deleted. The checksums are computed
+    over the file in chunks, so checking holds a few MiB whatever the file's size. mapped: the tensors are
+    memory-mapped from the file (`tensor_file.map_tensors`) instead of loaded."""
     if not path.exists():
         return None
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            second = meta.get("second", "labels")
-            feats = f.get_tensor("features")
-            stored = f.get_tensor(second)
-        if meta.get("key") != key or feats.shape[0] != n or stored.shape[0] != n:
-            raise ValueError(f"it holds {feats.shape[0]} rows for key {meta.get('key')!r}, expected {n} for {key!r}")
+        entries, meta = read_header(path)
+        second = meta.get("second", "labels")
+        if "features" not in entries or second not in entries:
+            raise ValueError(f"it holds the tensors {sorted(entries)}, not 'features' and {second!r}")
+        rows = entries["features"].shape[0] if entries["features"].shape else 0
+        if meta.get("key") != key or rows != n or (entries[second].shape or (0,))[0] != n:
+            raise ValueError(f"it holds {rows} rows for key {meta.get('key')!r}, expected {n} for {key!r}")
         checksums = json.loads(meta.get("checksums", "null"))
         if not isinstance(checksums, dict):
             raise ValueError("it records no checksums of its tensors")
-        for name, tensor in (("features", feats), (second, stored)):
+        for name in ("features", second):
             recorded = checksums.get(name)
-            if not isinstance(recorded, str) or tensor_checksum(tensor, recorded.partition(":")[0]) != recorded:
+            if not isinstance(recorded, str) or file_checksum(path, entries[name],
+                                                              recorded.partition(":")[0]) != recorded:
                 raise ValueError(f"the checksum of its {name!r} tensor does not match its content (corrupted "
                                  "or edited)")
+        tensors = map_tensors(path, {name: entries[name] for name in ("features", second)})
+        feats, stored = tensors["features"], tensors[second]
+        if not mapped:
+            feats, stored = feats.clone(), stored.clone()
         if labels is not None and not torch.equal(stored, labels):
             wrong = int((stored != labels).sum()) if stored.shape == labels.shape else n
             raise ValueError(f"its labels differ from the dataset's at {wrong} of {n} images")
@@ -90,13 +95,30 @@ def save_cached(
     cannot be written (read-only or full): the cache is an optimisation, the run goes on without it."""
     from safetensors.torch import save_file
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tensors = {"features": feats.contiguous(), second: labels.contiguous()}
     checksums = {name: tensor_checksum(t) for name, t in tensors.items()}
+    metadata = {"key": key, "second": second, "checksums": json.dumps(checksums),
+                "description": json.dumps(description, default=str)}
+    return _write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def save_cached_streamed(path: Path, key: str, description: dict,
+                         tensors: dict[str, tuple[torch.dtype, tuple[int, ...], Iterable[torch.Tensor]]],
+                         second: str = "params") -> bool:
+    """`save_cached` for tensors that arrive in row chunks ({"features": (dtype, shape, chunks), second: ...},
+    `tensor_file.write_streamed`): one chunk is held at a time, so a cache larger than memory can be written."""
+    if set(tensors) != {"features", second}:
+        raise ValueError(f"a cache file holds 'features' and {second!r}, got {sorted(tensors)}")
+    metadata = {"key": key, "second": second, "description": json.dumps(description, default=str)}
+    return _write_atomically(path, lambda tmp: write_streamed(tmp, tensors, metadata, checksum_algorithm()))
+
+
+def _write_atomically(path: Path, write) -> bool:
+    """write(temporary path), then rename it to `path`; False (one warning per cache folder) where that fails."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(tmp), metadata={"key": key, "second": second, "checksums": json.dumps(checksums),
-                                               "description": json.dumps(description, default=str)})
+        write(tmp)
         os.replace(tmp, path)
     except Exception as err:  # OSError, or safetensors' own error wrapping one (read-only, disk full)
         with contextlib.suppress(OSError):
@@ -106,6 +128,6 @@ def save_cached(
             _UNWRITABLE.add(folder)
             warnings.warn(f"the feature cache {folder} cannot be written ({type(err).__name__}: {err}); carrying "
                           "on without caching (point HEADPROBE_CACHE at a writable folder, or set "
-                          "features.cache: false).", stacklevel=3)
+                          "features.cache: false).", stacklevel=4)
         return False
     return True

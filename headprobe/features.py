@@ -17,7 +17,12 @@ result is the same for any number of processes.
 Memory: each extraction allocates its output once, when the first batch gives the feature width, and
 writes every batch into its rows; batch outputs are never collected and concatenated. In one process on
 the CPU the returned tensor is that buffer, so extraction holds one (N, D) copy of the features (one on
-the device and one on the CPU when extracting on a GPU).
+the device and one on the CPU when extracting on a GPU). A cache hit is loaded whole, or with `mapped=True`
+memory-mapped from its file (`tensor_file`), read only where it is indexed.
+
+Input pipeline: `num_workers` (None: chosen from the machine), pinned memory and prefetching on CUDA are
+`data.loader.loader_options`; every item is a pure function of its index, so the results are the same for any
+worker count.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from .data.loader import ImageDecodeError, loader_options
 from .feature_cache import FORMAT_VERSION, cache_root, load_cached, save_cached
 
 
@@ -79,8 +85,8 @@ def load_image(dataset, index: int):
         image.load()
         return image
     except (OSError, ValueError, SyntaxError) as err:
-        raise ValueError(f"image {index} of the data ({_image_path(dataset, index)}) cannot be decoded "
-                         f"({type(err).__name__}: {err}); replace or remove that file.") from None
+        raise ImageDecodeError(f"image {index} of the data ({_image_path(dataset, index)}) cannot be decoded "
+                               f"({type(err).__name__}: {err}); replace or remove that file.") from None
 
 
 def _image_path(dataset, index: int) -> str:
@@ -149,14 +155,16 @@ def extract(
     batch_size: int = 64,
     precision: str = "fp32",
     cache: bool = True,
-    num_workers: int = 0,
+    num_workers: int | None = 0,
     rotation: int = 0,
+    mapped: bool = False,
     state=None,
     progress=None,
 ) -> Features:
     """Features of every image of `dataset` (a `datasets.Dataset` with ``image``/``label``) → `Features`.
 
-    `rotation` (degrees, a multiple of 90) rotates each image before preprocessing (rotation probes).
+    `rotation` (degrees, a multiple of 90) rotates each image before preprocessing (rotation probes). `mapped`: a
+    cache hit is memory-mapped from its file instead of loaded whole.
     """
     if rotation % 90:
         raise ValueError(f"rotation must be a multiple of 90 degrees, got {rotation}.")
@@ -171,7 +179,7 @@ def extract(
     n = len(dataset)
     labels = torch.as_tensor(dataset["label"], dtype=torch.int64)
     if cache:
-        hit = load_cached(path, key, n, labels)
+        hit = load_cached(path, key, n, labels, mapped=mapped)
         if hit is not None:
             return Features(hit[0], hit[1], key, True, path)
 
@@ -197,8 +205,8 @@ def _forward_shard(
     device, n, world = state.device, len(dataset), state.num_processes
     indices = range(state.process_index, n, world)  # a range, not a list of N Python ints
     loader = torch.utils.data.DataLoader(
-        _Images(dataset, indices, backbone.preprocess, rotation), batch_size=batch_size, num_workers=num_workers
-    )
+        _Images(dataset, indices, backbone.preprocess, rotation), batch_size=batch_size,
+        **loader_options(num_workers, device))
     autocast = _autocast(device, precision)
     rows = -(-n // world)
     local, start = None, 0
@@ -258,7 +266,6 @@ def view_transforms(preprocess, augment):
     resize) — how the cached path and the tuned path (`headprobe.train_tuned`) both turn an image into a view."""
     import dataclasses
 
-
     return dataclasses.replace(augment, size=preprocess.crop), normalise_only(preprocess)
 
 
@@ -282,7 +289,8 @@ def extract_views(
     batch_size: int = 64,
     precision: str = "fp32",
     cache: bool = True,
-    num_workers: int = 0,
+    num_workers: int | None = 0,
+    mapped: bool = False,
     state=None,
     progress=None,
 ) -> ViewFeatures:
@@ -290,7 +298,7 @@ def extract_views(
 
     View k of image i depends only on (seed, i, k), so the cache is valid for any batch size or
     number of processes. `augment` is an `AugmentSpec`; its output size is set to the backbone's
-    crop size and the view is then only normalised (no second resize).
+    crop size and the view is then only normalised (no second resize). `mapped`: a cache hit is memory-mapped.
     """
     import dataclasses
 
@@ -307,7 +315,7 @@ def extract_views(
     path = cache_root() / "views" / f"{key}.safetensors"
     n = len(dataset)
     if cache:
-        hit = load_cached(path, key, n)
+        hit = load_cached(path, key, n, mapped=mapped)
         if hit is not None:
             return ViewFeatures(hit[0], hit[1], key, True)
 
@@ -315,8 +323,8 @@ def extract_views(
     world = state.num_processes
     items = range(state.process_index, total, world)
     loader = torch.utils.data.DataLoader(
-        AugmentedViews(dataset, items, views, spec, seed, normalise), batch_size=batch_size, num_workers=num_workers
-    )
+        AugmentedViews(dataset, items, views, spec, seed, normalise), batch_size=batch_size,
+        **loader_options(num_workers, device))
     n_pixels = 3 * crop * crop
     task = progress.add_task(f"extract {views} views × {n} images", total=total) if progress is not None else None
     # Flat row j = view j % K of image j // K. One process: the (N·K, ·) buffers are the (N, K, ·) results, viewed;
@@ -327,7 +335,8 @@ def extract_views(
     backbone.to(device)
     with torch.inference_mode():
         for batch in loader:
-            pixels = batch[:, :n_pixels].reshape(-1, 3, crop, crop).to(device)
+            batch = batch.to(device, non_blocking=True)  # the whole (pinned) batch in one copy
+            pixels = batch[:, :n_pixels].reshape(-1, 3, crop, crop)
             with _autocast(device, precision):
                 out = backbone(pixels)
             if feats is None:

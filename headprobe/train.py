@@ -31,6 +31,7 @@ from .engine import (
 )
 from .heads import ProjectionHead
 from .objectives import local_batch
+from .tensor_file import gather_rows, is_mapped, mean_over_rows
 
 __all__ = ["CheckpointError", "CachedSteps", "HeadState", "batch_for_step", "build_head", "collapse_stats",
            "head_taps", "latest_checkpoint", "load_checkpoint", "make_states", "train_heads"]
@@ -64,7 +65,7 @@ class CachedSteps:
     def first_views(self) -> tuple[torch.Tensor, torch.Tensor]:
         n, k, _ = self.views.shape
         idx, v1, _ = batch_for_step(0, n, k, self.batch_size, self.seed)
-        return self.views[idx, v1], self.views.mean((0, 1))
+        return gather_rows(self.views, idx, v1).to(self.device), mean_over_rows(self.views).to(self.device)
 
     def batches(self, steps: range):
         return ((step, None) for step in steps)
@@ -75,7 +76,9 @@ class CachedSteps:
     def forward(self, step: int, batch, states: list[HeadState]) -> StepOutput:
         n, k, _ = self.views.shape
         idx, v1, v2 = batch_for_step(step, n, k, self.batch_size, self.seed)
-        z1, z2 = self.views[idx, v1], self.views[idx, v2]
+        # A mapped view cache (`tensor_file`) stays on disk: each batch reads its 2·B rows, which then go to the
+        # device; the memory held is the batch's, not the cache's.
+        z1, z2 = (gather_rows(self.views, idx, v).to(self.device, non_blocking=True) for v in (v1, v2))
         losses = {}
         for state in states:
             state.modules().train()
@@ -113,15 +116,16 @@ def train_heads(
     n, _, dim = views.shape
     per_epoch, total = steps_of(train, n)
     states = make_states(specs, dim, train, -(-total // train.grad_accum), seed)
-    if device is not None:
-        # Train where the process's accelerator is; the heads come back to the CPU, where the features live.
-        views = views.to(device)
-        for state in states.values():
-            state.modules().to(device)
-    groups = [Optimisation(name, [s], s.optimizer, s.scheduler, torch.amp.GradScaler(views.device.type, enabled=False))
+    # Train where the process's accelerator is; the heads come back to the CPU, where the features live.
+    # Mapped views stay mapped (each batch is copied to the device); the others move there whole.
+    device = torch.device(device) if device is not None else views.device
+    views = views if is_mapped(views) else views.to(device)
+    for state in states.values():
+        state.modules().to(device)
+    groups = [Optimisation(name, [s], s.optimizer, s.scheduler, torch.amp.GradScaler(device.type, enabled=False))
               for name, s in states.items()]
     source = CachedSteps(views, objective=OBJECTIVES.get(objective_name), objective_options=objective_options,
-                         batch_size=train.batch_size, seed=seed, device=views.device)
+                         batch_size=train.batch_size, seed=seed, device=device)
     states, summary = run_training(
         source, groups, specs, objective_name=objective_name, objective_options=objective_options, train=train,
         seed=seed, total=total, per_epoch=per_epoch, label=f"train {len(states)} heads",

@@ -145,7 +145,7 @@ class TunedSteps:
     backbone and every head in one (DDP) forward. The random numbers of step s (dropout) come from
     ``seed_of(seed, "tuned-step", s, rank)``."""
 
-    def __init__(self, joint: _Joint, model: nn.Module, views: StepViews, *, seed: int, state, num_workers: int,
+    def __init__(self, joint: _Joint, model: nn.Module, views: StepViews, *, seed: int, state, num_workers: int | None,
                  swapped: list) -> None:
         self.joint, self.model, self.views, self.seed, self.swapped = joint, model, views, seed, swapped
         self.device, self.rank, self.world = state.device, state.process_index, state.num_processes
@@ -159,8 +159,12 @@ class TunedSteps:
         return z, z.mean(0)
 
     def batches(self, steps: range):
+        from .data.loader import loader_options
+
+        # One loader over every step of every epoch, its workers persistent: they start once per run, and the
+        # prefetched steps stay in flight across epoch boundaries. Step s's views are f(seed, s): any worker count.
         loader = torch.utils.data.DataLoader(self.views, batch_size=None, sampler=steps,
-                                             num_workers=self.num_workers, pin_memory=self.device.type == "cuda")
+                                             **loader_options(self.num_workers, self.device, persistent=True))
         return zip(steps, loader, strict=True)
 
     @contextlib.contextmanager
@@ -193,7 +197,7 @@ def train_tuned(
     train,
     seed: int,
     precision: str = "fp32",
-    num_workers: int = 0,
+    num_workers: int | None = 0,
     checkpoint_dir: Path | None = None,
     resume_from: Path | None = None,
     log=None,

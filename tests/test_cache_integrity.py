@@ -100,3 +100,45 @@ def test_an_unwritable_cache_warns_once_and_carries_on(setup, monkeypatch, tmp_p
     assert len([w for w in record if "cannot be written" in str(w.message)]) == 1
     assert not first.cached and first.path is None and second.path is None
     assert first.features.shape == (40, bb.dim)
+
+
+def test_corrupted_caches_are_detected_when_mapped_too(setup, monkeypatch):
+    """Mapped hits are checked like loaded ones, over the file in chunks (a few here, from a small chunk size)."""
+    from headprobe import tensor_file
+    from headprobe.tensor_file import is_mapped
+
+    bb, data = setup
+    good = _extract(bb, data)
+    monkeypatch.setattr(tensor_file, "CHUNK_BYTES", 4096)
+    hit = _extract(bb, data, mapped=True)
+    assert hit.cached and is_mapped(hit.features) and torch.equal(hit.features, good.features)
+    raw = bytearray(good.path.read_bytes())
+    raw[-3] ^= 0x01  # one bit of the last tensor's last chunk
+    edited = good.path.with_name("edited")
+    edited.write_bytes(bytes(raw))
+    edited.replace(good.path)  # replaced by a rename, as the cache writes: the live mapping keeps the file it mapped
+    assert torch.equal(hit.features, good.features)
+    with pytest.warns(UserWarning, match="checksum of its '(features|labels)' tensor does not match"):
+        again = _extract(bb, data, mapped=True)
+    assert not again.cached and torch.equal(again.features, good.features)
+    good.path.write_bytes(good.path.read_bytes()[:-100])
+    with pytest.warns(UserWarning, match=r"unusable \(its tensor .* \(truncated\)\)"):
+        assert not _extract(bb, data, mapped=True).cached
+
+
+def test_a_streamed_cache_file_loads_like_a_saved_one(tmp_path):
+    """`save_cached_streamed` writes, a chunk at a time, the file `load_cached` checks and reads (whole or mapped)."""
+    from headprobe.feature_cache import load_cached, save_cached_streamed
+
+    views, params = torch.randn(50, 3, 8), torch.rand(50, 3, 2)
+    parts = {"features": (torch.float32, (50, 3, 8), (views[s : s + 16] for s in range(0, 50, 16))),
+             "params": (torch.float32, (50, 3, 2), iter([params]))}
+    path = tmp_path / "views.safetensors"
+    assert save_cached_streamed(path, "key", {"what": "test"}, parts)
+    for mapped in (False, True):
+        feats, stored = load_cached(path, "key", 50, mapped=mapped)
+        assert torch.equal(feats, views) and torch.equal(stored, params)
+    with pytest.warns(UserWarning, match="holds 50 rows for key 'key', expected 51"):
+        assert load_cached(path, "key", 51) is None
+    with pytest.raises(ValueError, match="a cache file holds 'features' and 'params', got \\['features'\\]"):
+        save_cached_streamed(path, "key", {}, {"features": parts["features"]})

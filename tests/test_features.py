@@ -151,3 +151,31 @@ def test_extract_views_writes_into_one_buffer_and_equals_the_batched_forward():
         expected = torch.cat([bb(flat[s : s + 16, :n_pixels].reshape(-1, 3, 28, 28)) for s in range(0, 80, 16)])
     assert torch.equal(out.features.reshape(80, WIDE), expected)
     assert torch.equal(out.params.reshape(80, -1), flat[:, n_pixels:])
+
+
+def test_features_and_views_are_bitwise_the_same_for_any_worker_count():
+    """Every item is a pure function of its index (view k of image i is f(seed, i, k)) and batches come back in
+    index order, so 2 worker processes give exactly what the main process gives alone."""
+    from headprobe.data.augment import augment_spec
+    from headprobe.features import extract_views
+
+    data = load_data(DataSpec(limit=LimitSpec(train=40, test=20)))
+    bb = _wide_backbone()
+    alone, workers = (_extract(bb, data, cache=False, num_workers=w) for w in (0, 2))
+    assert torch.equal(alone.features, workers.features)
+    options = {"data_info": data.info, "augment": augment_spec("dino"), "views": 3, "seed": 7, "batch_size": 16,
+               "cache": False}
+    alone, workers = (extract_views(bb, data.train, num_workers=w, **options) for w in (0, 2))
+    assert torch.equal(alone.features, workers.features) and torch.equal(alone.params, workers.params)
+    assert alone.params.reshape(120, -1).unique(dim=0).shape[0] == 120  # every view is drawn afresh
+
+
+def test_a_mapped_hit_equals_the_loaded_one(setup):
+    from headprobe.tensor_file import is_mapped
+
+    bb, data = setup
+    first = _extract(bb, data)
+    loaded, mapped = _extract(bb, data), _extract(bb, data, mapped=True)
+    assert loaded.cached and mapped.cached and is_mapped(mapped.features) and not is_mapped(loaded.features)
+    assert torch.equal(mapped.features, first.features) and torch.equal(loaded.features, first.features)
+    assert torch.equal(mapped.labels, first.labels)
