@@ -1,4 +1,5 @@
-"""Numbers of one training step over the processes that split its batch (the tuned path's DDP ranks).
+"""What processes exchange: numbers of one training step over the processes that split its batch (the tuned path's
+DDP ranks), the k-NN bank's partial neighbours (`probes.sharded_knn`) and the probes' results (`taps`).
 
 With ``world == 1`` (the cached path, where every process holds the whole batch) none of them communicates.
 """
@@ -33,3 +34,30 @@ def all_finite(loss: torch.Tensor, world: int) -> bool:
     if world > 1:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
+
+
+def sum_over_ranks(value: int, world: int, device="cpu") -> int:
+    """The sum of an integer over the `world` processes (`device`: where the backend reduces, CUDA for NCCL)."""
+    if world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def max_over_ranks(value: int, world: int, device="cpu") -> int:
+    """The largest value of an integer over the `world` processes."""
+    if world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def all_objects(obj, world: int) -> list:
+    """Any picklable value from each of `world` processes → the list of them in rank order, on every process."""
+    if world == 1:
+        return [obj]
+    parts: list = [None] * world
+    dist.all_gather_object(parts, obj)
+    return parts

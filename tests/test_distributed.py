@@ -1,4 +1,5 @@
-"""Two processes (torchrun, gloo on CPU) give the same features and metrics as one, seed by seed."""
+"""Two processes (torchrun, gloo on CPU) give the same features, metrics, intervals and verdicts as one, seed by
+seed, with the probes shared out between them."""
 
 import json
 import os
@@ -49,6 +50,24 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
             for metric, value in record["metrics"].items():
                 two = runs["two"]["taps"][tap]["seeds"][seed]["metrics"][metric]
                 assert two == pytest.approx(value, rel=1e-3, abs=1e-6), (seed, metric)
+        for metric, record in values["uncertainty"].items():
+            two = runs["two"]["taps"][tap]["uncertainty"][metric]
+            assert two["method"] == record["method"] and two.get("n_units") == record.get("n_units"), metric
+            if record["ci95"] is None:
+                assert two["ci95"] is None, metric
+            else:
+                assert two["ci95"] == pytest.approx(record["ci95"], rel=1e-3, abs=1e-6), metric
+    for head, verdict in runs["one"]["buffer"].items():
+        two = runs["two"]["buffer"][head]
+        assert {k: two[k] for k in ("verdict", "support", "against", "unresolved")} == {
+            k: verdict[k] for k in ("verdict", "support", "against", "unresolved")}, head
+        assert {m: e["resolved"] for m, e in two["evidence"].items()} == {
+            m: e["resolved"] for m, e in verdict["evidence"].items()}, head
+    # The probes were shared out: each process ran some of them, and every one ran once.
+    logged = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    probed = [(r["tap"], r.get("seed"), r["probe"], r["process"]) for r in logged if r.get("stage") == "probe"]
+    assert {process for *_, process in probed} == {0, 1}
+    assert len({item[:3] for item in probed}) == len(probed) == 3 * (1 + 2 * 2)  # backbone + 2 taps × 2 seeds
     views = runs["one"]["protocol"]["views"]["cache_key"]
     one = load_file(tmp_path / "cache-one" / "views" / f"{views}.safetensors")
     two = load_file(tmp_path / "cache-two" / "views" / f"{views}.safetensors")

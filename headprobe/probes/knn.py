@@ -54,7 +54,10 @@ def knn(
     Protocol (DINO `eval_knn.py`, DINOv2 `eval/knn.py`): features are L2-normalised and compared by
     cosine similarity s; each query takes its top-k training neighbours, each neighbour votes for its own
     label with weight exp(s / temperature) ("exp") or 1 ("uniform"), and the class with the largest
-    summed vote over the first k neighbours is the prediction (ties go to the smaller class index).
+    summed vote over the first k neighbours is the prediction (ties go to the smaller class index). Among
+    equally similar training samples the one with the smaller index is the nearer (`ordered_topk`), so the
+    neighbours do not depend on the top-k kernel, and `sharded_knn` over a bank split across processes
+    reproduces them.
 
     A k larger than N is clamped to N; the clamp is recorded in `protocol["effective_ks"]`. Queries are
     processed `chunk_size` at a time, so memory is O(chunk_size × N), and the similarities that choose and
@@ -114,7 +117,7 @@ def knn(
     for start in range(0, n_test, chunk_size):
         queries = F.normalize(test_features[start : start + chunk_size].to(device, torch.float32), dim=1)
         if search is None:
-            sims, idx = blocked_topk(queries @ bank.T, max_k)
+            sims, idx = ordered_topk(queries @ bank.T, max_k)
         else:
             sims, idx = search.topk(queries)
         neighbour_labels = bank_labels[idx]
@@ -147,6 +150,35 @@ def knn(
     if search is not None:
         protocol["similarity"] = "float32, candidates from a certified bfloat16 prefilter"
     return KnnResult(metrics=metrics, predictions=predictions, protocol=protocol)
+
+
+def ordered_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest entries of each row, ordered by value (descending) and, among equal values, by column
+    (ascending): scores (B, N) -> values, indices (B, k). Equal values at the k-th place go to the smaller columns.
+
+    Why: `topk` leaves the order of equal values open, so which of two equally similar training samples is a
+    neighbour would depend on the kernel, and a bank split across processes could not reproduce it. One entry
+    more than k tells whether the k-th place is tied with a column left out; only such rows are redone in full.
+    """
+    n = scores.shape[1]
+    wide = min(k + 1, n)
+    values, idx = by_similarity_then_index(*blocked_topk(scores, wide))
+    if wide > k:
+        for row in (values[:, k - 1] == values[:, k]).nonzero().flatten().tolist():
+            line, kth = scores[row], values[row, k - 1]
+            above = (line > kth).nonzero().flatten()
+            tied = (line == kth).nonzero().flatten()[: wide - len(above)]
+            columns = torch.cat([above, tied])
+            values[row], idx[row] = by_similarity_then_index(line[columns][None], columns[None])
+    return values[:, :k], idx[:, :k]
+
+
+def by_similarity_then_index(values: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """values, idx: (B, C) -> both reordered by value (descending), then by index (ascending) among equal values."""
+    by_index = idx.argsort(dim=1)
+    values, idx = values.gather(1, by_index), idx.gather(1, by_index)
+    values, order = values.sort(dim=1, descending=True, stable=True)
+    return values, idx.gather(1, order)
 
 
 def blocked_topk(scores: torch.Tensor, k: int, block: int = _TOPK_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,8 +320,7 @@ class _Bf16Prefilter:
             torch.index_select(self.bank, 0, block.flatten(), out=rows)
             rows = rows.view(*block.shape, d).mul_(queries[s : s + step, None, :])
             parts.append(rows.sum(dim=2))
-        scores, order = torch.cat(parts).sort(dim=1, descending=True)
-        return scores, idx.gather(1, order)
+        return by_similarity_then_index(torch.cat(parts), idx)
 
     def topk(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """queries: (B, D) unit rows -> (B, k) float32 similarities, descending, and (B, k) bank indices."""
@@ -331,6 +362,6 @@ class _Bf16Prefilter:
             if width == self.candidates:
                 self.stats["widened"] += len(pending)
         self.stats["full_float32"] += len(pending)
-        exact, exact_idx = blocked_topk(queries[pending] @ self.bank.T, self.k)
+        exact, exact_idx = ordered_topk(queries[pending] @ self.bank.T, self.k)
         sims[pending], idx[pending] = exact, exact_idx
         return sims, idx

@@ -1,0 +1,136 @@
+"""Probes shared across processes: the probe stage of one `headprobe run` under torchrun with 2 processes against 1.
+
+The same recipe -- offline DINOv2 ViT-S/14 at 56 px on sklearn digits, two 2-layer heads; the linear (7 C values),
+k-NN, spectrum and invariance probes on all 5 taps (with --quick: fewer images, 5 C values, no invariance) -- runs
+with its feature and view caches already warm, so no run extracts; each run's own `timing.probe_s` (the main
+process's wall clock over the probe stage: every probe, the intervals and the verdicts) is compared.
+Configurations, alternated run by run: 1 process with 1 thread, 1 process with 2 threads (what a user runs without
+torchrun), and `torchrun --nproc_per_node 2` with 1 thread per process. The two-process run must also give the same
+metrics, intervals and verdicts.
+
+    python benchmarks/bench_sharded_probes.py [--quick] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import Report, parse_args
+
+TARGET = 1.6
+JOB = """
+import json, sys
+from headprobe import run
+run(json.loads(sys.argv[1]), out=sys.argv[2], quiet=True)
+"""
+
+
+def recipe(quick: bool) -> dict:
+    n_train, n_test = (600, 200) if quick else (1400, 397)
+    probes = {"linear": {"C_grid": [0.001, 0.01, 0.1, 1.0, 10.0]}, "knn": {"ks": [10, 20]}, "spectrum": {}}
+    if not quick:
+        probes = {"linear": {"C_grid": [10.0**k for k in range(-3, 4)]}, "knn": {"ks": [10, 20, 100]},
+                  "spectrum": {}, "invariance": {}}
+    return {
+        "name": "sharded_probes", "seed": 0,
+        "backbone": {"id": "offline:dinov2-vits14", "pooling": "cls", "resolution": 56},
+        "data": {"source": "sklearn-digits", "limit": {"train": n_train, "test": n_test}},
+        "features": {"batch_size": 100},
+        "heads": [{"name": "relu", "act": "relu", "width": 256}, {"name": "swish", "act": "swish", "width": 256}],
+        "objective": {"name": "vicreg"},
+        "augment": {"preset": "crop-flip", "views": 2},
+        "train": {"epochs": 1, "batch_size": 200},
+        "probes": probes,
+        "report": False,
+    }
+
+
+def launch(processes: int, threads: int, job: Path, spec: dict, out: Path, cache: Path) -> tuple[float, dict]:
+    """One run; (its wall seconds, its results.json)."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    launcher = [sys.executable] if processes == 1 else [str(torchrun), "--nproc_per_node", str(processes)]
+    env = {**os.environ, "HEADPROBE_CACHE": str(cache), "OMP_NUM_THREADS": str(threads),
+           "OPENBLAS_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    start = time.perf_counter()
+    done = subprocess.run([*launcher, str(job), json.dumps(spec), str(out)], env=env, capture_output=True,
+                          text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {processes}-process run failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start, json.loads((out / "results.json").read_text())
+
+
+def differences(one: dict, two: dict) -> list[str]:
+    """Metrics, interval bounds and verdicts that differ between two runs (beyond 1e-9 relative)."""
+    def close(a, b) -> bool:
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+        return a == b
+
+    found = []
+    for tap, values in one["taps"].items():
+        for metric, value in values["metrics"].items():
+            if not close(value, two["taps"][tap]["metrics"].get(metric)):
+                found.append(f"{tap} {metric}: {value} vs {two['taps'][tap]['metrics'].get(metric)}")
+        for metric, record in values["uncertainty"].items():
+            other = two["taps"][tap]["uncertainty"][metric]["ci95"]
+            if (record["ci95"] is None) != (other is None) or (
+                    record["ci95"] is not None and not all(map(close, record["ci95"], other))):
+                found.append(f"{tap} {metric} ci95: {record['ci95']} vs {other}")
+    for head, verdict in one["buffer"].items():
+        if verdict["verdict"] != two["buffer"][head]["verdict"]:
+            found.append(f"{head} verdict: {verdict['verdict']} vs {two['buffer'][head]['verdict']}")
+    return found
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    if shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None:
+        raise SystemExit("torchrun is not installed next to this Python; install torch into this environment.")
+    spec = recipe(args.quick)
+    report = Report("sharded_probes", args, {"recipe": spec, "taps": 5, "probes": list(spec["probes"])})
+    configs = {"1 process, 1 thread": (1, 1), "1 process, 2 threads": (1, 2), "2 processes, 1 thread each": (2, 1)}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        # Caches are keyed by everything that determines their content, so one kept between runs of this script
+        # is safe, and spares the warm-up's extraction (minutes on 2 loaded cores).
+        job, cache = tmp / "job.py", Path(tempfile.gettempdir()) / "headprobe-bench-sharded-probes-cache"
+        job.write_text(JOB)
+        print("   warm-up run (fills the feature and view caches) ...", flush=True)
+        launch(1, 2, job, spec, tmp / "warm-up", cache)
+        probe_s: dict[str, list[float]] = {name: [] for name in configs}
+        wall_s: dict[str, list[float]] = {name: [] for name in configs}
+        results = {}
+        for repeat in range(args.repeats):
+            for name, (processes, threads) in configs.items():
+                out = tmp / f"{processes}p{threads}t-{repeat}"
+                wall, results[name] = launch(processes, threads, job, spec, out, cache)
+                probe_s[name].append(results[name]["timing"]["probe_s"])
+                wall_s[name].append(wall)
+                print(f"   {name}: probe stage {probe_s[name][-1]:.1f} s (whole run {wall:.1f} s)", flush=True)
+    medians = {name: report.timing(f"probe stage, {name}", probe_s[name]) for name in configs}
+    report.extra["whole_run_s"] = wall_s
+    two = medians["2 processes, 1 thread each"]
+    one_name = min(("1 process, 1 thread", "1 process, 2 threads"), key=lambda name: medians[name])
+    ratio = medians[one_name] / two
+    report.check(f"probe stage, 5 taps x ({', '.join(spec['probes'])})", f"the faster one-process run ({one_name})",
+                 f">= {TARGET:g}x faster", f"{ratio:.2f}x faster", ratio >= TARGET, ratio=ratio,
+                 ratio_vs_1_thread=medians["1 process, 1 thread"] / two,
+                 ratio_vs_2_threads=medians["1 process, 2 threads"] / two)
+    found = differences(results["1 process, 1 thread"], results["2 processes, 1 thread each"])
+    report.check("results of 2 processes", "1 process", "identical metrics, intervals and verdicts",
+                 "identical" if not found else f"{len(found)} differ: {found[:3]}", not found)
+    report.note("2 processes share the (tap, probe) pairs out round-robin, probe by probe; each run's probe_s is the "
+                "main process's wall clock over the probe stage, gathering included. On a shared machine the "
+                "ratio is bounded by the cores the other jobs leave free (see load_average_start / _end).")
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
