@@ -42,6 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         recipe = load_recipe(args.recipe, args.set)
     except RecipeError as err:
         return _error(str(err), EXIT_USAGE)
+    _warn_about_launch()
     try:
         if recipe.sweep:
             if args.resume:
@@ -59,6 +60,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error("interrupted; the run directory keeps every finished stage (status \"interrupted\"), and "
                       "`headprobe run RECIPE --resume --out RUN_DIR` continues it.", EXIT_INTERRUPTED)
     return EXIT_OK
+
+
+def _warn_about_launch() -> None:
+    """One warning line when a launcher asked for several processes and this one sees fewer (`launch_check`)."""
+    from .distributed import process_state
+    from .launch_check import warn_if_fewer_processes
+
+    state = process_state()
+    warn_if_fewer_processes(state.num_processes, show=state.is_main_process)
 
 
 def _os_error_sentence(err: OSError, out: str | None) -> str:

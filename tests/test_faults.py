@@ -1,5 +1,6 @@
-"""Faults a user meets: `kill -9` in the middle of head training or of probing, then `--resume`, ends with the same
-numbers as a run that was never interrupted (#18)."""
+"""Faults a user meets: `kill -9` in the middle of feature extraction, head training or probing, then `--resume`,
+ends with the same numbers as a run that was never interrupted; two runs filling one cold feature cache at the same
+time agree and leave only whole files (#18)."""
 
 import json
 import os
@@ -77,3 +78,78 @@ def test_kill_9_then_resume_gives_the_uninterrupted_numbers(tiny_recipe, tmp_pat
         assert resumed["taps"][name]["uncertainty"] == tap["uncertainty"], name
     assert resumed["buffer"] == reference["buffer"]
     assert not list((tmp_path / "killed").rglob("*.tmp"))  # nothing half-written is left behind
+
+
+# --- extraction and the shared cache --------------------------------------------------------------------------
+
+# Enough views that extracting them takes seconds, so a kill after the first cache file lands in the middle.
+EXTRACTION = {**RECIPE, "augment": {"preset": "crop-flip", "views": 6},
+              "train": {"epochs": 2, "batch_size": 50, "log_every": 4}}
+
+
+def _cache_files(cache: Path, folder: str) -> list[Path]:
+    return sorted((cache / folder).glob("*.safetensors")) if (cache / folder).is_dir() else []
+
+
+def _assert_cache_whole(cache: Path) -> None:
+    """No temporary file is left, and every cache file passes its checksums (nothing partial was renamed in)."""
+    from safetensors import safe_open
+
+    from headprobe.feature_cache import tensor_checksum
+
+    assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")], sorted(cache.rglob("*"))
+    files = list(cache.rglob("*.safetensors"))
+    assert files
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            checksums = json.loads(f.metadata()["checksums"])
+            for name, recorded in checksums.items():
+                assert tensor_checksum(f.get_tensor(name), recorded.partition(":")[0]) == recorded, path
+
+
+def test_kill_9_during_feature_extraction_then_resume_gives_the_uninterrupted_numbers(tiny_recipe, tmp_path):
+    recipe = {**tiny_recipe, **EXTRACTION}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    reference = _run(recipe, tmp_path / "reference", {**env, "HEADPROBE_CACHE": str(tmp_path / "cache-reference")})
+    cache = tmp_path / "cache"  # cold: the killed run extracts everything itself
+    _kill_when(recipe, tmp_path / "killed", lambda out: bool(_cache_files(cache, "features")),
+               {**env, "HEADPROBE_CACHE": str(cache)})
+    assert not _cache_files(cache, "views"), "the run got past the extraction before the kill"
+    killed = json.loads((tmp_path / "killed" / "results.json").read_text())
+    assert killed["status"] == "running" and not killed["taps"]  # killed in extraction, before any probe
+    resumed = _run(recipe, tmp_path / "killed", {**env, "HEADPROBE_CACHE": str(cache)}, resume=True)
+    assert resumed["status"] == "complete"
+    assert list(resumed["taps"]) == list(reference["taps"])
+    for name, tap in reference["taps"].items():
+        assert resumed["taps"][name]["metrics"] == tap["metrics"], name  # bit-identical, not approximately
+        assert resumed["taps"][name]["uncertainty"] == tap["uncertainty"], name
+    assert resumed["buffer"] == reference["buffer"]
+    assert not list((tmp_path / "killed").rglob("*.tmp"))
+    _assert_cache_whole(cache)
+
+
+def test_two_runs_sharing_one_cold_cache_at_once_agree_and_leave_no_partial_files(tiny_recipe, tmp_path):
+    recipe = {**tiny_recipe, **EXTRACTION}
+    cache = tmp_path / "cache"
+    env = {**os.environ, "HEADPROBE_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    jobs = {name: subprocess.Popen([sys.executable, "-c", SCRIPT, json.dumps(recipe), str(tmp_path / name)], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for name in ("first", "second")}
+    for name, job in jobs.items():
+        _, err = job.communicate(timeout=300)
+        assert job.returncode == 0, (name, err[-3000:])
+    first, second = (json.loads((tmp_path / name / "results.json").read_text()) for name in jobs)
+    assert first["status"] == second["status"] == "complete"
+    for name, tap in first["taps"].items():
+        assert second["taps"][name]["metrics"] == tap["metrics"], name
+        assert second["taps"][name]["uncertainty"] == tap["uncertainty"], name
+    assert second["buffer"] == first["buffer"]
+    # Both extracted into the same files (one per key: train and test features, views); each was renamed in whole.
+    assert len(_cache_files(cache, "features")) == 2 and _cache_files(cache, "views")
+    # The same features and cache keys; whether a run found the other's file already written ("hit") depends on timing.
+    def without_hits(protocol: dict) -> dict:
+        return {**protocol, "cache": {split: {k: v for k, v in entry.items() if k != "hit"}
+                                      for split, entry in protocol.get("cache", {}).items()}}
+
+    assert without_hits(first["protocol"]["features"]) == without_hits(second["protocol"]["features"])
+    _assert_cache_whole(cache)
