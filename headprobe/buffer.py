@@ -1,54 +1,90 @@
 """The buffer verdict: did this head behave as a geometric buffer on this run, beyond the noise?
 
-A head is a buffer when the backbone is more informative than the head output (class probes,
-rotation probe, augmentation R², label MI) and the head output is more invariant to the
-augmentations (alignment, scale-free orbit spread, view MI relative to its ceiling). Each piece of
-evidence is the signed margin in the direction the claim predicts (positive = as predicted), with a
-95% interval from a paired bootstrap over the units both taps were measured on (`headprobe.stats`).
-A piece is resolved "for" or "against" only when its Holm-adjusted p-value over that head's pieces of
-evidence is below 0.05; pieces without per-unit values stay "unresolved" and say why.
+A head is a buffer when the backbone keeps information the head output loses, and the head output is more
+invariant to the augmentations. Which side of the claim a metric is evidence for is one rule,
+`predicted_change(metric)`: the sign of (head − backbone) the claim predicts, or None for a description.
+
+- Information, predicted lower at the head (−1): every class probe — `linear.acc` and every k-NN accuracy
+  `knn.k{k}.acc` alike (the claim says the backbone keeps what the head discards; picking only the probes that
+  agree would be selective) — the label-MI bound `mi.label`, the rotation probes `rotation.acc` and
+  `rotation.mlp.acc`, and `aug_r2.mean`.
+- Invariance, scale-free only: `view_spread_rel` (views' spread over random pairs' distance, in the tap's own
+  space) and every `orbit.spread_rel` / `<sweep>.orbit.spread_rel`, predicted lower (−1); `mi.infonce/ceiling`,
+  predicted higher (+1), but only where both taps' InfoNCE is > 0: a bound ≤ 0 means the critic does no better
+  than chance there, so the piece is listed as unresolved, "critic uninformative", and left out of the test.
+- Descriptions (None), never evidence: raw `align` and `view_cos` (they change when the whole cloud bunches or
+  spreads, without any view moving closer to its image's other views), `uniform`, `lidar`, the spectrum
+  (`rankme`, `alpha_req`, `cond`, `eff_rank`), `mi.gaussian` (the views' true MI cannot grow through a
+  deterministic head, by data processing, so a change in this Gaussian estimate on the top principal components
+  reflects the approximation, not invariance), the per-parameter `aug_r2.*`, other orbit measures, and protocol
+  values (`linear.C`, `linear.val_acc`).
+
+Each piece of evidence is the signed margin in the direction the claim predicts (positive = as predicted),
+with a 95% interval from a paired bootstrap over the units both taps were measured on (`headprobe.stats`;
+for the rotation probes those are test images, each with its 4 rotations). A piece is resolved "for" or
+"against" only when its Holm-adjusted p-value over that head's testable pieces is below 0.05; pieces without
+per-unit values or seeds stay "unresolved" and say why (`why_unresolved`).
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 
 from .stats import ALPHA, PerUnit, Resamples, bootstrap_p_value, holm, percentile_interval, resampled_means
 
-# Information the backbone should keep and the head lose: higher at the backbone supports the claim.
+# Information the backbone should keep and the head lose: lower at the head supports the claim. Class probes
+# (linear and every k-NN k), the rotation probes, augmentation R² and the label-MI bound are all information.
 INFORMATION = ("linear.acc", "rotation.acc", "rotation.mlp.acc", "aug_r2.mean", "mi.label")
-# For invariance the head should show: lower alignment distance, higher view cosine, lower relative spread.
-INVARIANCE_LOWER_IS_MORE = ("align", "orbit.spread_rel")
-INVARIANCE_HIGHER_IS_MORE = ("view_cos",)
-# The orbits probe names its metrics `<sweep>.orbit.spread_rel` (rotation45, hue, blur, ...): every sweep is
-# its own piece of evidence, lower at the head = more invariant.
+KNN_ACCURACY = re.compile(r"knn\.k\d+\.acc")
+# Scale-free invariance the head should show: views' and orbits' spread relative to random pairs in the same space
+# (`<sweep>.orbit.spread_rel` too: every sweep is its own piece of evidence), lower at the head.
+INVARIANCE_LOWER_IS_MORE = ("view_spread_rel", "orbit.spread_rel")
 ORBIT_SPREAD_SUFFIX = ".orbit.spread_rel"
+# Views more mutually predictable after the head: InfoNCE relative to its ceiling log B (the piece is
+# "mi.infonce/ceiling"; it is left out of the verdict where either tap's InfoNCE is ≤ 0, see `buffer_verdict`).
+INFONCE_RATIO = "mi.infonce/ceiling"
+INVARIANCE_HIGHER_IS_MORE = ("mi.infonce", INFONCE_RATIO)
+INFORMATION_CLAIM, INVARIANCE_CLAIM = "backbone keeps more", "head more invariant"
 
 
-def _lower_is_more(before: dict, after: dict) -> list[str]:
-    sweeps = sorted(m for m in before if m.endswith(ORBIT_SPREAD_SUFFIX) and m in after)
-    return [m for m in INVARIANCE_LOWER_IS_MORE if m in before and m in after] + sweeps
+def evidence_rule(metric: str) -> tuple[int, str] | None:
+    """(predicted sign of head − backbone, the side of the claim) for a metric that is evidence, else None."""
+    if metric in INFORMATION or KNN_ACCURACY.fullmatch(metric):
+        return -1, INFORMATION_CLAIM
+    if metric in INVARIANCE_LOWER_IS_MORE or metric.endswith(ORBIT_SPREAD_SUFFIX):
+        return -1, INVARIANCE_CLAIM
+    if metric in INVARIANCE_HIGHER_IS_MORE:
+        return +1, INVARIANCE_CLAIM
+    return None
+
+
+def predicted_change(metric: str) -> int | None:
+    """The sign of (head − backbone) that the buffer claim predicts for `metric`: −1 where the head should read
+    lower, +1 where higher; None where the metric is not evidence (a description such as `align`, `view_cos`,
+    `uniform`, `rankme`, or a protocol value such as `linear.C`). The one rule the verdict uses."""
+    rule = evidence_rule(metric)
+    return None if rule is None else rule[0]
 
 
 VERDICTS = ("buffer", "no-buffer", "mixed", "inconclusive")
 
 
 def _pieces(before: dict, after: dict) -> dict[str, tuple[float, float, float, str]]:
-    """{metric: (backbone value, head value, sign, claim)}; margin = sign · (backbone − head)."""
+    """{metric: (backbone value, head value, sign, claim)}; margin = sign · (backbone − head) = −predicted · (head −
+    backbone), positive when the change goes the way the claim predicts."""
     pieces: dict[str, tuple] = {}
-    for metric in INFORMATION:
-        if metric in before and metric in after:
-            pieces[metric] = (before[metric], after[metric], 1.0, "backbone keeps more")
-    for metric in _lower_is_more(before, after):
-        pieces[metric] = (before[metric], after[metric], 1.0, "head more invariant")
-    for metric in INVARIANCE_HIGHER_IS_MORE:
-        if metric in before and metric in after:
-            pieces[metric] = (before[metric], after[metric], -1.0, "head more invariant")
-    if "mi.infonce" in before and "mi.infonce" in after and before.get("mi.infonce.ceiling"):
-        # Invariance: views of one image should be more mutually predictable after the head.
+    for metric in sorted(set(before) & set(after)):
+        rule = evidence_rule(metric)
+        if rule is not None and metric != "mi.infonce":  # InfoNCE counts relative to its ceiling, below
+            pieces[metric] = (before[metric], after[metric], float(-rule[0]), rule[1])
+    if "mi.infonce" in before and "mi.infonce" in after and before.get("mi.infonce.ceiling") \
+            and after.get("mi.infonce.ceiling"):
         b = before["mi.infonce"] / before["mi.infonce.ceiling"]
         h = after["mi.infonce"] / after["mi.infonce.ceiling"]
-        pieces["mi.infonce/ceiling"] = (b, h, -1.0, "head more invariant")
+        change, claim = evidence_rule(INFONCE_RATIO)
+        pieces[INFONCE_RATIO] = (b, h, float(-change), claim)
     return pieces
 
 
@@ -110,11 +146,16 @@ def buffer_verdict(taps: dict, head: str, samples: dict[str, dict[str, PerUnit]]
         entry = {"backbone": b, "head": h, "margin": sign * (b - h), "claim": claim, "ci95": None,
                  "p": None, "p_holm": None}
         pb, ph = samples.get("backbone", {}).get(metric), samples.get(head, {}).get(metric)
-        if pb is not None and ph is not None and pb.unit == ph.unit and pb.unit in resamples:
+        if metric == INFONCE_RATIO and min(before["mi.infonce"], after["mi.infonce"]) <= 0:
+            entry["why_unresolved"] = (f"critic uninformative: mi.infonce is {before['mi.infonce']:.4g} at the "
+                                       f"backbone and {after['mi.infonce']:.4g} at the head; a bound <= 0 (the "
+                                       "critic does no better than chance) says nothing about the views' MI")
+        elif pb is not None and ph is not None and pb.unit == ph.unit and pb.unit in resamples:
             if isinstance(pb, PerUnit) and isinstance(ph, PerUnit):
                 boot = sign * resampled_means(_paired_difference(pb.values, ph.values), resamples[pb.unit])
             else:  # a statistic recomputed on each resample (an orbit spread ratio): the same resamples for both
-                boot = sign * _paired_difference(pb.replicates(resamples[pb.unit]), ph.replicates(resamples[pb.unit]))
+                shared = resamples[pb.unit]
+                boot = sign * _paired_difference(shared.replicates_of(pb), shared.replicates_of(ph))
             entry |= {"ci95": percentile_interval(boot), "method": f"paired bootstrap over {pb.unit}",
                       "n_boot": int(boot.numel())}
             p_values[metric] = entry["p"] = bootstrap_p_value(boot)

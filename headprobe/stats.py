@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .recomputed import Recomputed
+
 # Enough resamples that the smallest attainable two-sided p-value, 2 / (B + 1) ≈ 0.001, survives a Holm
 # correction over ~20 pieces of evidence at α = 0.05.
 N_BOOT = 2000
@@ -27,6 +29,7 @@ ALPHA = 0.05
 TEST_IMAGES = "test images"
 VIEW_IMAGES = "images with views"
 ORBIT_IMAGES = "orbit images"
+TRAIN_IMAGES = "training images"
 
 
 @dataclass
@@ -42,6 +45,12 @@ class PerUnit:
 
     def replicates(self, resamples: Resamples) -> torch.Tensor:
         return resampled_means(self.values, resamples)
+
+
+class Linearised(PerUnit):
+    """Per-unit pseudo-values of a smooth statistic that is not a mean (the statistic plus each unit's influence,
+    e.g. `probes.lidar_influence`): their mean is the statistic, and their bootstrap is the delta-method
+    (linearised) bootstrap, valid to first order where recomputing the statistic per resample costs too much."""
 
 
 @dataclass
@@ -73,6 +82,42 @@ class SpreadRatio:
         return self._ratio(resamples.weights)
 
 
+@dataclass
+class Uniformity:
+    """Uniformity log E_{i≠j} exp(−t ‖z_i − z_j‖²) (`probes.spectrum.uniformity`) as a function of which images
+    are drawn: points (n, D) on the unit sphere (`spectrum.sphere_points`). Under resampling weights w the mean
+    runs over pairs of two different images, Σ_{i≠j} w_i w_j k_ij / Σ_{i≠j} w_i w_j (an image drawn twice is not
+    a pair with itself, whose kernel would be 1). Not a mean, so it is bootstrapped by recomputing it on each
+    resample; the kernel matrix is rebuilt in row blocks, so memory stays O(block · n) and time O(n_boot · n²)."""
+
+    points: torch.Tensor  # (n, D), unit rows
+    t: float
+    unit: str
+    block: int = 512
+
+    def _log_mean_kernel(self, weights: torch.Tensor) -> torch.Tensor:
+        z = self.points.double()
+        w = weights.to(z.device, torch.float64)
+        total = torch.zeros(w.shape[0], dtype=torch.float64, device=z.device)
+        for start in range(0, z.shape[0], self.block):
+            rows = slice(start, start + self.block)
+            kernel = torch.exp(-self.t * (2 - 2 * z[rows] @ z.T).clamp_min(0))
+            kernel[:, start:start + self.block].fill_diagonal_(0.0)
+            total += (w[:, rows] * (w @ kernel.T)).sum(dim=1)
+        pairs = 1 - w.square().sum(dim=1)
+        return (total / pairs).log().cpu()
+
+    def value(self) -> float:
+        n = self.points.shape[0]
+        return float(self._log_mean_kernel(torch.full((1, n), 1.0 / n, dtype=torch.float64))[0])
+
+    def replicates(self, resamples: Resamples) -> torch.Tensor:
+        if self.points.shape[0] != resamples.shape[1]:
+            raise ValueError(f"the uniformity has {self.points.shape[0]} images but the resamples draw from "
+                             f"{resamples.shape[1]}; pair statistics and resamples of the same units.")
+        return self._log_mean_kernel(resamples.weights)
+
+
 class Resamples:
     """Bootstrap resamples of n units: `indices` (n_boot, n) int64, and `weights` (n_boot, n) float64, how often
     each unit is drawn divided by n, so the resampled means of any per-unit values v are one product weights @ v
@@ -81,6 +126,7 @@ class Resamples:
     def __init__(self, indices: torch.Tensor, stratified: bool = False) -> None:
         self.indices, self.stratified = indices, stratified  # stratified: drawn within classes
         self._weights: torch.Tensor | None = None
+        self._replicates: dict[int, tuple[object, torch.Tensor]] = {}
 
     @property
     def shape(self) -> torch.Size:
@@ -94,6 +140,14 @@ class Resamples:
             counts.scatter_add_(1, self.indices, torch.ones(n_boot, n, dtype=torch.float64))
             self._weights = counts / n
         return self._weights
+
+    def replicates_of(self, statistic) -> torch.Tensor:
+        """statistic.replicates(self), computed once per statistic: the tap's interval and every head's paired
+        verdict read the same replicates (the statistic is kept alive with them, so its id is not reused)."""
+        key = id(statistic)
+        if key not in self._replicates:
+            self._replicates[key] = (statistic, statistic.replicates(self))
+        return self._replicates[key][1]
 
 
 def bootstrap_resamples(n: int, n_boot: int = N_BOOT, seed: int = 0, strata: torch.Tensor | None = None
@@ -151,10 +205,14 @@ def holm(p_values: dict[str, float]) -> dict[str, float]:
     return adjusted
 
 
-def interval(values: PerUnit | SpreadRatio, resamples: Resamples, method: str) -> dict:
+def interval(values: PerUnit | SpreadRatio | Uniformity, resamples: Resamples, method: str) -> dict:
     """The uncertainty record of one per-unit metric: {"ci95", "method", "n_boot", "n_units", "unit", "se"}."""
-    boot = values.replicates(resamples)
-    return {"ci95": percentile_interval(boot), "method": method, "n_boot": int(resamples.shape[0]),
+    boot = resamples.replicates_of(values)
+    ci95 = percentile_interval(boot)
+    if getattr(values, "reflect", False):  # the basic bootstrap interval (`recomputed.Recomputed.reflect`)
+        estimate = values.value()
+        ci95 = [2 * estimate - ci95[1], 2 * estimate - ci95[0]]
+    return {"ci95": ci95, "method": method, "n_boot": int(resamples.shape[0]),
             "n_units": int(resamples.shape[1]), "unit": values.unit, "se": float(boot.std())}
 
 
@@ -171,6 +229,16 @@ def seed_interval(per_seed: list[float]) -> dict:
             "sd_seeds": sd, "n_seeds": s}
 
 
+def n_units(statistic) -> int:
+    """How many units a per-unit statistic (`PerUnit`, `SpreadRatio`, `Uniformity`, `Recomputed`) was measured on."""
+    if isinstance(statistic, Recomputed):
+        return statistic.n
+    for name in ("values", "spread", "points"):
+        if hasattr(statistic, name):
+            return len(getattr(statistic, name))
+    raise TypeError(f"{type(statistic).__name__} is not a per-unit statistic.")
+
+
 def save_per_unit(path, per_unit: dict[str, PerUnit]) -> None:
     """Write per-unit values as safetensors (tensors and a str→str header only: nothing to unpickle), atomically,
     so a resumed run keeps the intervals of the taps it finished."""
@@ -182,10 +250,20 @@ def save_per_unit(path, per_unit: dict[str, PerUnit]) -> None:
     for name, p in per_unit.items():
         if isinstance(p, SpreadRatio):
             tensors[f"{name}|spread"], tensors[f"{name}|centroids"] = p.spread, p.centroids
+        elif isinstance(p, Uniformity):
+            tensors[f"{name}|points"], tensors[f"{name}|t"] = p.points, torch.tensor([p.t])
+        elif isinstance(p, Linearised):
+            tensors[f"{name}|linearised"] = p.values
+        elif isinstance(p, Recomputed):  # name|r|tensor, the kind in the header
+            tensors |= {f"{name}|r|{k}": v for k, v in p.tensors.items()}
+            units[f"{name}|kind"], units[f"{name}|how"] = p.kind, p.how
+            units[f"{name}|reflect"] = "1" if p.reflect else ""
         else:
             tensors[name] = p.values
         units[name] = p.unit
-    tensors = {k: v.detach().double().cpu().contiguous() for k, v in tensors.items()}
+    # One copy each: statistics share tensors in memory (an orbit's per-image spread and its ratio), which
+    # safetensors refuses to write.
+    tensors = {k: v.detach().double().cpu().clone().contiguous() for k, v in tensors.items()}
     tmp = f"{path}.tmp"
     save_file(tensors, tmp, metadata=units)
     os.replace(tmp, path)
@@ -204,9 +282,32 @@ def load_per_unit(path) -> dict[str, PerUnit]:
             for name in {k.split("|")[0] for k in keys if k.endswith("|spread")}:
                 out[name] = SpreadRatio(f.get_tensor(f"{name}|spread"), f.get_tensor(f"{name}|centroids"),
                                         units.get(name, "units"))
+            for name in {k.split("|")[0] for k in keys if k.endswith("|linearised")}:
+                out[name] = Linearised(f.get_tensor(f"{name}|linearised"), units.get(name, "units"))
+            for name in {k.split("|")[0] for k in keys if "|r|" in k}:
+                parts = {k.split("|r|", 1)[1]: f.get_tensor(k) for k in keys if k.startswith(f"{name}|r|")}
+                out[name] = Recomputed(units[f"{name}|kind"], parts, units.get(name, "units"),
+                                       units.get(f"{name}|how", "the statistic recomputed on each resample"),
+                                       bool(units.get(f"{name}|reflect")))
+            for name in {k.split("|")[0] for k in keys if k.endswith("|points")}:
+                out[name] = Uniformity(f.get_tensor(f"{name}|points"), float(f.get_tensor(f"{name}|t")[0]),
+                                       units.get(name, "units"))
             return out
     except (OSError, ValueError, RuntimeError):
         return {}
+
+
+# Why a metric's interval is obtained the way it is, where that is not the obvious way (`probes.influence`).
+INTERVAL_NOTES = {
+    "rankme": "; not RankMe recomputed per resample: a resample drawn with replacement holds ~63% distinct rows, "
+              "which narrows its spectrum and biases a recomputed RankMe low (by several of its standard deviations "
+              "at 1,347 rows); the interval is for RankMe at this number of rows",
+    "mi.gaussian": "; the PCA basis held fixed",
+}
+UNAVAILABLE = {
+    "mi.infonce": "unavailable: the InfoNCE read-out keeps no per-batch values to resample "
+                  "(probes.information.mutual_information); seeds give it an interval",
+}
 
 
 def tap_uncertainty(metrics: dict[str, float], per_unit: dict, resamples: dict[str, Resamples]) -> dict[str, dict]:
@@ -216,15 +317,21 @@ def tap_uncertainty(metrics: dict[str, float], per_unit: dict, resamples: dict[s
     for metric, value in metrics.items():
         p = per_unit.get(metric)
         if p is None or p.unit not in resamples:
-            out[metric] = {"ci95": None, "method": "unavailable: not a mean over test images or views; "
-                                                   "seeds give it an interval"}
+            why = UNAVAILABLE.get(metric, "unavailable: not a mean over test images or views; seeds give it an "
+                                          "interval")
+            out[metric] = {"ci95": None, "method": why}
             continue
         mean = p.value()
         if not math.isclose(mean, value, rel_tol=1e-9, abs_tol=1e-12):
             out[metric] = {"ci95": None, "method": f"unavailable: per-unit values give {mean}, not {value}"}
             continue
         kind = "stratified by class, " if resamples[p.unit].stratified else ""
-        how = "the ratio recomputed on each resample" if isinstance(p, SpreadRatio) else "percentile interval"
+        how = ("the ratio recomputed on each resample" if isinstance(p, SpreadRatio) else
+               "the statistic recomputed on each resample (pairs of two different images)"
+               if isinstance(p, Uniformity) else
+               "percentile interval of the linearised (delta-method) per-unit pseudo-values"
+               if isinstance(p, Linearised) else getattr(p, "how", "percentile interval"))
+        note = INTERVAL_NOTES.get(metric, "")
         out[metric] = interval(p, resamples[p.unit], f"paired bootstrap over {p.unit} ({kind}resamples shared "
-                                                     f"by every tap), {how}")
+                                                     f"by every tap), {how}{note}")
     return out

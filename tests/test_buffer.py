@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from headprobe.buffer import buffer_verdict
+from headprobe.buffer import buffer_verdict, predicted_change
 from headprobe.probes.suite import TapData, invariance, knn, linear
 from headprobe.stats import PerUnit, bootstrap_resamples
 
@@ -113,6 +113,81 @@ def test_a_head_that_discards_the_nuisance_direction_is_resolved_for_on_invarian
     resamples = {"test images": bootstrap_resamples(120, 2000, 0, strata=y_test),
                  "images with views": bootstrap_resamples(160, 2000, 0)}
     out = buffer_verdict({"backbone": b, "relu": h}, "relu", {"backbone": pb, "relu": ph}, resamples)
-    assert out["evidence"]["align"]["resolved"] == "for" and out["evidence"]["view_cos"]["resolved"] == "for"
-    assert out["evidence"]["align"]["ci95"][0] > 0
+    evidence = out["evidence"]
+    assert evidence["view_spread_rel"]["resolved"] == "for" and evidence["view_spread_rel"]["ci95"][0] > 0
+    assert "align" not in evidence and "view_cos" not in evidence  # raw invariance describes, it is not evidence
     assert out["verdict"] in ("buffer", "mixed")
+
+
+def _bunched_world(seed: int, n=160, d=8):
+    """Backbone views bunched around a common offset (as the offline backbone's are) that differ along a nuisance
+    direction; the head centres them, scales them ×3 and shrinks the nuisance to a fifth."""
+    g = torch.Generator().manual_seed(seed)
+    content = torch.randn(n, 1, d, generator=g, dtype=torch.float64)
+    nuisance = torch.zeros(d, dtype=torch.float64)
+    nuisance[-1] = 1.0
+    shift = torch.randn(n, 4, 1, generator=g, dtype=torch.float64) * nuisance
+    offset = torch.full((d,), 6.0, dtype=torch.float64)
+    backbone = offset + content + shift
+    head = 3.0 * (content + 0.2 * shift)
+    return backbone, head
+
+
+def test_raw_alignment_rising_does_not_decide_when_relative_alignment_falls():
+    backbone, head = _bunched_world(0)
+    b, h = view_tap(backbone, "backbone"), view_tap(head, "relu")
+    out_b, out_h = invariance(b), invariance(h)
+    assert out_h.metrics["align"] > 2 * out_b.metrics["align"]  # raw: the head looks *less* invariant
+    assert out_h.metrics["view_spread_rel"] < 0.5 * out_b.metrics["view_spread_rel"]  # relative: far more
+    resamples = {"images with views": bootstrap_resamples(160, 2000, 0)}
+    out = buffer_verdict({"backbone": {"metrics": out_b.metrics}, "relu": {"metrics": out_h.metrics}}, "relu",
+                         {"backbone": out_b.per_unit, "relu": out_h.per_unit}, resamples)
+    assert set(out["evidence"]) == {"view_spread_rel"}
+    assert out["evidence"]["view_spread_rel"]["resolved"] == "for" and out["verdict"] == "buffer"
+
+
+def view_tap(views: torch.Tensor, name: str) -> TapData:
+    empty, labels = torch.zeros(2, views.shape[-1]), torch.zeros(2, dtype=torch.long)
+    return TapData(name, empty, labels, empty, labels, 2, views=views)
+
+
+def test_every_metric_has_one_predicted_direction_and_descriptions_have_none():
+    assert predicted_change("linear.acc") == predicted_change("knn.k10.acc") == predicted_change("knn.k200.acc") == -1
+    assert predicted_change("rotation.acc") == predicted_change("mi.label") == predicted_change("aug_r2.mean") == -1
+    assert predicted_change("view_spread_rel") == predicted_change("hue.orbit.spread_rel") == -1
+    assert predicted_change("mi.infonce/ceiling") == 1
+    for description in ("align", "view_cos", "uniform", "lidar", "rankme", "linear.C", "linear.val_acc",
+                        "knn.k10.acc.extra", "hue.orbit.curvature", "aug_r2.hue"):
+        assert predicted_change(description) is None, description
+
+
+def test_knn_accuracy_is_class_evidence_like_the_linear_probe():
+    # The quickstart's pattern: the linear probe drops at the head, k-NN rises. Both count, so the verdict is mixed.
+    resamples = {"test images": bootstrap_resamples(450, n_boot=2000, seed=0)}
+    lin, lin_metrics = _paired(450, 0, head_gap=0.05)
+    knn_values, knn_metrics = _paired(450, 1, head_gap=0.05)
+    samples = {"backbone": lin["backbone"] | {"knn.k10.acc": knn_values["relu"]["linear.acc"]},
+               "relu": lin["relu"] | {"knn.k10.acc": knn_values["backbone"]["linear.acc"]}}
+    tap_metrics = {tap: {"metrics": lin_metrics[tap]["metrics"] | {"knn.k10.acc": samples[tap]["knn.k10.acc"].value()}}
+                   for tap in ("backbone", "relu")}
+    out = buffer_verdict(tap_metrics, "relu", samples, resamples)
+    knn_entry, linear_entry = out["evidence"]["knn.k10.acc"], out["evidence"]["linear.acc"]
+    assert knn_entry["resolved"] == "against" and linear_entry["resolved"] == "for"
+    assert knn_entry["claim"] == "backbone keeps more" and out["verdict"] == "mixed"
+
+
+def _infonce_taps(backbone_nce: float) -> dict:
+    seeds = {str(s): {"metrics": {"mi.infonce": 2.0 + 0.01 * s, "mi.infonce.ceiling": 4.0}} for s in range(3)}
+    return {"backbone": {"metrics": {"mi.infonce": backbone_nce, "mi.infonce.ceiling": 4.0}},
+            "relu": {"metrics": {"mi.infonce": 2.01, "mi.infonce.ceiling": 4.0}, "seeds": seeds}}
+
+
+def test_a_critic_no_better_than_chance_keeps_infonce_out_of_the_verdict():
+    informative = buffer_verdict(_infonce_taps(0.5), "relu")["evidence"]["mi.infonce/ceiling"]
+    assert informative["resolved"] == "for" and informative["p"] < 0.05  # three seeds, one clear margin
+    for backbone_nce in (-0.087, 0.0):
+        out = buffer_verdict(_infonce_taps(backbone_nce), "relu")
+        entry = out["evidence"]["mi.infonce/ceiling"]
+        assert entry["resolved"] == "unresolved" and entry["p"] is None and entry["ci95"] is None
+        assert entry["why_unresolved"].startswith("critic uninformative") and out["verdict"] == "inconclusive"
+        assert "0 testable" in out["rule"]

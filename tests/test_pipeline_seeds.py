@@ -34,7 +34,7 @@ def test_each_seed_equals_its_own_single_seed_run_and_the_tap_is_their_mean(tiny
         unc = tap["uncertainty"][metric]
         assert unc["per_seed"] == per_seed and unc["n_seeds"] == 2
         assert unc["ci95"] is None or unc["ci95"][0] <= value <= unc["ci95"][1]
-    assert tap["uncertainty"]["rankme"]["method"] == "t interval over 2 seeds"  # no per-unit values: seeds alone
+    assert tap["uncertainty"]["alpha_req"]["method"] == "t interval over 2 seeds"  # no per-unit values: seeds
     assert "bootstrap" in tap["uncertainty"]["linear.acc"]["method"]
     # The backbone and the identity head are not retrained: one value, no seeds.
     assert "seeds" not in several["taps"]["backbone"] and "seeds" not in several["taps"]["ident"]

@@ -422,3 +422,38 @@ def test_linear_probe_takes_numpy_arrays_and_leaves_them_unchanged():
     assert from_numpy.metrics == from_torch.metrics
     assert torch.equal(from_numpy.predictions, from_torch.predictions)
     np.testing.assert_array_equal(x, before)
+
+
+def test_grouped_validation_split_never_puts_one_group_on_both_sides():
+    from headprobe.probes.linear import grouped_validation_split
+
+    groups = torch.arange(200) % 50  # 50 images, 4 rows each
+    fit_idx, val_idx = grouped_validation_split(groups, 0.2, seed=3)
+    fit_groups, val_groups = set(groups[fit_idx].tolist()), set(groups[val_idx].tolist())
+    assert not fit_groups & val_groups and fit_groups | val_groups == set(range(50))
+    assert len(val_groups) == 10 and len(val_idx) == 40 and sorted(np.r_[fit_idx, val_idx]) == list(range(200))
+    assert np.array_equal(grouped_validation_split(groups, 0.2, seed=3)[1], val_idx)  # same seed, same split
+    with pytest.raises(ValueError, match="at least 2 groups"):
+        grouped_validation_split(torch.zeros(8), 0.2, seed=0)
+
+
+def test_linear_probe_with_groups_chooses_C_on_the_grouped_split():
+    from headprobe.probes.linear import grouped_validation_split
+
+    x, y = make_data(160, spread=2.5, seed=4)
+    x_test, y_test = make_data(60, spread=2.5, seed=5)
+    groups = np.arange(160) % 40
+    result = linear_probe(*tensors(x, y, x_test, y_test), C_grid=SMALL_GRID, seed=7, tol=1e-10,
+                          groups=torch.from_numpy(groups))
+    fit_idx, val_idx = grouped_validation_split(torch.from_numpy(groups), 0.2, seed=7)
+    scaler = StandardScaler().fit(x[fit_idx])
+    val_accuracy = [LogisticRegression(C=C, tol=1e-10, max_iter=10000).fit(scaler.transform(x[fit_idx]), y[fit_idx])
+                    .score(scaler.transform(x[val_idx]), y[val_idx]) for C in SMALL_GRID]
+    assert result.protocol["val_accuracy"] == pytest.approx(val_accuracy)
+    assert result.protocol["chosen_C"] == SMALL_GRID[int(np.argmax(val_accuracy))]
+    assert result.protocol["n_val"] == 32 and result.protocol["val_split"].startswith("grouped")
+    # The stratified split of the same rows is a different one: the groups really decided it.
+    ungrouped = linear_probe(*tensors(x, y, x_test, y_test), C_grid=SMALL_GRID, seed=7, tol=1e-10)
+    assert ungrouped.protocol["val_split"] == "stratified by class"
+    with pytest.raises(ValueError, match="one group"):
+        linear_probe(*tensors(x, y, x_test, y_test), groups=torch.zeros(5))

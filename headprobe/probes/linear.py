@@ -30,7 +30,8 @@ from headprobe.probes.logistic import (
     solver_dtype,
 )
 
-__all__ = ["LinearProbeResult", "fit_logistic", "linear_probe"]  # fit_logistic: also importable from here
+# fit_logistic: also importable from here
+__all__ = ["LinearProbeResult", "fit_logistic", "grouped_validation_split", "linear_probe"]
 
 
 @dataclass
@@ -82,6 +83,25 @@ def _accuracy_count(x: torch.Tensor, y: torch.Tensor, W: torch.Tensor, b: torch.
     return int(((x @ W + b).argmax(dim=1) == y).sum())
 
 
+def grouped_validation_split(groups: torch.Tensor, val_fraction: float, seed: int):
+    """(fit indices, validation indices) as int64 NumPy arrays over the rows of `groups` (N,): a random
+    round(val_fraction · G) of the G distinct groups (at least 1, at most G − 1, drawn with `seed`) goes to
+    validation with all its rows, the rest to fitting. Rows of one group never land on both sides."""
+    import numpy as np
+
+    labels = torch.as_tensor(groups).cpu().numpy()
+    if labels.ndim != 1:
+        raise ValueError(f"groups must be 1-D (one group per training row), got shape {labels.shape}.")
+    unique = np.unique(labels)
+    if len(unique) < 2:
+        raise ValueError(f"groups hold {len(unique)} distinct value(s); a grouped validation split needs at "
+                         "least 2 groups (e.g. 2 source images).")
+    n_val = min(len(unique) - 1, max(1, round(val_fraction * len(unique))))
+    held_out = np.random.default_rng(seed).permutation(unique)[:n_val]
+    is_val = np.isin(labels, held_out)
+    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
+
+
 def linear_probe(
     train_features: torch.Tensor,
     train_labels: torch.Tensor,
@@ -97,6 +117,7 @@ def linear_probe(
     val_features: torch.Tensor | None = None,
     val_labels: torch.Tensor | None = None,
     device: torch.device | str | None = None,
+    groups: torch.Tensor | None = None,
 ) -> LinearProbeResult:
     """Linear-probe accuracy with the regularisation strength C chosen on validation data only.
 
@@ -106,7 +127,10 @@ def linear_probe(
 
     Protocol:
     1. Validation data: a stratified `val_fraction` of train (sklearn `train_test_split`,
-       `random_state=seed`), or `val_features`/`val_labels` when given.
+       `random_state=seed`), or `val_features`/`val_labels` when given. With `groups` (N,) (e.g. the source
+       image of each row, when rows are rotated copies of one image) the split is by group instead
+       (`grouped_validation_split`): no group has rows on both sides, so C is not chosen on near-copies of
+       fitted rows.
     2. For each C in ascending order: standardise with the fitting part's mean/std, fit sklearn's objective to
        `tol` (as `fit_logistic` does, warm-started along the path: see the module docstring), and score
        accuracy on validation. How each fit went is in protocol["fits"].
@@ -173,18 +197,24 @@ def linear_probe(
             )
         from sklearn.model_selection import train_test_split
 
-        try:
-            fit_idx, val_idx = train_test_split(
-                torch.arange(len(y_all)).numpy(),
-                test_size=val_fraction,
-                stratify=train_labels.cpu().numpy(),
-                random_state=seed,
-            )
-        except ValueError as err:
-            raise ValueError(
-                f"the stratified validation split failed ({err}); adjust val_fraction so both parts can hold "
-                f"every one of the {num_classes} classes, or pass val_features/val_labels."
-            ) from err
+        if groups is not None:
+            if len(groups) != len(y_all):
+                raise ValueError(f"groups has {len(groups)} entries for {len(y_all)} training rows; give one "
+                                 "group (source image) per row.")
+            fit_idx, val_idx = grouped_validation_split(groups, val_fraction, seed)
+        else:
+            try:
+                fit_idx, val_idx = train_test_split(
+                    torch.arange(len(y_all)).numpy(),
+                    test_size=val_fraction,
+                    stratify=train_labels.cpu().numpy(),
+                    random_state=seed,
+                )
+            except ValueError as err:
+                raise ValueError(
+                    f"the stratified validation split failed ({err}); adjust val_fraction so both parts can hold "
+                    f"every one of the {num_classes} classes, or pass val_features/val_labels."
+                ) from err
         fit_idx, val_idx = torch.from_numpy(fit_idx).to(device), torch.from_numpy(val_idx).to(device)
         x_fit, y_fit, x_val, y_val = x_all[fit_idx], y_all[fit_idx], x_all[val_idx], y_all[val_idx]
         absent = sorted(set(range(num_classes)) - set(y_fit.unique().tolist()))
@@ -253,6 +283,8 @@ def linear_probe(
         "val_accuracy": val_accuracy,
         "val_source": "split" if val_features is None else "given",
         "val_fraction": val_fraction if val_features is None else None,
+        "val_split": ("given" if val_features is not None else "grouped by source (no group on both sides)"
+                      if groups is not None else "stratified by class"),
         "standardize": standardize,
         "max_iter": max_iter,
         "tol": tol,

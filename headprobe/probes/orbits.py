@@ -32,6 +32,7 @@ __all__ = [
     "orbit_images",
     "orbit_measures",
     "orbit_pca",
+    "orbit_units",
     "sweep_values",
     "trajectory_curvature",
 ]
@@ -285,3 +286,46 @@ def orbit_pca(traj: torch.Tensor | np.ndarray, n_images: int = 8) -> np.ndarray:
     signs = torch.sign(scores.gather(0, scores.abs().argmax(dim=0, keepdim=True)))
     coordinates[:, :k] = scores * torch.where(signs == 0, 1.0, signs)
     return coordinates.reshape(m, t, 2).cpu().numpy()
+
+
+def orbit_units(traj: torch.Tensor | np.ndarray, normalize: bool = False, *, sweep: str | None = None) -> dict:
+    """The orbit measures of `orbit_measures` taken apart by orbit image, for intervals over the images drawn.
+
+    Per image i (N,): "spread", "d_intra", "curvature", "cos_anchor", "eff_rank" (each measure's mean over images
+    is the measure); per pair of images (N, N): "centroid_dist" ‖μ_i − μ_j‖, "pair_dist" mean_{t,s} ‖r_it − r_js‖,
+    "pair_sq_dist" mean_{t,s} ‖r_it − r_js‖² (their means over i ≠ j are d_inter_image, pair_dist, pair_sq_dist);
+    and "centroids" μ (N, D) for the class centroids of d_inter. Same space, anchor and closure as
+    `orbit_measures` with the same arguments. Cost O((N·T)² D), as pair_dist there.
+    """
+    traj = _check_traj(traj)
+    n, t, d = traj.shape
+    anchor, cyclic = 0, False
+    if sweep is not None:
+        anchor, cyclic = anchor_index(sweep, t), ORBIT_SWEEPS[sweep].cyclic
+    unit = _unit(traj)
+    space = unit if normalize else traj
+    centroids = space.mean(dim=1)
+    spread = (space - centroids[:, None]).square().sum(dim=-1).mean(dim=1)
+    within = torch.cdist(space, space, compute_mode="donot_use_mm_for_euclid_dist")
+    second = (unit.roll(-1, dims=1) - 2 * unit + unit.roll(1, dims=1) if cyclic
+              else unit[:, 2:] - 2 * unit[:, 1:-1] + unit[:, :-2])
+    others = [s for s in range(t) if s != anchor]
+    points = space.reshape(n * t, d)
+    pair_dist = torch.zeros(n, n, dtype=space.dtype, device=space.device)
+    block = max(1, _PAIR_BLOCK // (n * t * t))
+    for start in range(0, n, block):
+        rows = slice(start * t, min(start + block, n) * t)
+        distances = torch.cdist(points[rows], points)
+        pair_dist[start:start + block] = distances.reshape(-1, t, n, t).mean(dim=(1, 3))
+    centroid_dist = torch.cdist(centroids, centroids, compute_mode="donot_use_mm_for_euclid_dist")
+    return {
+        "spread": spread,
+        "d_intra": within.sum(dim=(1, 2)) / (t * (t - 1)),
+        "curvature": second.norm(dim=-1).mean(dim=1),
+        "cos_anchor": (unit[:, others] * unit[:, anchor : anchor + 1]).sum(dim=-1).mean(dim=1),
+        "eff_rank": torch.tensor([_effective_rank(orbit) for orbit in space], dtype=torch.float64),
+        "centroid_dist": centroid_dist,
+        "pair_dist": pair_dist,
+        "pair_sq_dist": centroid_dist.square() + spread[:, None] + spread[None, :],
+        "centroids": centroids,
+    }

@@ -21,9 +21,11 @@ __all__ = [
     "covariance_spectrum",
     "lidar",
     "rankme",
+    "sphere_points",
     "uniformity",
     "view_cosine",
     "view_cosine_per_pair",
+    "view_spread",
 ]
 
 # Below this many samples per dimension the smallest sample eigenvalues are visibly biased low.
@@ -195,6 +197,31 @@ def alignment_per_pair(z1: torch.Tensor, z2: torch.Tensor, alpha: float = 2.0) -
         raise ValueError(f"alpha must be positive but got {alpha}; Wang & Isola use 2.")
     difference = _on_sphere("z1", z1) - _on_sphere("z2", z2)
     return difference.norm(dim=1).pow(alpha)
+
+
+def sphere_points(z: torch.Tensor) -> torch.Tensor:
+    """z: (N, D) -> its rows L2-normalised in float64, the points alignment, uniformity and view cosines use."""
+    check_features("z", z)
+    return _on_sphere("z", z)
+
+
+def view_spread(views: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each image's spread over its views in the representation's own space (not normalised); views: (N, K, D)
+    -> (spread (N,) float64: mean squared distance of the K views to their centroid, centroids (N, D) float64).
+
+    With `stats.SpreadRatio` these give `view_spread_rel` = S / (2N/(N−1)·C + 2S): the spread relative to the
+    mean squared distance between views of two different images (S: mean spread, C: the centroids' scatter), the
+    same scale-free ratio as `orbit.spread_rel`. Positive pairs (two views of one image) lie on average
+    2K/(K−1) · view_spread_rel as far apart, in squared distance, as random pairs of views of different images:
+    1/(2K/(K−1)) when the views are no closer than random pairs, 0 when they coincide; multiplying the
+    features by a constant changes nothing.
+    """
+    if views.ndim != 3 or views.shape[0] < 2 or views.shape[1] < 2:
+        raise ValueError(f"views must be (N images, K views, D) with N >= 2 and K >= 2, got {tuple(views.shape)}.")
+    check_features("views", views.reshape(-1, views.shape[-1]))
+    views = views.double()
+    centroids = views.mean(dim=1)
+    return (views - centroids[:, None]).square().sum(dim=-1).mean(dim=1), centroids
 
 
 def uniformity(z: torch.Tensor, t: float = 2.0, chunk_size: int = 1024) -> float:

@@ -8,54 +8,12 @@ data the run does not have (views without heads, say) says so instead of guessin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from ..stats import ORBIT_IMAGES, TEST_IMAGES, VIEW_IMAGES, PerUnit, SpreadRatio
+from ..stats import TEST_IMAGES, TRAIN_IMAGES, VIEW_IMAGES, Linearised, PerUnit, SpreadRatio, Uniformity
 
-
-@dataclass
-class TapData:
-    """What one tap offers. Shapes: train_x (N, D), test_x (M, D), views (N_v, K, D) with
-    view_params (N_v, K, P), rotated_train_x (4N', D) with rotated_train_y in {0,1,2,3},
-    orbits {sweep: (N_o, T, D)} (test images along each augmentation sweep) with orbit_labels (N_o,) their
-    classes (the same images in every sweep)."""
-
-    name: str
-    train_x: torch.Tensor
-    train_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    n_classes: int
-    seed: int = 0
-    val_fraction: float = 0.2
-    views: torch.Tensor | None = None
-    view_params: torch.Tensor | None = None
-    rotated_train_x: torch.Tensor | None = None
-    rotated_train_y: torch.Tensor | None = None
-    rotated_test_x: torch.Tensor | None = None
-    rotated_test_y: torch.Tensor | None = None
-    orbits: dict[str, torch.Tensor] | None = None
-    orbit_labels: torch.Tensor | None = None
-    # Augmentation parameters that vary in view_params but cannot change these images, with the reason
-    # (e.g. {"hue": "grey images"}): augment_r2 reports them as skipped instead of scoring them.
-    inert_params: dict[str, str] | None = None
-
-
-@dataclass
-class ProbeOutput:
-    """metrics and how they were obtained; per_unit: for metrics that are means over units (test images, images
-    with views), the per-unit values whose mean is the metric, so intervals and paired comparisons between taps
-    need no refit (`headprobe.stats`)."""
-
-    metrics: dict[str, float]
-    protocol: dict = field(default_factory=dict)
-    per_unit: dict[str, PerUnit | SpreadRatio] = field(default_factory=dict)
-
-
-class MissingInputError(ValueError):
-    """A probe asked for data this run does not produce; the message says which recipe key adds it."""
+# The probe interface (what a probe receives and returns) lives in tap_data.py; it is importable from here too.
+from .tap_data import MissingInputError, ProbeOutput, TapData
 
 
 def _need_views(tap: TapData, probe: str) -> torch.Tensor:
@@ -96,6 +54,7 @@ def knn(tap: TapData, **options) -> ProbeOutput:
 
 def spectrum(tap: TapData, top_k: int | None = None) -> ProbeOutput:
     """RankMe, α-ReQ and the covariance spectrum of the clean training features (honest conditioning)."""
+    from .influence import rankme_per_row
     from .spectrum import alpha_req, alpha_req_fit_range, covariance_spectrum, rankme
 
     # Collapsed features (the paper's collapse experiments; a dead ReLU head gives all zeros) leave some of these
@@ -110,9 +69,12 @@ def spectrum(tap: TapData, top_k: int | None = None) -> ProbeOutput:
             undefined[name] = str(err)
             return None
 
-    metrics, protocol = {}, {}
+    metrics, protocol, per_unit = {}, {}, {}
     if (value := attempt("rankme", lambda: rankme(tap.train_x))) is not None:
         metrics["rankme"] = value
+        # Its linearised bootstrap over the training images (`probes.influence`: recomputing it on resamples drawn
+        # with replacement would bias it low).
+        per_unit["rankme"] = Linearised(rankme_per_row(tap.train_x, value=value).cpu(), TRAIN_IMAGES)
     fit_range = attempt("alpha_req", lambda: alpha_req_fit_range(tap.train_x))
     if fit_range is not None:
         if (value := attempt("alpha_req", lambda: alpha_req(tap.train_x, fit_range))) is not None:
@@ -128,21 +90,40 @@ def spectrum(tap: TapData, top_k: int | None = None) -> ProbeOutput:
         protocol["alpha_req_fit"] = "ranks 1..ceil(r/2) of the r resolved covariance eigenvalues"
     if undefined:
         protocol["undefined"] = undefined
-    return ProbeOutput(metrics, protocol)
+    return ProbeOutput(metrics, protocol, per_unit)
 
 
 def invariance(tap: TapData, uniformity_t: float = 2.0) -> ProbeOutput:
-    """Alignment, uniformity, view cosine (first two views of each image) and LiDAR over all views."""
-    from .spectrum import alignment_per_pair, lidar, uniformity, view_cosine_per_pair
+    """Alignment, uniformity, view cosine (first two views of each image), LiDAR over all views, and the
+    scale-free `view_spread_rel` (`spectrum.view_spread`): the views' spread relative to random pairs of views of
+    different images, in the tap's own space. Raw alignment and view cosine depend on how bunched the whole cloud
+    is, so only `view_spread_rel` is invariance evidence for the buffer verdict; the others describe."""
+    from .lidar_influence import lidar_pseudo_values
+    from .spectrum import alignment_per_pair, lidar, sphere_points, uniformity, view_cosine_per_pair, view_spread
 
     views = _need_views(tap, "invariance")
     z1, z2 = views[:, 0], views[:, 1]
     align, cosine = alignment_per_pair(z1, z2).cpu(), view_cosine_per_pair(z1, z2).cpu()
+    spread, centroids = view_spread(views)
+    relative = SpreadRatio(spread.cpu(), centroids.cpu(), VIEW_IMAGES)
     metrics = {"align": float(align.mean()), "uniform": uniformity(z1, t=uniformity_t),
-               "view_cos": float(cosine.mean()), "lidar": lidar(views)}
-    return ProbeOutput(metrics, {"pairs": "views 0 and 1 of each image", "n_images": len(views),
-                                 "views": views.shape[1], "uniformity_t": uniformity_t},
-                       {"align": PerUnit(align, VIEW_IMAGES), "view_cos": PerUnit(cosine, VIEW_IMAGES)})
+               "view_cos": float(cosine.mean()), "lidar": lidar(views), "view_spread_rel": relative.value()}
+    k = views.shape[1]
+    protocol = {"pairs": "views 0 and 1 of each image", "n_images": len(views), "views": k,
+                "uniformity_t": uniformity_t,
+                "view_spread_rel": f"all {k} views of each image, unnormalised: the mean squared distance of a "
+                                   "view to its image's view centroid over the mean squared distance between "
+                                   "views of two different images; two views of one image are on average "
+                                   f"{2 * k / (k - 1):g} x view_spread_rel as far apart (squared) as two random "
+                                   f"views; {(k - 1) / (2 * k):g} = no invariance, 0 = views coincide",
+                "evidence": "view_spread_rel (scale-free); align, view_cos, uniform, lidar describe",
+                "intervals": {"uniform": "bootstrap over images with views, recomputed on each resample",
+                              "lidar": "linearised (delta-method) bootstrap over images with views"}}
+    return ProbeOutput(metrics, protocol,
+                       {"align": PerUnit(align, VIEW_IMAGES), "view_cos": PerUnit(cosine, VIEW_IMAGES),
+                        "view_spread_rel": relative,
+                        "uniform": Uniformity(sphere_points(z1).cpu(), uniformity_t, VIEW_IMAGES),
+                        "lidar": Linearised(lidar_pseudo_values(views), VIEW_IMAGES)})
 
 
 def view_mi(tap: TapData, batch_size: int = 128, temperature: float = 0.1, pca_dims: int = 32,
@@ -152,6 +133,9 @@ def view_mi(tap: TapData, batch_size: int = 128, temperature: float = 0.1, pca_d
     principal components, fitted on the views themselves. The Gaussian value is the plug-in minus its exact
     small-sample bias for Gaussian data, without shrinkage (`gaussian_mi`): k ≤ N/10 keeps the joint 2k×2k
     correlation matrix invertible, and shrinking it would erase the cross-view correlation that is the MI."""
+    import math
+
+    from .influence import gaussian_mi_per_pair
     from .information import gaussian_mi, mutual_information
 
     views = _need_views(tap, "view_mi")
@@ -174,7 +158,13 @@ def view_mi(tap: TapData, batch_size: int = 128, temperature: float = 0.1, pca_d
                              "bias_correction": gauss["bias_correction"],
                              "bias_correction_source": gauss["bias_correction_source"],
                              "mi_plugin": gauss["mi_plugin"], "warning": gauss["warning"]}}
-    return ProbeOutput(metrics, protocol)
+    # mi.gaussian's linearised bootstrap over the images with views (the PCA basis held fixed); none where
+    # gaussian_mi dropped constant components or the MI is infinite. mi.infonce has no per-image values.
+    per_unit = {}
+    if math.isfinite(gauss["mi"]) and not any(gauss["constant_dims_dropped"].values()):
+        values = gaussian_mi_per_pair((z1 - mean) @ basis, (z2 - mean) @ basis, gauss["mi"])
+        per_unit["mi.gaussian"] = Linearised(values.cpu(), VIEW_IMAGES)
+    return ProbeOutput(metrics, protocol, per_unit)
 
 
 # Ridge penalties searched by augment_r2 (standardised features): 1e-3 … 1e6, half a decade apart.
@@ -225,7 +215,7 @@ def augment_r2(tap: TapData, alphas: list[float] | None = None, test_fraction: f
 
     from ..data.augment import PARAM_NAMES
 
-    views = _need_views(tap, "augment_r2")
+    views = _need_views(tap, "augment_r2").cpu()  # ridge and R² run in NumPy / scikit-learn, on the host
     grid = sorted(float(a) for a in (AUG_R2_ALPHAS if alphas is None else alphas))
     if not grid or min(grid) <= 0:
         raise ValueError(f"augment_r2 alphas must be a non-empty list of positive numbers, got {alphas!r}.")
@@ -239,7 +229,7 @@ def augment_r2(tap: TapData, alphas: list[float] | None = None, test_fraction: f
     x_tr = views[train_idx].reshape(-1, d).double().numpy()
     x_te = views[test_idx].reshape(-1, d).double().numpy()
     groups = np.repeat(np.arange(len(train_idx)), k)
-    params = tap.view_params
+    params = tap.view_params.cpu()
     inert = tap.inert_params or {}
     skipped, targets = {}, []
     for j, name in enumerate(PARAM_NAMES):
@@ -284,26 +274,44 @@ def rotation(tap: TapData, C_grid: list[float] | None = None, mlp_hidden: int = 
     """4-way rotation prediction (0/90/180/270°, chance 0.25) from each tap: a linear (logistic) probe with
     C chosen on validation, and a one-hidden-layer MLP probe — the paper's "guillotine" measurement."""
     from .linear import linear_probe
+    from .rotated import per_image_accuracy, rotated_image_index
 
     if tap.rotated_train_x is None:
         raise MissingInputError("probe 'rotation' needs rotated images; the pipeline extracts them when "
                                 "probes.rotation is in the recipe.")
     kwargs = {"C_grid": C_grid} if C_grid else {}
+    # The 4 rotated copies of one image are near-duplicates: C is chosen on a validation split by image.
+    groups = rotated_image_index(tap.rotated_train_y)
     lin = linear_probe(tap.rotated_train_x, tap.rotated_train_y, tap.rotated_test_x, tap.rotated_test_y,
-                       val_fraction=tap.val_fraction, seed=tap.seed, **kwargs)
-    mlp_acc = _mlp_probe(tap, mlp_hidden, mlp_epochs)
-    return ProbeOutput({"rotation.acc": lin.metrics["linear.acc"], "rotation.mlp.acc": mlp_acc},
+                       val_fraction=tap.val_fraction, seed=tap.seed, groups=groups, **kwargs)
+    y_test = tap.rotated_test_y.cpu()
+    mlp_pred = _mlp_probe(tap, mlp_hidden, mlp_epochs)
+    n_images = len(y_test) // 4
+    # Intervals resample the N test images (each with its 4 rotations), not the 4N rows.
+    per_unit = {"rotation.acc": PerUnit(per_image_accuracy(lin.predictions == y_test, y_test), TEST_IMAGES),
+                "rotation.mlp.acc": PerUnit(per_image_accuracy(mlp_pred == y_test, y_test), TEST_IMAGES)}
+    return ProbeOutput({"rotation.acc": lin.metrics["linear.acc"],
+                        "rotation.mlp.acc": (mlp_pred == y_test).double().mean().item()},
                        {"linear": lin.protocol, "mlp": {"hidden": mlp_hidden, "epochs": mlp_epochs,
                                                          "optimizer": "adam lr 1e-3, full batch", "standardize": True},
-                        "chance": 0.25})
+                        "chance": 0.25,
+                        "rows": f"{len(y_test)} test rows from {n_images} test images (each at 0/90/180/270°) "
+                                f"and {len(groups)} training rows from {len(groups) // 4} training images",
+                        "validation": "C chosen on a validation split grouped by image (an image's 4 rotations "
+                                      "are all on one side)",
+                        "unit": "test images: an image's score is the mean correctness of its 4 rotations"},
+                       per_unit)
 
 
-def _mlp_probe(tap: TapData, hidden: int, epochs: int) -> float:
+def _mlp_probe(tap: TapData, hidden: int, epochs: int) -> torch.Tensor:
+    """The MLP probe's predicted rotations of the rotated test rows: (4M,) int64 on the CPU (fixed epochs, no
+    validation split to group)."""
     x, y = tap.rotated_train_x.float(), tap.rotated_train_y
     mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
     g = torch.Generator().manual_seed(tap.seed)
     torch.manual_seed(int(torch.randint(2**31, (1,), generator=g)))
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 4))
+    net = net.to(x.device)  # initialised on the CPU from the seed, so every device starts from the same weights
     opt = torch.optim.Adam(net.parameters(), lr=1e-3, weight_decay=1e-4)
     xs = (x - mean) / std
     for _ in range(epochs):
@@ -311,8 +319,7 @@ def _mlp_probe(tap: TapData, hidden: int, epochs: int) -> float:
         torch.nn.functional.cross_entropy(net(xs), y).backward()
         opt.step()
     with torch.no_grad():
-        pred = net((tap.rotated_test_x.float() - mean) / std).argmax(1)
-    return (pred == tap.rotated_test_y).float().mean().item()
+        return net((tap.rotated_test_x.float() - mean) / std).argmax(1).cpu()
 
 
 def orbits(tap: TapData, sweeps: list[str] | None = None, n_images: int = 64, pca_images: int = 8) -> ProbeOutput:
@@ -323,6 +330,7 @@ def orbits(tap: TapData, sweeps: list[str] | None = None, n_images: int = 64, pc
     they are absent when the tap has no orbit labels or the orbit images hold fewer than 2 classes, and the
     protocol's "centroids" sentence says so. `.d_inter_image` and `.d_ratio_image` compare image-orbit centroids
     and are always there."""
+    from .orbit_intervals import orbit_statistics
     from .orbits import orbit_measures, orbit_pca, sweep_values
 
     if tap.orbits is None:
@@ -346,8 +354,7 @@ def orbits(tap: TapData, sweeps: list[str] | None = None, n_images: int = 64, pc
         metrics |= {f"{sweep}.{k}": float(v) for k, v in out.items()}
         protocol["sweeps"][sweep] = {"values": sweep_values(sweep, traj.shape[1]), "space": space,
                                      "pca": orbit_pca(traj.double(), n_images=pca_images).round(5).tolist()}
-        # The scale-free spread as a function of which orbit images are drawn, for its interval and the verdict.
-        centres = traj.double().mean(dim=1)
-        spread = (traj.double() - centres[:, None]).square().sum(dim=-1).mean(dim=1)
-        per_unit[f"{sweep}.orbit.spread_rel"] = SpreadRatio(spread, centres, ORBIT_IMAGES)
+        # Every measure as a function of which orbit images are drawn, for its interval (spread_rel: the verdict).
+        per_unit |= {f"{sweep}.{k}": v for k, v in orbit_statistics(traj.double(), sweep=sweep, labels=labels).items()
+                     if f"{sweep}.{k}" in metrics}
     return ProbeOutput(metrics, protocol, per_unit)
