@@ -8,83 +8,18 @@ propagates, so finished work stays on disk and `--resume` goes on from it.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .objectives import objective_protocol
 from .pretrained_heads import PretrainedHead, load_pretrained_heads
-from .recipe import Recipe, RecipeError
-from .runs import RunDir
+from .recipe import Recipe
 
-
-class RunError(RuntimeError):
-    """A failure while running; says which stage failed. Finished work is already on disk."""
-
-    def __init__(self, stage: str, err: BaseException, run_dir: Path | None) -> None:
-        where = f" (partial results kept in {run_dir})" if run_dir else ""
-        super().__init__(f"while {stage}: {type(err).__name__}: {err}{where}")
-        self.stage, self.run_dir = stage, run_dir
-
-
-@dataclass
-class RunContext:
-    """What every stage shares: the recipe, the run directory, the results record it fills, the process state.
-    per_unit and resamples hold the probes' per-image values and the shared bootstrap resamples (`taps`)."""
-
-    recipe: Recipe
-    run_dir: RunDir
-    results: dict
-    state: Any
-    show: bool = False
-    resume: bool = False
-    per_unit: dict = field(default_factory=dict)
-    resamples: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.timing: dict = self.results["timing"]
-
-    def stage(self, name: str, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except KeyboardInterrupt:
-            # Ctrl-C: say so in results.json (not "running" forever); finished stages stay and --resume goes on.
-            self.record_stop("interrupted", name, "interrupted (KeyboardInterrupt); finished stages are kept: "
-                             f"`headprobe run RECIPE --resume --out {self.run_dir.path}`", report=False)
-            raise
-        except RecipeError:
-            raise
-        except Exception as err:
-            self.record_stop("failed", name, f"{type(err).__name__}: {err}", report=self.recipe.report)
-            raise RunError(name, err, self.run_dir.path if self.state.is_main_process else None) from err
-
-    def record_stop(self, status: str, stage: str, message: str, report: bool) -> None:
-        """Write why the run stopped into results.json. Only the run in progress records it; a later analysis
-        of a recorded run (`headprobe geometry`) that fails leaves that run's status, error and report alone."""
-        if self.results.get("status") != "running":
-            return
-        self.results["status"] = status
-        self.results["error"] = {"stage": stage, "message": message}
-        self.run_dir.write_results(self.results)
-        if report:
-            write_report(self.run_dir)
-
-    def clock(self, key: str, since: float) -> None:
-        self.timing[key] = self.timing.get(key, 0.0) + time.perf_counter() - since
-
-    def clock_training(self, seconds: float, resumed: bool) -> None:
-        """Training time; resumed from a checkpoint, the time of the steps done before it counts too."""
-        self.timing["train_s"] = (self.timing.get("train_s", 0.0) if resumed else 0.0) + seconds
-
-    def progress(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        disable=not self.show, transient=False)
+# RunError and write_report are part of the stages' API (pipeline, analyse and the tests use them from here).
+from .run_context import RunContext, RunError, write_report  # noqa: F401
 
 
 @dataclass
@@ -105,6 +40,8 @@ class FeatureSet:
     orbits: dict | None = None
     views: Any = None
     inert_params: dict[str, str] | None = None
+    # The views the view probes measure (`ViewFeatures`): the test images' (held out) or `views` itself.
+    probe_views: Any = None
 
 
 @dataclass
@@ -151,16 +88,25 @@ def load_inputs(ctx: RunContext) -> Inputs:
     return Inputs(backbone, data)
 
 
+def held_out_view_seed(seed: int) -> int:
+    """The augmentation seed of the test images' views: its own stream, so no held-out view repeats the draws
+    (crop boxes, flips, jitter) of a training view."""
+    from .engine import seed_of
+
+    return seed_of(seed, "held-out views", "test")
+
+
 def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> FeatureSet:
     """Clean features, and exactly what the probes and heads need besides: rotated copies, orbits, views.
     tuned: the backbone has been tuned with the heads (they need views again only for their final geometry)."""
     from .data.augment import augment_spec
+    from .data.loader import pipeline_record
     from .features import extract, extract_orbits, extract_views
 
     recipe, backbone, data, t0 = ctx.recipe, inputs.backbone, inputs.data, time.perf_counter()
     f = recipe.features
     options = {"data_info": data.info, "batch_size": f.batch_size, "precision": f.precision, "cache": f.cache,
-               "num_workers": f.num_workers, "state": ctx.state}
+               "num_workers": f.num_workers, "mapped": f.memory_map, "state": ctx.state}
     needs, cache, clean = probe_needs(recipe), {}, {}
     out = FeatureSet(None, None, data.n_classes,
                      inert_params=ctx.stage("reading the training images' colours", grey_params, data.train))
@@ -185,21 +131,34 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
             out.orbits = ctx.stage("extracting orbits", extract_orbits, backbone, data.test, sweeps=spec.sweeps,
                                    n_images=spec.n_images, batch_size=f.batch_size, progress=progress)
         ctx.clock("extract_s", t0)
-        # Views feed the view probes, frozen-path head training, and the geometry of trained heads; the tuned path
-        # makes its own views on the fly, so the untuned backbone needs them only for probes.
+        # Training views feed frozen-path head training and the geometry of trained heads; the tuned path makes its
+        # own views on the fly. The view probes measure held-out views (augment.probe_views: the test images') unless
+        # the recipe asks for the training views.
         heads_need = recipe.heads and (recipe.backbone.tune == "frozen" or (tuned and recipe.geometry.final))
-        if heads_need or "views" in needs:
-            t0 = time.perf_counter()
-            spec = augment_spec(recipe.augment.preset, **recipe.augment.options)
+        probing, held_out = "views" in needs, recipe.augment.probe_views == "test"
+        spec = augment_spec(recipe.augment.preset, **recipe.augment.options) if heads_need or probing else None
+        t0 = time.perf_counter()
+        if heads_need or (probing and not held_out):
             out.views = ctx.stage("extracting augmented views", extract_views, backbone, data.train, augment=spec,
                                   views=recipe.augment.views, seed=recipe.seed, progress=progress, **options)
-            ctx.clock("extract_views_s", t0)
             ctx.results["protocol"]["views"] = {
                 "augment": dataclasses.asdict(spec) | {"preset": recipe.augment.preset},
                 "views": recipe.augment.views, "cache_key": out.views.key, "hit": out.views.cached}
+        if probing:
+            seed = held_out_view_seed(recipe.seed) if held_out else recipe.seed
+            out.probe_views = out.views if not held_out else ctx.stage(
+                "extracting augmented views of the test images", extract_views, backbone, data.test, augment=spec,
+                views=recipe.augment.views, seed=seed, progress=progress, **options)
+            ctx.results["protocol"]["views_probed"] = {
+                "split": "test" if held_out else "train", "n_images": len(out.probe_views.features),
+                "views": recipe.augment.views, "seed": seed, "cache_key": out.probe_views.key,
+                "hit": out.probe_views.cached, "heads_trained_on": "train" if recipe.heads else None}
+        if heads_need or probing:
+            ctx.clock("extract_views_s", t0)
     ctx.results["protocol"]["features"] = {
         "pooling": recipe.backbone.pooling, "layer": recipe.backbone.layer, "layers": recipe.backbone.layers,
-        "resolution": backbone.preprocess.crop, "precision": f.precision, "cache": cache}
+        "resolution": backbone.preprocess.crop, "precision": f.precision, "cache": cache,
+        "memory_map": f.memory_map, "input_pipeline": pipeline_record(f.num_workers, ctx.state.device)}
     return out
 
 
@@ -340,19 +299,6 @@ def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> None
         ctx.results["heads"][name]["geometry"] = geometry
         ctx.run_dir.write_results(ctx.results)
     ctx.clock("geometry_s", t0)
-
-
-def write_report(run_dir: RunDir) -> None:
-    """report.html + plots/; never fails a run over its report (`headprobe report RUN_DIR` rebuilds it)."""
-    if not run_dir.writable:
-        return
-    from .report.html import write_report as write_html
-
-    try:
-        write_html(run_dir.path)
-    except Exception as err:
-        print(f"warning: report.html not written ({type(err).__name__}: {err}); "
-              f"run `headprobe report {run_dir.path}` to retry.", file=sys.stderr)
 
 
 def grey_params(dataset, n_images: int = 64) -> dict[str, str] | None:

@@ -20,9 +20,11 @@ from .recipe import RecipeError
 from .stats import (
     ORBIT_IMAGES,
     TEST_IMAGES,
+    TRAIN_IMAGES,
     PerUnit,
     bootstrap_resamples,
     load_per_unit,
+    n_units,
     save_per_unit,
     seed_interval,
     tap_uncertainty,
@@ -41,25 +43,31 @@ class Tap:
 
 
 def head_taps(name: str, head) -> list[Tap]:
-    """The taps of a trained head: `name@1` … `name@(depth-1)` and `name` (the output)."""
+    """The taps of a trained head: `name@1` … `name@(depth-1)` and `name` (the output). A tap's transform runs the
+    head on the device of its input (the head is moved there once)."""
     from .train import head_taps as layer_outputs
 
     return [Tap(name if depth == head.depth else f"{name}@{depth}", name, depth,
-                lambda x, d=depth, h=head: layer_outputs(h, x)[d - 1]) for depth in range(1, head.depth + 1)]
+                lambda x, d=depth, h=head: layer_outputs(h.to(x.device), x)[d - 1])
+            for depth in range(1, head.depth + 1)]
 
 
-def tap_data(features, tap: Tap, recipe):
-    """The inputs of every probe at one tap (`probes.suite.TapData`), from a `stages.FeatureSet`."""
+def tap_data(features, tap: Tap, recipe, device: torch.device | str | None = None):
+    """The inputs of every probe at one tap (`probes.suite.TapData`), from a `stages.FeatureSet`. The view probes
+    get `features.probe_views` (the held-out test images' views unless `augment.probe_views: train`). With
+    `device`, the backbone features move there first, so a head tap's layers run on the device too."""
     from .probes.suite import TapData
 
     def at(x: torch.Tensor) -> torch.Tensor:
+        x = x if device is None else x.to(device)
         return x if tap.transform is None else tap.transform(x)
 
     views = params = None
-    if features.views is not None:
-        n, k, d = features.views.features.shape
-        views = at(features.views.features.reshape(n * k, d)).reshape(n, k, -1)
-        params = features.views.params
+    probed = features.probe_views
+    if probed is not None:
+        n, k, d = probed.features.shape
+        views = at(probed.features.reshape(n * k, d)).reshape(n, k, -1)
+        params = probed.params
     rot = {}
     if features.rotated is not None:
         for split, (x, y) in features.rotated.items():
@@ -79,46 +87,134 @@ def tap_data(features, tap: Tap, recipe):
 def probe_tap(ctx, features, tap: Tap, seed: int | None = None) -> None:
     """Every probe of the recipe at one tap. With `seed` (a run with several seeds) the metrics go into
     taps[tap]["seeds"][seed], and `aggregate_seeds` makes the tap's own metrics from them. Probes finished in a
-    resumed run are not redone."""
-    from .registry import PROBES
-
+    resumed run are not redone. With several processes each runs a share of the probes (`probe_units`)."""
     t0 = time.perf_counter()
+    ran = probe_units(ctx, features, [(tap, seed)])
+    if seed is None:
+        record_uncertainty(ctx, features, tap.name)
+    if ran:
+        ctx.clock("probe_s", t0)
+
+
+def probe_units(ctx, features, units: list[tuple[Tap, int | None]]) -> bool:
+    """Run every pending probe of each (tap, seed) unit and record it in ctx.results and ctx.per_unit; returns
+    whether any probe ran.
+
+    One process runs them in order and records each as it finishes (so an interrupted run keeps it). W processes
+    deal the (unit, probe) pairs out round-robin, probe by probe (so each process gets an equal share of every
+    probe's, often very different, cost), each runs its share, and every process records all of them in the
+    one-process order from an all-gather, so every process holds the same results and the main one writes them.
+    """
+    from .collectives import all_objects
+
+    pending = [_pending_probes(ctx, tap, seed) for tap, seed in units]
+    world, rank = ctx.state.num_processes, ctx.state.process_index
+    if world == 1:
+        for (tap, seed), names in zip(units, pending, strict=True):
+            for name, out in _run_probes(ctx, features, tap, seed, names):
+                _record_probe(ctx, tap, seed, name, out)
+        return any(pending)
+    order = list(ctx.recipe.probes)
+    mine = share_of_probes(pending, order, rank, world)
+    finished, failure = [], None
+    try:
+        for i, names in mine.items():
+            tap, seed = units[i]
+            finished += [(i, name, out) for name, out in _run_probes(ctx, features, tap, seed, names)]
+    except Exception as err:  # sent to every process, so that none waits forever for this one
+        failure = err
+    shares = all_objects((finished, None if failure is None else f"{type(failure).__name__}: {failure}"), world)
+    if failure is not None:
+        raise failure
+    failed = [(r, message) for r, (_, message) in enumerate(shares) if message is not None]
+    if failed:  # through ctx.stage, so that the main process records it in results.json
+        ctx.stage("running the probes shared among the processes", _raise_failure, *failed[0])
+    ran = sorted(((i, name, out, r) for r, (share, _) in enumerate(shares) for i, name, out in share),
+                 key=lambda item: (item[0], order.index(item[1])))
+    for i, name, out, process in ran:
+        _record_probe(ctx, *units[i], name, out, process)
+    return any(pending)
+
+
+def share_of_probes(pending: list[list[str]], order: list[str], rank: int, world: int) -> dict[int, list[str]]:
+    """The probes process `rank` of `world` runs: {unit index: [probe names]}, from each unit's pending probes.
+
+    The (unit, probe) pairs are taken probe by probe (in `order`, the recipe's) and dealt round-robin, so each
+    process gets every probe's units in turn: the costs of one probe are alike across taps, those of different
+    probes are not.
+
+    >>> share_of_probes([["linear", "knn"], ["linear", "knn"]], ["linear", "knn"], rank=1, world=2)
+    {1: ['linear', 'knn']}
+    """
+    pairs = [(i, name) for name in order for i, names in enumerate(pending) if name in names]
+    mine: dict[int, list[str]] = {}
+    for i, name in pairs[rank::world]:
+        mine.setdefault(i, []).append(name)
+    return mine
+
+
+def _raise_failure(process: int, message: str) -> None:
+    raise RuntimeError(f"process {process} failed ({message}); every process stops.")
+
+
+def _unit_key(tap: Tap, seed: int | None) -> str:
+    return tap.name if seed is None else f"{tap.name}.seed-{seed}"
+
+
+def _pending_probes(ctx, tap: Tap, seed: int | None) -> list[str]:
+    """The recipe's probes not yet recorded at (tap, seed); makes its results entry and per-unit store on the way
+    (loaded from the run directory when resuming)."""
     entry = ctx.results["taps"].setdefault(tap.name, {"head": tap.head, "depth": tap.depth, "metrics": {},
                                                       "protocol": {}})
     record = entry if seed is None else entry.setdefault("seeds", {}).setdefault(str(seed),
                                                                                  {"metrics": {}, "protocol": {}})
-    key = tap.name if seed is None else f"{tap.name}.seed-{seed}"
-    todo = [name for name in ctx.recipe.probes if name not in record["protocol"]]
+    key = _unit_key(tap, seed)
     store = ctx.run_dir.path / "per_unit" / f"{key}.safetensors"
-    per_unit = ctx.per_unit.setdefault(key, load_per_unit(store) if ctx.resume else {})
-    data = tap_data(features, tap, ctx.recipe) if todo else None
+    ctx.per_unit.setdefault(key, load_per_unit(store) if ctx.resume else {})
+    return [name for name in ctx.recipe.probes if name not in record["protocol"]]
+
+
+def _run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str]):
+    """Yield (probe name, `ProbeOutput`) for each of the probes `todo` at (tap, seed), as each finishes."""
+    from .registry import PROBES
+
+    # The probes run on the process's device (the GPU on a GPU node); their per-unit values come back on the CPU.
+    data = tap_data(features, tap, ctx.recipe, ctx.state.device).to(ctx.state.device) if todo else None
     for name in todo:
         options = dataclasses.asdict(ctx.recipe.probes[name])
         where = f"tap {tap.name!r}" + ("" if seed is None else f" (seed {seed})")
-        out = ctx.stage(f"running probe {name!r} on {where}", PROBES.get(name), data, **options)
-        record["metrics"].update(out.metrics)
-        record["protocol"][name] = out.protocol
-        per_unit.update(out.per_unit)
-        if out.per_unit and ctx.run_dir.writable:
-            store.parent.mkdir(exist_ok=True)
-            save_per_unit(store, per_unit)
-        extra = {} if seed is None else {"seed": seed}
-        ctx.run_dir.log_metrics({"stage": "probe", "tap": tap.name, **extra, "probe": name, **out.metrics})
-        ctx.run_dir.write_results(ctx.results)
-    if seed is None:
-        record_uncertainty(ctx, features, tap.name)
-    if todo:
-        ctx.clock("probe_s", t0)
+        yield name, ctx.stage(f"running probe {name!r} on {where}", PROBES.get(name), data, **options)
+
+
+def _record_probe(ctx, tap: Tap, seed: int | None, name: str, out, process: int | None = None) -> None:
+    """One probe's output into results.json, metrics.jsonl (with the process that ran it, in a run of several)
+    and the per-unit store."""
+    entry = ctx.results["taps"][tap.name]
+    record = entry if seed is None else entry["seeds"][str(seed)]
+    key = _unit_key(tap, seed)
+    record["metrics"].update(out.metrics)
+    record["protocol"][name] = out.protocol
+    per_unit = ctx.per_unit[key]
+    per_unit.update(out.per_unit)
+    if out.per_unit and ctx.run_dir.writable:
+        store = ctx.run_dir.path / "per_unit" / f"{key}.safetensors"
+        store.parent.mkdir(exist_ok=True)
+        save_per_unit(store, per_unit)
+    extra = ({} if seed is None else {"seed": seed}) | ({} if process is None else {"process": process})
+    ctx.run_dir.log_metrics({"stage": "probe", "tap": tap.name, **extra, "probe": name, **out.metrics})
+    ctx.run_dir.write_results(ctx.results)
 
 
 def record_uncertainty(ctx, features, tap_name: str) -> None:
     """taps[tap]["uncertainty"][metric]: a 95% interval and how it was obtained (headprobe.stats). Resamples are
-    drawn once per kind of unit and shared by every tap (class-stratified for test images)."""
+    drawn once per kind of unit and shared by every tap (class-stratified for test, orbit and training images)."""
     for p in ctx.per_unit[tap_name].values():
         if p.unit not in ctx.resamples:
-            n = len(p.values) if isinstance(p, PerUnit) else len(p.spread)
-            # Test images and the orbit images (the first n test images) keep each class's count.
-            strata = features.test.labels[:n] if p.unit in (TEST_IMAGES, ORBIT_IMAGES) else None
+            n = n_units(p)
+            # Test images, the orbit images (the first n test images) and the training images keep each class's
+            # count.
+            strata = (features.test.labels[:n] if p.unit in (TEST_IMAGES, ORBIT_IMAGES) else
+                      features.train.labels if p.unit == TRAIN_IMAGES else None)
             ctx.resamples[p.unit] = bootstrap_resamples(n, seed=ctx.recipe.seed, strata=strata)
     tap = ctx.results["taps"][tap_name]
     tap["uncertainty"] = tap_uncertainty(tap["metrics"], ctx.per_unit[tap_name], ctx.resamples)
@@ -156,29 +252,38 @@ def aggregate_seeds(ctx, features, tap_name: str) -> None:
 
 
 def probe_heads(ctx, features, trained) -> None:
-    """Probe every tap of every head (once per seed when there are several) and decide each head's verdict."""
+    """Probe every tap of every head (once per seed when there are several) and decide each head's verdict. With
+    several processes the probes of all the head taps are shared out among them at once (`probe_units`)."""
     from .buffer import buffer_verdict
 
     several = len(trained.by_seed) > 1
+    plans = []  # (spec, the taps compared, the seed-averaged taps, the (tap, seed) units to probe)
     for spec in ctx.recipe.heads:
         first = trained.first.get(spec.name)
         chosen = None if first is None else _chosen_taps(spec, first.head)
-        if first is None:
-            probe_tap(ctx, features, Tap(spec.name, spec.name, 0))  # the identity head: the same for every seed
+        if first is None:  # the identity head: the same for every seed
+            plans.append((spec, chosen, [], [(Tap(spec.name, spec.name, 0), None)]))
         elif spec.type == "pretrained":  # the checkpoint's own head: one module, not retrained per seed
-            for tap in chosen:
-                probe_tap(ctx, features, tap)
+            plans.append((spec, chosen, [], [(tap, None) for tap in chosen]))
         else:
             by_seed = {seed: _chosen_taps(spec, states[spec.name].head) for seed, states in trained.by_seed.items()}
-            for i, tap in enumerate(chosen):
-                for seed, seeded in by_seed.items():
-                    probe_tap(ctx, features, seeded[i], seed=seed if several else None)
-                if several:
-                    aggregate_seeds(ctx, features, tap.name)
+            units = [(seeded[i], seed if several else None) for i in range(len(chosen))
+                     for seed, seeded in by_seed.items()]
+            plans.append((spec, chosen, chosen if several else [], units))
+    t0 = time.perf_counter()
+    ran = probe_units(ctx, features, [unit for *_, units in plans for unit in units])
+    for spec, chosen, averaged, units in plans:
+        for tap, seed in units:
+            if seed is None:
+                record_uncertainty(ctx, features, tap.name)
+        for tap in averaged:
+            aggregate_seeds(ctx, features, tap.name)
         compared = spec.name if chosen is None else chosen[-1].name
         verdict = buffer_verdict(ctx.results["taps"], compared, ctx.per_unit, ctx.resamples)
         ctx.results["buffer"][spec.name] = verdict | ({} if compared == spec.name else {"tap": compared})
         ctx.run_dir.write_results(ctx.results)
+    if ran:
+        ctx.clock("probe_s", t0)
 
 
 def _chosen_taps(spec, head) -> list[Tap]:

@@ -178,7 +178,11 @@ class FeatureSpec:
     batch_size: int = field(default=64, metadata=at_least(1))
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     cache: bool = True
-    num_workers: int = field(default=0, metadata=at_least(0))
+    # DataLoader worker processes decoding and augmenting; null: chosen from the machine (`data.loader.auto_workers`).
+    # Results are the same for any count.
+    num_workers: int | None = field(default=None, metadata=at_least(0))
+    # Cache hits are memory-mapped from their files rather than loaded whole (a view cache larger than memory trains).
+    memory_map: bool = True
 
 
 # The probes' options: each default equals the probe function's own (tests/test_recipe_schema.py checks every one
@@ -264,6 +268,16 @@ class NoOptions:
     """The options of a plug-in registered without an options class: none."""
 
 
+def activation_names() -> Any:
+    """``Literal[...]`` of the activations `heads.ACTIVATIONS` defines: the one list of them, which `heads[i].act`
+    is checked against. The annotation is evaluated when a recipe's heads are built (`typing.get_type_hints`), not
+    when `headprobe.recipe` is imported, so the schema stays free of torch, which `heads` imports (a recipe with
+    heads imports it anyway, for its augmentation check)."""
+    from ..heads import ACTIVATIONS
+
+    return Literal[tuple(ACTIVATIONS)]
+
+
 @dataclass
 class HeadSpec:
     """One projection head; `name` labels its taps (`NAME@i`, `NAME`) in results.json."""
@@ -273,7 +287,7 @@ class HeadSpec:
     depth: int = field(default=2, metadata=at_least(1))
     width: int = field(default=2048, metadata=at_least(1))
     out_dim: int | None = field(default=None, metadata=at_least(1))
-    act: Literal["relu", "gelu", "swish", "silu", "tanh", "none"] = "relu"
+    act: activation_names() = "relu"  # the names `heads.ACTIVATIONS` defines
     bn_hidden: bool = True
     bn_out: bool = False
     l2_out: bool = False
@@ -297,6 +311,9 @@ class AugmentRecipe:
     preset: str = field(default="simclr", metadata=registered(AUGMENT_PRESETS))
     # Augmented views extracted once per training image (frozen backbone); each step draws two.
     views: int = field(default=8, metadata=at_least(2))
+    # The images whose views the view probes (invariance, view_mi, augment_r2) measure: the test images (views
+    # the heads never trained on, drawn from their own stream) or the training images the heads trained on.
+    probe_views: Literal["test", "train"] = "test"
     # Knobs of the preset to change (e.g. crop_scale: [0.2, 1.0]); checked by name.
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -331,10 +348,14 @@ class GeometrySpec:
     # Every N steps log λ_min/λ_max of the loss Hessian w.r.t. the representation batch (Lanczos); null = off.
     track_every: int | None = field(default=None, metadata=at_least(1))
     track_rows: int = field(default=64, metadata=at_least(2))
-    track_max_iter: int = field(default=20, metadata=at_least(2))
+    # Lanczos products per tracked Hessian at most; it stops once both ends converge (20 left λ_min unconverged at
+    # about half the points of offline_collapse; each record says "lambda_min_converged").
+    track_max_iter: int = field(default=200, metadata=at_least(2))
+    # out_std and RankMe of each tracked record on this many cached view rows, the same rows at every tracked step.
+    track_stat_rows: int = field(default=1024, metadata=at_least(2))
     # Split each tracked λ_min into G-term (the loss seen through J_h), M-term (the head's curvature) and ∇²_h L.
     track_split: bool = True
-    # Claim 4's start: a number c starts every head collapsed by `geometry.tracking.collapsed_init` (first layer
+    # Claim 4's start: a number c starts every head collapsed by `geometry.collapse.collapsed_init` (first layer
     # scaled by collapse_scale plus a shared offset c per unit); null = heads as built (init_scale and all).
     collapse_offset: float | None = None
     collapse_scale: float = 0.01

@@ -1,0 +1,111 @@
+"""The context every stage of a run shares: the recipe, the run folder, the results being written, the clock, the
+accelerate state, progress bars and the time estimate. `RunContext.stage` records a failure (or Ctrl-C) in
+`results.json` before it propagates, so finished work stays on disk and `--resume` goes on from it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .recipe import Recipe, RecipeError
+from .runs import RunDir
+
+
+class RunError(RuntimeError):
+    """A failure while running; says which stage failed. Finished work is already on disk."""
+
+    def __init__(self, stage: str, err: BaseException, run_dir: Path | None) -> None:
+        where = f" (partial results kept in {run_dir})" if run_dir else ""
+        super().__init__(f"while {stage}: {type(err).__name__}: {err}{where}")
+        self.stage, self.run_dir = stage, run_dir
+
+
+@dataclass
+class RunContext:
+    """What every stage shares: the recipe, the run directory, the results record it fills, the process state.
+    per_unit and resamples hold the probes' per-image values and the shared bootstrap resamples (`taps`)."""
+
+    recipe: Recipe
+    run_dir: RunDir
+    results: dict
+    state: Any
+    show: bool = False
+    resume: bool = False
+    per_unit: dict = field(default_factory=dict)
+    resamples: dict = field(default_factory=dict)
+    first_probe_s: float | None = None
+
+    def __post_init__(self) -> None:
+        self.timing: dict = self.results["timing"]
+
+    def stage(self, name: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            # Ctrl-C: say so in results.json (not "running" forever); finished stages stay and --resume goes on.
+            self.record_stop("interrupted", name, "interrupted (KeyboardInterrupt); finished stages are kept: "
+                             f"`headprobe run RECIPE --resume --out {self.run_dir.path}`", report=False)
+            raise
+        except RecipeError:
+            raise
+        except Exception as err:
+            self.record_stop("failed", name, f"{type(err).__name__}: {err}", report=self.recipe.report)
+            raise RunError(name, err, self.run_dir.path if self.state.is_main_process else None) from err
+
+    def record_stop(self, status: str, stage: str, message: str, report: bool) -> None:
+        """Write why the run stopped into results.json. Only the run in progress records it; a later analysis
+        of a recorded run (`headprobe geometry`) that fails leaves that run's status, error and report alone."""
+        if self.results.get("status") != "running":
+            return
+        self.results["status"] = status
+        self.results["error"] = {"stage": stage, "message": message}
+        self.run_dir.write_results(self.results)
+        if report:
+            write_report(self.run_dir)
+
+    def clock(self, key: str, since: float) -> None:
+        seconds = time.perf_counter() - since
+        self.timing[key] = self.timing.get(key, 0.0) + seconds
+        if key == "probe_s" and self.first_probe_s is None:  # the first tap probed: what each other tap will cost
+            self.first_probe_s = seconds
+            self.announce_estimate("probing")
+
+    def clock_training(self, seconds: float, resumed: bool) -> None:
+        """Training time; resumed from a checkpoint, the time of the steps done before it counts too."""
+        self.timing["train_s"] = (self.timing.get("train_s", 0.0) if resumed else 0.0) + seconds
+        self.announce_estimate("training")
+
+    def head_taps_done(self) -> int:
+        return sum(1 for tap in self.results.get("taps", {}).values() if tap.get("head") is not None)
+
+    def announce_estimate(self, after: str) -> None:
+        """Print the remaining-time estimate (`time_estimate.remaining_estimate`) to stderr when the run shows
+        progress."""
+        from .time_estimate import remaining_estimate
+
+        line = remaining_estimate(self.recipe, self.timing, self.first_probe_s, self.head_taps_done(), after)
+        if line and self.show:
+            print(line, file=sys.stderr)
+
+    def progress(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        disable=not self.show, transient=False)
+
+
+def write_report(run_dir: RunDir) -> None:
+    """report.html + plots/; never fails a run over its report (`headprobe report RUN_DIR` rebuilds it)."""
+    if not run_dir.writable:
+        return
+    from .report.html import write_report as write_html
+
+    try:
+        write_html(run_dir.path)
+    except Exception as err:
+        print(f"warning: report.html not written ({type(err).__name__}: {err}); "
+              f"run `headprobe report {run_dir.path}` to retry.", file=sys.stderr)
