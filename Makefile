@@ -48,10 +48,11 @@ clean:
 # other jobs, not the code. `make bench BENCH_ARGS=` keeps the libraries' own thread counts (a dedicated machine, a
 # GPU); `make bench BENCH_ARGS="--quick --threads 1"` is the one-minute-per-script check.
 BENCH_ARGS ?= --threads 1
-BENCHMARKS := cache multihead knn linear hessian extract intervals
+BENCHMARKS := cache multihead knn linear hessian extract intervals memmap sharded_probes
 .PHONY: bench
 
 bench: $(STAMP)
+	$(PIP) install --quiet -e '.[bench]'  # the baselines (faiss-cpu); not needed to run or test headprobe
 	status=0; for name in $(BENCHMARKS); do \
 		HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/bench_$$name.py $(BENCH_ARGS) || status=1; \
 	done; \
