@@ -1,6 +1,6 @@
-"""Faults a user meets: `kill -9` in the middle of feature extraction, head training or probing, then `--resume`,
-ends with the same numbers as a run that was never interrupted; two runs filling one cold feature cache at the same
-time agree and leave only whole files (#18)."""
+"""Faults a user meets: `kill -9` or Ctrl-C in the middle of feature extraction, head training or probing, then
+`--resume`, ends with the same numbers as a run that was never interrupted; two runs filling one cold feature cache
+at the same time agree and leave only whole files (#18)."""
 
 import json
 import os
@@ -30,8 +30,9 @@ RECIPE = {
 }
 
 
-def _kill_when(recipe: dict, out: Path, ready, env: dict, timeout: float = 240.0) -> None:
-    """Start the run in a subprocess and SIGKILL it as soon as `ready(out)` holds (no clean-up can run)."""
+def _kill_when(recipe: dict, out: Path, ready, env: dict, timeout: float = 240.0, sig=signal.SIGKILL) -> int:
+    """Start the run in a subprocess and send it `sig` as soon as `ready(out)` holds: SIGKILL (no clean-up can run)
+    or SIGINT (Ctrl-C). Returns the process's exit code."""
     job = subprocess.Popen([sys.executable, "-c", SCRIPT, json.dumps(recipe), str(out)], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout
@@ -42,9 +43,10 @@ def _kill_when(recipe: dict, out: Path, ready, env: dict, timeout: float = 240.0
             if time.monotonic() > deadline:
                 pytest.fail("the run never reached the point of the fault")
             time.sleep(0.05)
-        os.kill(job.pid, signal.SIGKILL)
+        os.kill(job.pid, sig)
     finally:
-        job.wait(timeout=60)
+        code = job.wait(timeout=60)
+    return code
 
 
 def _checkpointed(out: Path) -> bool:
@@ -126,6 +128,30 @@ def test_kill_9_during_feature_extraction_then_resume_gives_the_uninterrupted_nu
     assert resumed["buffer"] == reference["buffer"]
     assert not list((tmp_path / "killed").rglob("*.tmp"))
     _assert_cache_whole(cache)
+
+
+def test_ctrl_c_during_extraction_training_and_probing_records_it_and_resume_gives_the_same_numbers(tiny_recipe,
+                                                                                                  tmp_path):
+    """Ctrl-C (SIGINT) at each stage: the run records "interrupted" with the stage, leaves no temporaries, and
+    `--resume` ends with the uninterrupted run's metrics, intervals and verdict."""
+    recipe = {**tiny_recipe, **RECIPE, "augment": {"preset": "crop-flip", "views": 6}}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    reference = _run(recipe, tmp_path / "reference", {**env, "HEADPROBE_CACHE": str(tmp_path / "cache-reference")})
+    moments = {"extraction": lambda cache: lambda out: bool(_cache_files(cache, "features")),
+               "training": lambda cache: _checkpointed, "probing": lambda cache: _probing_heads}
+    for stage, ready in moments.items():
+        cache, out = tmp_path / f"cache-{stage}", tmp_path / stage
+        code = _kill_when(recipe, out, ready(cache), {**env, "HEADPROBE_CACHE": str(cache)}, sig=signal.SIGINT)
+        interrupted = json.loads((out / "results.json").read_text())
+        assert code != 0 and interrupted["status"] == "interrupted", (stage, code, interrupted["status"])
+        assert "KeyboardInterrupt" in interrupted["error"]["message"], stage
+        assert not list(out.rglob("*.tmp")), stage
+        resumed = _run(recipe, out, {**env, "HEADPROBE_CACHE": str(cache)}, resume=True)
+        assert resumed["status"] == "complete", stage
+        for name, tap in reference["taps"].items():
+            assert resumed["taps"][name]["metrics"] == tap["metrics"], (stage, name)
+            assert resumed["taps"][name]["uncertainty"] == tap["uncertainty"], (stage, name)
+        assert resumed["buffer"] == reference["buffer"], stage
 
 
 def test_two_runs_sharing_one_cold_cache_at_once_agree_and_leave_no_partial_files(tiny_recipe, tmp_path):
