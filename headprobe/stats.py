@@ -118,6 +118,24 @@ class Uniformity:
         return self._log_mean_kernel(resamples.weights)
 
 
+class SeedMean:
+    """The mean over seeds of a statistic that is recomputed on each resample (a spread ratio, the uniformity, a
+    recomputed orbit measure): the seed-mean metric as a function of which units are drawn. Each seed's statistic is
+    evaluated on the same resamples and the replicates are averaged, so its interval covers the test-set variation
+    of the seed mean and pairs with the backbone's like any other statistic."""
+
+    def __init__(self, parts: list, unit: str) -> None:
+        self.parts, self.unit = parts, unit
+        self.reflect = bool(getattr(parts[0], "reflect", False))
+        self.how = f"the mean over {len(parts)} seeds of each seed's statistic recomputed on the same resamples"
+
+    def value(self) -> float:
+        return sum(p.value() for p in self.parts) / len(self.parts)
+
+    def replicates(self, resamples: Resamples) -> torch.Tensor:
+        return torch.stack([resamples.replicates_of(p) for p in self.parts]).mean(0)
+
+
 class Resamples:
     """Bootstrap resamples of n units: `indices` (n_boot, n) int64, and `weights` (n_boot, n) float64, how often
     each unit is drawn divided by n, so the resampled means of any per-unit values v are one product weights @ v
@@ -233,6 +251,8 @@ def n_units(statistic) -> int:
     """How many units a per-unit statistic (`PerUnit`, `SpreadRatio`, `Uniformity`, `Recomputed`) was measured on."""
     if isinstance(statistic, Recomputed):
         return statistic.n
+    if isinstance(statistic, SeedMean):
+        return n_units(statistic.parts[0])
     for name in ("values", "spread", "points"):
         if hasattr(statistic, name):
             return len(getattr(statistic, name))

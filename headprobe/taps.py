@@ -22,6 +22,7 @@ from .stats import (
     TEST_IMAGES,
     TRAIN_IMAGES,
     PerUnit,
+    SeedMean,
     bootstrap_resamples,
     load_per_unit,
     n_units,
@@ -223,7 +224,7 @@ def record_uncertainty(ctx, features, tap_name: str) -> None:
 
 def aggregate_seeds(ctx, features, tap_name: str) -> None:
     """A tap probed once per seed: its metrics are the means over seeds (of the metrics every seed has), its
-    per-unit values the seed means (so the bootstrap interval covers test-set and seed variation together), and
+    per-unit values the seed means (recomputed statistics: the seed mean of each seed's replicates), and
     each uncertainty record adds the per-seed values, their standard deviation and a t interval over seeds (the
     interval itself where a metric has no per-unit values)."""
     seeds = ctx.recipe.seed_list
@@ -233,13 +234,19 @@ def aggregate_seeds(ctx, features, tap_name: str) -> None:
     tap["metrics"] = {m: sum(r["metrics"][m] for r in records) / len(records) for m in names}
     tap["protocol"] = records[0]["protocol"]  # the probes' settings and splits are the same for every seed
     per_seed = [ctx.per_unit.get(f"{tap_name}.seed-{s}", {}) for s in seeds]
-    # Means over seeds of per-image values are per-image values of the seed-mean metric; a ratio statistic is not
-    # (the mean of ratios is not a ratio): those metrics get the seeds' t interval instead.
-    ctx.per_unit[tap_name] = {
-        m: PerUnit(torch.stack([p[m].values.double() for p in per_seed]).mean(0), first.unit)
-        for m, first in per_seed[0].items()
-        if isinstance(first, PerUnit) and all(isinstance(p.get(m), PerUnit) and p[m].unit == first.unit
-                                              and p[m].values.shape == first.values.shape for p in per_seed)}
+    # Means over seeds of per-image values are per-image values of the seed-mean metric; a statistic recomputed per
+    # resample (a ratio is not a mean) is the mean of each seed's statistic on the same resamples (`SeedMean`).
+    # Metrics without per-unit values at every seed get the seeds' t interval instead.
+    combined = {}
+    for m, first in per_seed[0].items():
+        parts = [p.get(m) for p in per_seed]
+        if any(part is None or part.unit != first.unit or n_units(part) != n_units(first) for part in parts):
+            continue
+        if isinstance(first, PerUnit) and all(type(part) is type(first) for part in parts):
+            combined[m] = type(first)(torch.stack([part.values.double() for part in parts]).mean(0), first.unit)
+        elif not isinstance(first, PerUnit) and not any(isinstance(part, PerUnit) for part in parts):
+            combined[m] = SeedMean(parts, first.unit)
+    ctx.per_unit[tap_name] = combined
     record_uncertainty(ctx, features, tap_name)
     for m, record in tap["uncertainty"].items():
         values = [r["metrics"][m] for r in records]

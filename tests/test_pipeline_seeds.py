@@ -36,6 +36,10 @@ def test_each_seed_equals_its_own_single_seed_run_and_the_tap_is_their_mean(tiny
         assert unc["ci95"] is None or unc["ci95"][0] <= value <= unc["ci95"][1]
     assert tap["uncertainty"]["alpha_req"]["method"] == "t interval over 2 seeds"  # no per-unit values: seeds
     assert "bootstrap" in tap["uncertainty"]["linear.acc"]["method"]
+    # A ratio recomputed per resample (not a mean over images): each seed's ratio on the same resamples, averaged.
+    assert "mean over 2 seeds" in tap["uncertainty"]["view_spread_rel"]["method"]
+    evidence = several["buffer"]["relu"]["evidence"]["view_spread_rel"]
+    assert evidence["method"] == "paired bootstrap over images with views"
     # The backbone and the identity head are not retrained: one value, no seeds.
     assert "seeds" not in several["taps"]["backbone"] and "seeds" not in several["taps"]["ident"]
     assert several["taps"]["backbone"]["metrics"] == seed0["taps"]["backbone"]["metrics"]

@@ -318,3 +318,20 @@ def test_taps_share_the_training_image_resamples_so_rankme_margins_are_paired():
     paired = b.replicates(resamples) - h.replicates(resamples)
     unpaired = b.replicates(resamples) - h.replicates(bootstrap_resamples(400, seed=99, strata=y))
     assert float(paired.std()) < 0.5 * float(unpaired.std())
+
+
+def test_seed_mean_of_recomputed_statistics_averages_each_seed_s_replicates_on_the_same_resamples():
+    from headprobe.stats import SeedMean, SpreadRatio, bootstrap_resamples, tap_uncertainty
+
+    g = torch.Generator().manual_seed(3)
+    parts = [SpreadRatio(torch.rand(40, generator=g, dtype=torch.float64),
+                         torch.randn(40, 5, generator=g, dtype=torch.float64), "orbit images") for _ in range(3)]
+    combined = SeedMean(parts, "orbit images")
+    resamples = bootstrap_resamples(40, n_boot=300, seed=1)
+    expected = torch.stack([p.replicates(resamples) for p in parts]).mean(0)
+    assert torch.allclose(combined.replicates(resamples), expected, rtol=0, atol=1e-15)
+    assert combined.value() == pytest.approx(sum(p.value() for p in parts) / 3, rel=1e-15)
+    assert resamples.replicates_of(parts[0]) is resamples.replicates_of(parts[0])  # computed once, shared
+    record = tap_uncertainty({"orbit.spread_rel": combined.value()}, {"orbit.spread_rel": combined},
+                             {"orbit images": resamples})["orbit.spread_rel"]
+    assert "mean over 3 seeds" in record["method"] and record["ci95"][0] <= combined.value() <= record["ci95"][1]
