@@ -86,48 +86,6 @@ class DINOProjectionHead(nn.Module):
         return self.taps(x)[-1]
 
 
-class BNReLUProjector(nn.Sequential):
-    """The VICReg / Barlow Twins projector: ``Linear → BatchNorm1d → ReLU`` per hidden layer, a bias-free last
-    ``Linear`` (an ``nn.Sequential`` as theirs, so keys are ``0.weight, 1.running_mean, …``; Barlow's hidden
-    Linears have no bias).
-
-    "The projector network … consists of two fully-connected layers of size 8192, each followed by batch
-    normalization and ReLU, and a third linear layer of size 8192" (Bardes et al., 2022).
-    Taps: each hidden layer after its ReLU, then the output; `depth` = number of Linear layers.
-
-    >>> proj = BNReLUProjector([2048, 8192, 8192, 8192])
-    >>> proj.depth, proj.eval().taps(torch.zeros(2, 2048))[-1].shape
-    (3, torch.Size([2, 8192]))
-    """
-
-    def __init__(self, dims: list[int], *, hidden_bias: bool = True) -> None:
-        if len(dims) < 2:
-            raise ValueError(f"a projector needs an input and an output width, got {dims}.")
-        layers: list[nn.Module] = []
-        for a, b in zip(dims[:-2], dims[1:-1], strict=True):
-            layers += [nn.Linear(a, b, bias=hidden_bias), nn.BatchNorm1d(b), nn.ReLU()]
-        super().__init__(*layers, nn.Linear(dims[-2], dims[-1], bias=False))
-        self.in_dim, self.out_dim = dims[0], dims[-1]
-        self.tap_labels = [f"hidden{i}" for i in range(1, len(dims) - 1)] + ["output"]
-        self.expects = {"pooling": "mean", "layer": -1}
-
-    @property
-    def depth(self) -> int:
-        return len(self.tap_labels)
-
-    def taps(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """x: (B, in_dim) → [hidden_1 (after ReLU), …, output (B, out_dim)]."""
-        outs = []
-        for layer in self:
-            x = layer(x)
-            if isinstance(layer, nn.ReLU):
-                outs.append(x)
-        return [*outs, x]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.taps(x)[-1]
-
-
 class SequentialProjector(nn.Sequential):
     """A projector that is an ``nn.Sequential`` of ``Linear``, ``BatchNorm1d`` / ``LayerNorm`` and activations, as
     solo-learn's methods build theirs (``self.projector = nn.Sequential(...)``) and lightly's ``ProjectionHead``
@@ -169,3 +127,26 @@ class SequentialProjector(nn.Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.taps(x)[-1]
+
+
+class BNReLUProjector(SequentialProjector):
+    """The VICReg / Barlow Twins projector: ``Linear → BatchNorm1d → ReLU`` per hidden layer, a bias-free last
+    ``Linear`` (an ``nn.Sequential`` as theirs, so keys are ``0.weight, 1.running_mean, …``; Barlow's hidden
+    Linears have no bias).
+
+    "The projector network … consists of two fully-connected layers of size 8192, each followed by batch
+    normalization and ReLU, and a third linear layer of size 8192" (Bardes et al., 2022).
+    Taps: each hidden layer after its ReLU, then the output; `depth` = number of Linear layers.
+
+    >>> proj = BNReLUProjector([2048, 8192, 8192, 8192])
+    >>> proj.depth, proj.eval().taps(torch.zeros(2, 2048))[-1].shape
+    (3, torch.Size([2, 8192]))
+    """
+
+    def __init__(self, dims: list[int], *, hidden_bias: bool = True) -> None:
+        if len(dims) < 2:
+            raise ValueError(f"a projector needs an input and an output width, got {dims}.")
+        layers: list[nn.Module] = []
+        for a, b in zip(dims[:-2], dims[1:-1], strict=True):
+            layers += [nn.Linear(a, b, bias=hidden_bias), nn.BatchNorm1d(b), nn.ReLU()]
+        super().__init__([*layers, nn.Linear(dims[-2], dims[-1], bias=False)])
