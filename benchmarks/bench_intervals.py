@@ -12,6 +12,8 @@ out of the probes' time. Target: intervals add at most 10% to the probe stage.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from _common import Report, interleaved, parse_args
 
@@ -102,6 +104,56 @@ def intervals(taps: dict[str, TapData], probed: dict) -> None:
         buffer_verdict(records, head, samples, resamples)
 
 
+# What the intervals cost inside a real run: the functions that exist only for them, timed where the run calls them
+# (the outermost call only, so aggregate_seeds -> record_uncertainty is counted once).
+INTERVAL_WORK = (("headprobe.taps", "record_uncertainty"), ("headprobe.taps", "aggregate_seeds"),
+                 ("headprobe.buffer", "buffer_verdict"), ("headprobe.probes.influence", "rankme_per_row"),
+                 ("headprobe.probes.influence", "gaussian_mi_per_pair"),
+                 ("headprobe.probes.lidar_influence", "lidar_pseudo_values"),
+                 ("headprobe.probes.orbit_intervals", "orbit_statistics"),
+                 ("headprobe.probes.spectrum", "sphere_points"))
+
+
+def quickstart_share(out_dir) -> dict:
+    """Run recipes/quickstart.yaml (3 seeds; the feature cache is used when warm) with the interval work timed:
+    its seconds against the rest of the run's probe stage (`timing.probe_s`, which contains it)."""
+    import importlib
+    import time
+
+    from headprobe import run
+
+    spent = {"s": 0.0, "depth": 0}
+    by_function: dict[str, float] = {}
+    originals = []
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            spent["depth"] += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent["depth"] -= 1
+                if spent["depth"] == 0:
+                    spent["s"] += time.perf_counter() - t0
+                    by_function[fn.__name__] = by_function.get(fn.__name__, 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    for module_name, name in INTERVAL_WORK:
+        module = importlib.import_module(module_name)
+        originals.append((module, name, getattr(module, name)))
+        setattr(module, name, timed(getattr(module, name)))
+    try:
+        recipe = Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml"
+        results = run(recipe, out=out_dir, quiet=True, report=False)
+    finally:
+        for module, name, fn in originals:
+            setattr(module, name, fn)
+    probe_s = results["timing"]["probe_s"]
+    return {"probe_s": probe_s, "intervals_s": spent["s"], "share": spent["s"] / (probe_s - spent["s"]),
+            "by_function_s": {k: round(v, 3) for k, v in sorted(by_function.items(), key=lambda kv: -kv[1])}}
+
+
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     n, m, d, n_views = (400, 150, 64, 100) if args.quick else (1347, 450, 384, 200)
@@ -124,6 +176,15 @@ def main() -> None:
                  ratio=ratio, probe_s=t_probe, intervals_s=t_int)
     report.note("the probe stage of a real quickstart run also has augment R² and rotation probes, which add no "
                 "intervals, and its head taps are probed once per seed: the share there is smaller than here.")
+    if not args.quick:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            real = quickstart_share(Path(folder) / "quickstart")
+        report.check("intervals' share of the probe stage of `headprobe run recipes/quickstart.yaml` (3 seeds, "
+                     "450 test images, 2,000 resamples)", "the rest of that probe stage", f"≤ {TARGET:.0%}",
+                     f"{real['share']:.1%} ({real['intervals_s']:.1f} s of {real['probe_s']:.1f} s)",
+                     real["share"] <= TARGET, **real)
     report.finish()
 
 

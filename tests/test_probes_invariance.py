@@ -165,3 +165,11 @@ def test_lidar_interval_is_labelled_linearised_and_survives_a_resumed_run(tmp_pa
     assert "linearised" in record["method"] and record["ci95"][0] < out.metrics["lidar"] < record["ci95"][1]
     save_per_unit(tmp_path / "tap.safetensors", out.per_unit)
     assert isinstance(load_per_unit(tmp_path / "tap.safetensors")["lidar"], Linearised)
+
+
+def test_the_invariance_probe_s_lidar_is_spectrum_lidar():
+    """The probe takes LiDAR as the mean of its pseudo-values (one eigen-decomposition for metric and interval)."""
+    views = make_views(n=60, k=4, d=6, seed=4)
+    out = invariance(view_tap(views))
+    assert out.metrics["lidar"] == pytest.approx(lidar(views), rel=1e-12)
+    assert out.per_unit["lidar"].value() == pytest.approx(out.metrics["lidar"], rel=1e-15)

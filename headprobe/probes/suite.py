@@ -99,15 +99,19 @@ def invariance(tap: TapData, uniformity_t: float = 2.0) -> ProbeOutput:
     different images, in the tap's own space. Raw alignment and view cosine depend on how bunched the whole cloud
     is, so only `view_spread_rel` is invariance evidence for the buffer verdict; the others describe."""
     from .lidar_influence import lidar_pseudo_values
-    from .spectrum import alignment_per_pair, lidar, sphere_points, uniformity, view_cosine_per_pair, view_spread
+    from .spectrum import alignment_per_pair, sphere_points, uniformity, view_cosine_per_pair, view_spread
 
     views = _need_views(tap, "invariance")
     z1, z2 = views[:, 0], views[:, 1]
     align, cosine = alignment_per_pair(z1, z2).cpu(), view_cosine_per_pair(z1, z2).cpu()
     spread, centroids = view_spread(views)
     relative = SpreadRatio(spread.cpu(), centroids.cpu(), VIEW_IMAGES)
+    # LiDAR (`spectrum.lidar`) is the mean of its per-image pseudo-values exactly (to float64 round-off, ~1e-15
+    # relative), so one eigen-decomposition gives the metric and its interval.
+    lidar_values = lidar_pseudo_values(views)
     metrics = {"align": float(align.mean()), "uniform": uniformity(z1, t=uniformity_t),
-               "view_cos": float(cosine.mean()), "lidar": lidar(views), "view_spread_rel": relative.value()}
+               "view_cos": float(cosine.mean()), "lidar": float(lidar_values.mean()),
+               "view_spread_rel": relative.value()}
     k = views.shape[1]
     protocol = {"pairs": "views 0 and 1 of each image", "n_images": len(views), "views": k,
                 "uniformity_t": uniformity_t,
@@ -123,7 +127,7 @@ def invariance(tap: TapData, uniformity_t: float = 2.0) -> ProbeOutput:
                        {"align": PerUnit(align, VIEW_IMAGES), "view_cos": PerUnit(cosine, VIEW_IMAGES),
                         "view_spread_rel": relative,
                         "uniform": Uniformity(sphere_points(z1).cpu(), uniformity_t, VIEW_IMAGES),
-                        "lidar": Linearised(lidar_pseudo_values(views), VIEW_IMAGES)})
+                        "lidar": Linearised(lidar_values, VIEW_IMAGES)})
 
 
 def view_mi(tap: TapData, batch_size: int = 128, temperature: float = 0.1, pca_dims: int = 32,
