@@ -206,9 +206,11 @@ def _record_probe(ctx, tap: Tap, seed: int | None, name: str, out, process: int 
     ctx.run_dir.write_results(ctx.results)
 
 
-def record_uncertainty(ctx, features, tap_name: str) -> None:
+def record_uncertainty(ctx, features, tap_name: str, write: bool = True) -> None:
     """taps[tap]["uncertainty"][metric]: a 95% interval and how it was obtained (headprobe.stats). Resamples are
-    drawn once per kind of unit and shared by every tap (class-stratified for test, orbit and training images)."""
+    drawn once per kind of unit and shared by every tap (class-stratified for test, orbit and training images).
+    write=False leaves writing results.json to the caller (`probe_heads` writes once per head, after its verdict:
+    a ~1 MB results.json rewritten per tap cost a third of the intervals' time on the quickstart)."""
     for p in ctx.per_unit[tap_name].values():
         if p.unit not in ctx.resamples:
             n = n_units(p)
@@ -219,10 +221,11 @@ def record_uncertainty(ctx, features, tap_name: str) -> None:
             ctx.resamples[p.unit] = bootstrap_resamples(n, seed=ctx.recipe.seed, strata=strata)
     tap = ctx.results["taps"][tap_name]
     tap["uncertainty"] = tap_uncertainty(tap["metrics"], ctx.per_unit[tap_name], ctx.resamples)
-    ctx.run_dir.write_results(ctx.results)
+    if write:
+        ctx.run_dir.write_results(ctx.results)
 
 
-def aggregate_seeds(ctx, features, tap_name: str) -> None:
+def aggregate_seeds(ctx, features, tap_name: str, write: bool = True) -> None:
     """A tap probed once per seed: its metrics are the means over seeds (of the metrics every seed has), its
     per-unit values the seed means (recomputed statistics: the seed mean of each seed's replicates), and
     each uncertainty record adds the per-seed values, their standard deviation and a t interval over seeds (the
@@ -247,7 +250,7 @@ def aggregate_seeds(ctx, features, tap_name: str) -> None:
         elif not isinstance(first, PerUnit) and not any(isinstance(part, PerUnit) for part in parts):
             combined[m] = SeedMean(parts, first.unit)
     ctx.per_unit[tap_name] = combined
-    record_uncertainty(ctx, features, tap_name)
+    record_uncertainty(ctx, features, tap_name, write=False)
     for m, record in tap["uncertainty"].items():
         values = [r["metrics"][m] for r in records]
         spread = seed_interval(values)
@@ -255,7 +258,8 @@ def aggregate_seeds(ctx, features, tap_name: str) -> None:
                    "ci95_seeds": spread["ci95"]}
         if record["ci95"] is None:
             record["ci95"], record["method"] = spread["ci95"], spread["method"]
-    ctx.run_dir.write_results(ctx.results)
+    if write:
+        ctx.run_dir.write_results(ctx.results)
 
 
 def probe_heads(ctx, features, trained) -> None:
@@ -282,9 +286,9 @@ def probe_heads(ctx, features, trained) -> None:
     for spec, chosen, averaged, units in plans:
         for tap, seed in units:
             if seed is None:
-                record_uncertainty(ctx, features, tap.name)
-        for tap in averaged:
-            aggregate_seeds(ctx, features, tap.name)
+                record_uncertainty(ctx, features, tap.name, write=False)
+        for tap in averaged:  # recomputed from the per-seed records on a resumed run, so written with the verdict
+            aggregate_seeds(ctx, features, tap.name, write=False)
         compared = spec.name if chosen is None else chosen[-1].name
         verdict = buffer_verdict(ctx.results["taps"], compared, ctx.per_unit, ctx.resamples)
         ctx.results["buffer"][spec.name] = verdict | ({} if compared == spec.name else {"tap": compared})
