@@ -162,6 +162,16 @@ def _centroid_note(n: int, n_classes: int | None) -> str:
     return f"d_inter, d_ratio: between the {n_classes} class centroids of the orbit images (the paper's); {image}."
 
 
+def _orbit_space(traj, normalize: bool, sweep: str | None):
+    """The checked trajectories, their unit-norm copy, the space measured in, and the sweep's anchor and closure."""
+    traj = _check_traj(traj)
+    anchor, cyclic = 0, False
+    if sweep is not None:
+        anchor, cyclic = anchor_index(sweep, traj.shape[1]), ORBIT_SWEEPS[sweep].cyclic
+    unit = _unit(traj)
+    return traj, unit, unit if normalize else traj, anchor, cyclic
+
+
 def orbit_measures(
     traj: torch.Tensor | np.ndarray,
     normalize: bool = False,
@@ -207,14 +217,8 @@ def orbit_measures(
     >>> m["orbit.spread"], round(m["orbit.d_ratio"], 4), round(m["orbit.d_ratio_image"], 4), m["orbit.eff_rank"]
     (1.0, 9.6655, 7.0294, 2.0)
     """
-    traj = _check_traj(traj)
+    traj, unit, space, anchor, cyclic = _orbit_space(traj, normalize, sweep)
     n, t, _ = traj.shape
-    anchor, cyclic = 0, False
-    if sweep is not None:
-        anchor, cyclic = anchor_index(sweep, t), ORBIT_SWEEPS[sweep].cyclic
-    unit = _unit(traj)
-    space = unit if normalize else traj
-
     centroids = space.mean(dim=1)
     spread_per_image = (space - centroids[:, None]).square().sum(dim=-1).mean(dim=1)
     spread = float(spread_per_image.mean())
@@ -297,13 +301,8 @@ def orbit_units(traj: torch.Tensor | np.ndarray, normalize: bool = False, *, swe
     and "centroids" μ (N, D) for the class centroids of d_inter. Same space, anchor and closure as
     `orbit_measures` with the same arguments. Cost O((N·T)² D), as pair_dist there.
     """
-    traj = _check_traj(traj)
+    traj, unit, space, anchor, cyclic = _orbit_space(traj, normalize, sweep)
     n, t, d = traj.shape
-    anchor, cyclic = 0, False
-    if sweep is not None:
-        anchor, cyclic = anchor_index(sweep, t), ORBIT_SWEEPS[sweep].cyclic
-    unit = _unit(traj)
-    space = unit if normalize else traj
     centroids = space.mean(dim=1)
     spread = (space - centroids[:, None]).square().sum(dim=-1).mean(dim=1)
     within = torch.cdist(space, space, compute_mode="donot_use_mm_for_euclid_dist")

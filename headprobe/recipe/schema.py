@@ -27,12 +27,8 @@ from ..registry import (
     unknown_name_message,
 )
 
-
-class RecipeError(ValueError):
-    """A recipe or override that cannot be run; the message says where and how to fix it."""
-
-
-# --- messages -----------------------------------------------------------------------------
+# RecipeError, Range, at_least and within are part of the schema's API (imported from here by the others).
+from .fields import Range, RecipeError, at_least, within  # noqa: F401
 
 
 def did_you_mean_hint(name: str, allowed: Sequence[str], shown: Mapping[str, str] | None = None) -> str:
@@ -64,39 +60,6 @@ def not_allowed(where: str, value: Any, allowed: Sequence[str], guesses: Sequenc
 
 
 # --- declared ranges and names ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric field (or each item of a list field) takes: a lower bound and maybe an upper one,
-    each open or closed."""
-
-    low: float
-    high: float | None = None
-    open_low: bool = False
-    open_high: bool = False
-
-    def describe(self) -> str:
-        low, high = self.low, self.high
-        if high is None:
-            return f"> {low:g}" if self.open_low else f">= {low}"
-        if not self.open_low and not self.open_high and isinstance(high, int):
-            return f"in [{low}, {high}]"
-        return f"in {'(' if self.open_low else '['}{low:g}, {high:g}{')' if self.open_high else ']'}"
-
-    def check(self, path: str, value: float) -> None:
-        below = value <= self.low if self.open_low else value < self.low
-        above = self.high is not None and (value >= self.high if self.open_high else value > self.high)
-        if below or above:
-            raise RecipeError(f"{path} = {value!r} is out of range; it must be {self.describe()}.")
-
-
-def at_least(low: float) -> dict:
-    return {"range": Range(low)}
-
-
-def within(low: float, high: float, open_high: bool = False) -> dict:
-    return {"range": Range(low, high, open_high=open_high)}
 
 
 def registered(registry: Registry) -> dict:
