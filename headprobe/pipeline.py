@@ -146,32 +146,33 @@ def run(
     set_seed(recipe.seed)
 
     ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume)
-    inputs = stages.load_inputs(ctx)
-    features = stages.extract_features(ctx, inputs)
-    if recipe.backbone.tune != "frozen":
-        # Score the untuned backbone, tune it with the heads on views made on the fly, then extract every
-        # feature again from the tuned backbone, so that "backbone" and the head taps are scored on it.
-        taps.probe_tap(ctx, features, taps.Tap("backbone_untuned"))
-        trained = stages.tune_backbone(ctx, inputs)
-        features = stages.extract_features(ctx, inputs, tuned=True)
-    taps.probe_tap(ctx, features, taps.Tap("backbone"))
-    if recipe.heads:
-        if recipe.backbone.tune == "frozen":
-            trained = stages.train_heads(ctx, features)
-        if recipe.geometry.final:
-            stages.analyse_geometry(ctx, features, trained.first)
-        taps.probe_heads(ctx, features, trained)
+    with ctx.recording_stops():
+        inputs = stages.load_inputs(ctx)
+        features = stages.extract_features(ctx, inputs)
+        if recipe.backbone.tune != "frozen":
+            # Score the untuned backbone, tune it with the heads on views made on the fly, then extract every
+            # feature again from the tuned backbone, so that "backbone" and the head taps are scored on it.
+            taps.probe_tap(ctx, features, taps.Tap("backbone_untuned"))
+            trained = stages.tune_backbone(ctx, inputs)
+            features = stages.extract_features(ctx, inputs, tuned=True)
+        taps.probe_tap(ctx, features, taps.Tap("backbone"))
+        if recipe.heads:
+            if recipe.backbone.tune == "frozen":
+                trained = stages.train_heads(ctx, features)
+            if recipe.geometry.final:
+                stages.analyse_geometry(ctx, features, trained.first)
+            taps.probe_heads(ctx, features, trained)
 
-    timing = results["timing"]
-    extracted = timing.get("extract_s", 0.0) + timing.get("extract_views_s", 0.0)
-    if extracted > 0:
-        # Probes work on cached features: all of them together should cost less than extracting those.
-        results.setdefault("timing_ratios", {})["probe_over_extract"] = timing.get("probe_s", 0.0) / extracted
-    results["orbits"] = _orbit_coordinates(results["taps"])
-    results["status"] = "complete"
-    run_dir.write_results(results)
-    if recipe.report:
-        stages.write_report(run_dir)
+        timing = results["timing"]
+        extracted = timing.get("extract_s", 0.0) + timing.get("extract_views_s", 0.0)
+        if extracted > 0:
+            # Probes work on cached features: all of them together should cost less than extracting those.
+            results.setdefault("timing_ratios", {})["probe_over_extract"] = timing.get("probe_s", 0.0) / extracted
+        results["orbits"] = _orbit_coordinates(results["taps"])
+        results["status"] = "complete"
+        run_dir.write_results(results)
+        if recipe.report:
+            stages.write_report(run_dir)
     if main and not quiet:
         from .report.table import print_summary
 

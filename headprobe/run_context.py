@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,11 +39,13 @@ class RunContext:
     per_unit: dict = field(default_factory=dict)
     resamples: dict = field(default_factory=dict)
     first_probe_s: float | None = None
+    last_stage: str = "starting the run"
 
     def __post_init__(self) -> None:
         self.timing: dict = self.results["timing"]
 
     def stage(self, name: str, fn, *args, **kwargs):
+        self.last_stage = name
         try:
             return fn(*args, **kwargs)
         except KeyboardInterrupt:
@@ -55,6 +58,31 @@ class RunContext:
         except Exception as err:
             self.record_stop("failed", name, f"{type(err).__name__}: {err}", report=self.recipe.report)
             raise RunError(name, err, self.run_dir.path if self.state.is_main_process else None) from err
+
+    @contextmanager
+    def recording_stops(self):
+        """Around a whole run: a Ctrl-C or failure that lands between stages (while intervals or a verdict are
+        being recorded, say) is recorded in results.json too, naming the last stage begun. Inside a stage,
+        `stage` has already recorded it and this adds nothing (`record_stop` writes only a running run)."""
+        try:
+            yield self
+        except KeyboardInterrupt:
+            self.record_stop("interrupted", f"after {self.last_stage}", "interrupted (KeyboardInterrupt); finished "
+                             f"stages are kept: `headprobe run RECIPE --resume --out {self.run_dir.path}`",
+                             report=False)
+            raise
+        except (RecipeError, RunError):
+            raise
+        except OSError as err:  # a full disk or read-only folder: the CLI names the file; record it if it can be
+            try:
+                self.record_stop("failed", f"after {self.last_stage}", f"{type(err).__name__}: {err}", report=False)
+            except OSError:
+                pass
+            raise
+        except Exception as err:
+            self.record_stop("failed", f"after {self.last_stage}", f"{type(err).__name__}: {err}", report=False)
+            raise RunError(f"after {self.last_stage}", err,
+                           self.run_dir.path if self.state.is_main_process else None) from err
 
     def record_stop(self, status: str, stage: str, message: str, report: bool) -> None:
         """Write why the run stopped into results.json. Only the run in progress records it; a later analysis

@@ -237,6 +237,28 @@ def test_an_interrupted_run_says_so_and_resumes(tmp_path, monkeypatch):
     assert run(_tiny(), out=tmp_path / "r", resume=True, quiet=True)["status"] == "complete"
 
 
+@pytest.mark.parametrize("error", [KeyboardInterrupt, ZeroDivisionError], ids=["ctrl-c", "failure"])
+def test_a_stop_between_stages_is_recorded_too(tmp_path, monkeypatch, error):
+    """A Ctrl-C or failure outside any stage (here while a head's verdict is decided, after its probes) is
+    recorded with the last stage begun, and --resume finishes the run without redoing the probes."""
+    buffer_module = importlib.import_module("headprobe.buffer")
+
+    def stops(*args, **kwargs):
+        raise error("simulated")
+
+    monkeypatch.setattr(buffer_module, "buffer_verdict", stops)
+    out = tmp_path / "r"
+    with pytest.raises(KeyboardInterrupt if error is KeyboardInterrupt else RunError):
+        run(_tiny(**ONE_HEAD), out=out, quiet=True)
+    partial = json.loads((out / "results.json").read_text())
+    assert partial["status"] == ("interrupted" if error is KeyboardInterrupt else "failed")
+    assert partial["error"]["stage"].startswith("after running probe"), partial["error"]
+    assert "knn.k5.acc" in partial["taps"]["relu"]["metrics"] or "knn.k5.acc" in partial["taps"]["backbone"]["metrics"]
+    monkeypatch.undo()
+    resumed = run(_tiny(**ONE_HEAD), out=out, resume=True, quiet=True)
+    assert resumed["status"] == "complete" and "relu" in resumed["buffer"]
+
+
 def test_run_sweep_takes_keyword_overrides(tmp_path):
     recipe = _tiny(sweep={"backbone.pooling": ["cls", "mean"]})
     runs = run_sweep(recipe, out=tmp_path / "sw", quiet=True, probes__knn__ks=[3], data__limit__test=40)
