@@ -155,13 +155,17 @@ def run(
             taps.probe_tap(ctx, features, taps.Tap("backbone_untuned"))
             trained = stages.tune_backbone(ctx, inputs)
             features = stages.extract_features(ctx, inputs, tuned=True)
-        taps.probe_tap(ctx, features, taps.Tap("backbone"))
+        # With several processes and frozen-backbone heads, the backbone tap is probed with the head taps, so that
+        # its probes are shared out with theirs (alone, its one linear probe is the whole stage's critical path).
+        with_heads = bool(recipe.heads) and recipe.backbone.tune == "frozen" and state.num_processes > 1
+        if not with_heads:
+            taps.probe_tap(ctx, features, taps.Tap("backbone"))
         if recipe.heads:
             if recipe.backbone.tune == "frozen":
                 trained = stages.train_heads(ctx, features)
             if recipe.geometry.final:
                 stages.analyse_geometry(ctx, features, trained.first)
-            taps.probe_heads(ctx, features, trained)
+            taps.probe_heads(ctx, features, trained, backbone=with_heads)
 
         timing = results["timing"]
         extracted = timing.get("extract_s", 0.0) + timing.get("extract_views_s", 0.0)

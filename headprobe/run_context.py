@@ -28,7 +28,8 @@ class RunError(RuntimeError):
 @dataclass
 class RunContext:
     """What every stage shares: the recipe, the run directory, the results record it fills, the process state.
-    per_unit and resamples hold the probes' per-image values and the shared bootstrap resamples (`taps`)."""
+    per_unit and resamples hold the probes' per-image values and the shared bootstrap resamples (`taps`);
+    probe_seconds what each probe took on the first tap, by which several processes share out the rest."""
 
     recipe: Recipe
     run_dir: RunDir
@@ -38,6 +39,7 @@ class RunContext:
     resume: bool = False
     per_unit: dict = field(default_factory=dict)
     resamples: dict = field(default_factory=dict)
+    probe_seconds: dict = field(default_factory=dict)
     first_probe_s: float | None = None
     last_stage: str = "starting the run"
 

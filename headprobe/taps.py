@@ -99,70 +99,25 @@ def probe_tap(ctx, features, tap: Tap, seed: int | None = None) -> None:
 
 def probe_units(ctx, features, units: list[tuple[Tap, int | None]]) -> bool:
     """Run every pending probe of each (tap, seed) unit and record it in ctx.results and ctx.per_unit; returns
-    whether any probe ran.
+    whether any probe ran. One process runs them in order and records each as it finishes (so an interrupted run
+    keeps it); several processes share them out (`probe_sharing.probe_units_shared`) and record the same."""
+    pending = [pending_probes(ctx, tap, seed) for tap, seed in units]
+    if ctx.state.num_processes > 1:
+        from .probe_sharing import probe_units_shared
 
-    One process runs them in order and records each as it finishes (so an interrupted run keeps it). W processes
-    deal the (unit, probe) pairs out round-robin, probe by probe (so each process gets an equal share of every
-    probe's, often very different, cost), each runs its share, and every process records all of them in the
-    one-process order from an all-gather, so every process holds the same results and the main one writes them.
-    """
-    from .collectives import all_objects
-
-    pending = [_pending_probes(ctx, tap, seed) for tap, seed in units]
-    world, rank = ctx.state.num_processes, ctx.state.process_index
-    if world == 1:
-        for (tap, seed), names in zip(units, pending, strict=True):
-            for name, out in _run_probes(ctx, features, tap, seed, names):
-                _record_probe(ctx, tap, seed, name, out)
+        probe_units_shared(ctx, features, units, pending)
         return any(pending)
-    order = list(ctx.recipe.probes)
-    mine = share_of_probes(pending, order, rank, world)
-    finished, failure = [], None
-    try:
-        for i, names in mine.items():
-            tap, seed = units[i]
-            finished += [(i, name, out) for name, out in _run_probes(ctx, features, tap, seed, names)]
-    except Exception as err:  # sent to every process, so that none waits forever for this one
-        failure = err
-    shares = all_objects((finished, None if failure is None else f"{type(failure).__name__}: {failure}"), world)
-    if failure is not None:
-        raise failure
-    failed = [(r, message) for r, (_, message) in enumerate(shares) if message is not None]
-    if failed:  # through ctx.stage, so that the main process records it in results.json
-        ctx.stage("running the probes shared among the processes", _raise_failure, *failed[0])
-    ran = sorted(((i, name, out, r) for r, (share, _) in enumerate(shares) for i, name, out in share),
-                 key=lambda item: (item[0], order.index(item[1])))
-    for i, name, out, process in ran:
-        _record_probe(ctx, *units[i], name, out, process)
+    for (tap, seed), names in zip(units, pending, strict=True):
+        for name, out in run_probes(ctx, features, tap, seed, names):
+            record_probe(ctx, tap, seed, name, out)
     return any(pending)
-
-
-def share_of_probes(pending: list[list[str]], order: list[str], rank: int, world: int) -> dict[int, list[str]]:
-    """The probes process `rank` of `world` runs: {unit index: [probe names]}, from each unit's pending probes.
-
-    The (unit, probe) pairs are taken probe by probe (in `order`, the recipe's) and dealt round-robin, so each
-    process gets every probe's units in turn: the costs of one probe are alike across taps, those of different
-    probes are not.
-
-    >>> share_of_probes([["linear", "knn"], ["linear", "knn"]], ["linear", "knn"], rank=1, world=2)
-    {1: ['linear', 'knn']}
-    """
-    pairs = [(i, name) for name in order for i, names in enumerate(pending) if name in names]
-    mine: dict[int, list[str]] = {}
-    for i, name in pairs[rank::world]:
-        mine.setdefault(i, []).append(name)
-    return mine
-
-
-def _raise_failure(process: int, message: str) -> None:
-    raise RuntimeError(f"process {process} failed ({message}); every process stops.")
 
 
 def _unit_key(tap: Tap, seed: int | None) -> str:
     return tap.name if seed is None else f"{tap.name}.seed-{seed}"
 
 
-def _pending_probes(ctx, tap: Tap, seed: int | None) -> list[str]:
+def pending_probes(ctx, tap: Tap, seed: int | None) -> list[str]:
     """The recipe's probes not yet recorded at (tap, seed); makes its results entry and per-unit store on the way
     (loaded from the run directory when resuming)."""
     entry = ctx.results["taps"].setdefault(tap.name, {"head": tap.head, "depth": tap.depth, "metrics": {},
@@ -175,21 +130,25 @@ def _pending_probes(ctx, tap: Tap, seed: int | None) -> list[str]:
     return [name for name in ctx.recipe.probes if name not in record["protocol"]]
 
 
-def _run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str]):
-    """Yield (probe name, `ProbeOutput`) for each of the probes `todo` at (tap, seed), as each finishes."""
+def run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str], processes: tuple[int, int] | None = None):
+    """Yield (probe name, `ProbeOutput`) for each of the probes `todo` at (tap, seed), as each finishes. With
+    processes=(rank, world), every process runs these probes together (the sharded k-NN)."""
     from .registry import PROBES
 
     # The probes run on the process's device (the GPU on a GPU node); their per-unit values come back on the CPU.
     data = tap_data(features, tap, ctx.recipe, ctx.state.device).to(ctx.state.device) if todo else None
     for name in todo:
-        options = dataclasses.asdict(ctx.recipe.probes[name])
+        options = dataclasses.asdict(ctx.recipe.probes[name]) | ({} if processes is None else
+                                                                 {"processes": processes})
         where = f"tap {tap.name!r}" + ("" if seed is None else f" (seed {seed})")
         yield name, ctx.stage(f"running probe {name!r} on {where}", PROBES.get(name), data, **options)
 
 
-def _record_probe(ctx, tap: Tap, seed: int | None, name: str, out, process: int | None = None) -> None:
+def record_probe(ctx, tap: Tap, seed: int | None, name: str, out, process: int | str | None = None,
+                 write: bool = True) -> None:
     """One probe's output into results.json, metrics.jsonl (with the process that ran it, in a run of several)
-    and the per-unit store."""
+    and the per-unit store. write=False leaves saving results.json and the per-unit store to the caller
+    (`save_unit`), which records several probes at once."""
     entry = ctx.results["taps"][tap.name]
     record = entry if seed is None else entry["seeds"][str(seed)]
     key = _unit_key(tap, seed)
@@ -197,32 +156,44 @@ def _record_probe(ctx, tap: Tap, seed: int | None, name: str, out, process: int 
     record["protocol"][name] = out.protocol
     per_unit = ctx.per_unit[key]
     per_unit.update(out.per_unit)
-    if out.per_unit and ctx.run_dir.writable:
-        store = ctx.run_dir.path / "per_unit" / f"{key}.safetensors"
-        store.parent.mkdir(exist_ok=True)
-        save_per_unit(store, per_unit)
     extra = ({} if seed is None else {"seed": seed}) | ({} if process is None else {"process": process})
     ctx.run_dir.log_metrics({"stage": "probe", "tap": tap.name, **extra, "probe": name, **out.metrics})
-    ctx.run_dir.write_results(ctx.results)
+    if write:
+        if out.per_unit:
+            save_unit(ctx, tap, seed)
+        ctx.run_dir.write_results(ctx.results)
+
+
+def save_unit(ctx, tap: Tap, seed: int | None) -> None:
+    """The per-unit values of (tap, seed) into the run's per-unit store."""
+    key = _unit_key(tap, seed)
+    if ctx.per_unit[key] and ctx.run_dir.writable:
+        store = ctx.run_dir.path / "per_unit" / f"{key}.safetensors"
+        store.parent.mkdir(exist_ok=True)
+        save_per_unit(store, ctx.per_unit[key])
 
 
 def record_uncertainty(ctx, features, tap_name: str, write: bool = True) -> None:
     """taps[tap]["uncertainty"][metric]: a 95% interval and how it was obtained (headprobe.stats). Resamples are
-    drawn once per kind of unit and shared by every tap (class-stratified for test, orbit and training images).
+    drawn once per kind of unit and shared by every tap (`draw_resamples`).
     write=False leaves writing results.json to the caller (`probe_heads` writes once per head, after its verdict:
     a ~1 MB results.json rewritten per tap cost a third of the intervals' time on the quickstart)."""
-    for p in ctx.per_unit[tap_name].values():
-        if p.unit not in ctx.resamples:
-            n = n_units(p)
-            # Test images, the orbit images (the first n test images) and the training images keep each class's
-            # count.
-            strata = (features.test.labels[:n] if p.unit in (TEST_IMAGES, ORBIT_IMAGES) else
-                      features.train.labels if p.unit == TRAIN_IMAGES else None)
-            ctx.resamples[p.unit] = bootstrap_resamples(n, seed=ctx.recipe.seed, strata=strata)
+    draw_resamples(ctx, features, ctx.per_unit[tap_name])
     tap = ctx.results["taps"][tap_name]
     tap["uncertainty"] = tap_uncertainty(tap["metrics"], ctx.per_unit[tap_name], ctx.resamples)
     if write:
         ctx.run_dir.write_results(ctx.results)
+
+
+def draw_resamples(ctx, features, per_unit: dict) -> None:
+    """The bootstrap resamples of every kind of unit in `per_unit` not drawn yet, into ctx.resamples: test images,
+    the orbit images (the first n test images) and the training images keep each class's count."""
+    for p in per_unit.values():
+        if p.unit not in ctx.resamples:
+            n = n_units(p)
+            strata = (features.test.labels[:n] if p.unit in (TEST_IMAGES, ORBIT_IMAGES) else
+                      features.train.labels if p.unit == TRAIN_IMAGES else None)
+            ctx.resamples[p.unit] = bootstrap_resamples(n, seed=ctx.recipe.seed, strata=strata)
 
 
 def aggregate_seeds(ctx, features, tap_name: str, write: bool = True) -> None:
@@ -262,10 +233,12 @@ def aggregate_seeds(ctx, features, tap_name: str, write: bool = True) -> None:
         ctx.run_dir.write_results(ctx.results)
 
 
-def probe_heads(ctx, features, trained) -> None:
+def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
     """Probe every tap of every head (once per seed when there are several) and decide each head's verdict. With
-    several processes the probes of all the head taps are shared out among them at once (`probe_units`)."""
+    several processes the probes of all the head taps (and with `backbone` the backbone tap's, first) are shared
+    out among them at once (`probe_units`)."""
     from .buffer import buffer_verdict
+    from .probe_sharing import share_intervals
 
     several = len(trained.by_seed) > 1
     plans = []  # (spec, the taps compared, the seed-averaged taps, the (tap, seed) units to probe)
@@ -282,17 +255,21 @@ def probe_heads(ctx, features, trained) -> None:
                      for seed, seeded in by_seed.items()]
             plans.append((spec, chosen, chosen if several else [], units))
     t0 = time.perf_counter()
-    ran = probe_units(ctx, features, [unit for *_, units in plans for unit in units])
-    for spec, chosen, averaged, units in plans:
-        for tap, seed in units:
-            if seed is None:
-                record_uncertainty(ctx, features, tap.name, write=False)
-        for tap in averaged:  # recomputed from the per-seed records on a resumed run, so written with the verdict
-            aggregate_seeds(ctx, features, tap.name, write=False)
+    every = [(Tap("backbone"), None)] * backbone + [unit for *_, units in plans for unit in units]
+    ran = probe_units(ctx, features, every)
+    for tap, seed in every:  # on every process: each verdict resamples them
+        draw_resamples(ctx, features, ctx.per_unit[_unit_key(tap, seed)])
+    # The intervals of every tap probed once (and the seed means of those probed per seed), shared among the
+    # processes of a multi-process run; then each head's verdict.
+    once = [tap.name for tap, seed in every if seed is None]
+    share_intervals(ctx, once, lambda name: record_uncertainty(ctx, features, name, write=False))
+    averaged = [tap.name for *_, taps, _ in plans for tap in taps]
+    share_intervals(ctx, averaged, lambda name: aggregate_seeds(ctx, features, name, write=False), per_unit=True)
+    for spec, chosen, _, _ in plans:
         compared = spec.name if chosen is None else chosen[-1].name
         verdict = buffer_verdict(ctx.results["taps"], compared, ctx.per_unit, ctx.resamples)
         ctx.results["buffer"][spec.name] = verdict | ({} if compared == spec.name else {"tap": compared})
-        ctx.run_dir.write_results(ctx.results)
+    ctx.run_dir.write_results(ctx.results)
     if ran:
         ctx.clock("probe_s", t0)
 

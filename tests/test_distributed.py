@@ -27,15 +27,17 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     probes = {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5]}, "invariance": {}}
-    recipe = json.dumps({**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 101, "test": 37}},
+    spec = {**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 101, "test": 37}},
                          "features": {"batch_size": 16}, "probes": probes,
                          "heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 3},
-                         "train": {"epochs": 2, "batch_size": 32}, "seeds": [0, 1]})
+                         "train": {"epochs": 2, "batch_size": 32}, "seeds": [0, 1]}
+    dealt = {**spec, "probes": {**probes, "knn": {"ks": [5], "shard_bank": False}}}
     torchrun = str(Path(sys.executable).parent / "torchrun")
+    two = [torchrun, "--nproc_per_node", "2"]
     runs = {}
-    for name, launcher in (("one", [sys.executable]), ("two", [torchrun, "--nproc_per_node", "2"])):
+    for name, launcher, recipe in (("one", [sys.executable], spec), ("two", two, spec), ("dealt", two, dealt)):
         env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / f"cache-{name}"), "OMP_NUM_THREADS": "1"}
-        done = subprocess.run([*launcher, str(script), recipe, str(tmp_path / name)], env=env,
+        done = subprocess.run([*launcher, str(script), json.dumps(recipe), str(tmp_path / name)], env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         runs[name] = json.loads((tmp_path / name / "results.json").read_text())
@@ -66,7 +68,15 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
     # The probes were shared out: each process ran some of them, and every one ran once.
     logged = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     probed = [(r["tap"], r.get("seed"), r["probe"], r["process"]) for r in logged if r.get("stage") == "probe"]
-    assert {process for *_, process in probed} == {0, 1}
+    assert {process for *_, process in probed} == {0, 1, "all"}
+    # The k-NN ran on both processes at once, each over half the training bank (probes.sharded_knn).
+    assert {process for _, _, probe, process in probed if probe == "knn"} == {"all"}
+    assert runs["two"]["taps"]["relu"]["seeds"]["0"]["protocol"]["knn"]["shards"] == 2
+    # With probes.knn.shard_bank false each tap's k-NN runs whole on one process instead: the same metrics.
+    logged = [json.loads(line) for line in (tmp_path / "dealt" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["process"] for r in logged if r.get("probe") == "knn"} <= {0, 1}
+    for tap, values in runs["two"]["taps"].items():
+        assert runs["dealt"]["taps"][tap]["metrics"] == values["metrics"], tap
     assert len({item[:3] for item in probed}) == len(probed) == 3 * (1 + 2 * 2)  # backbone + 2 taps × 2 seeds
     views = runs["one"]["protocol"]["views"]["cache_key"]
     one = load_file(tmp_path / "cache-one" / "views" / f"{views}.safetensors")

@@ -24,7 +24,9 @@ def _probe_function(name: str):
 @pytest.mark.parametrize("name", list(PROBE_SPECS))
 def test_every_probe_option_defaults_to_the_probe_functions_default(name):
     assert PROBES.entry(name).target == f"headprobe.probes.suite:{name}"
-    params = inspect.signature(_probe_function(name)).parameters
+    # Options the suite's wrapper takes itself (probes.knn.shard_bank) and those it passes on.
+    params = dict(inspect.signature(getattr(suite, name)).parameters) | dict(
+        inspect.signature(_probe_function(name)).parameters)
     spec = PROBE_SPECS[name]()
     for f in dataclasses.fields(spec):
         assert f.name in params, f"probes.{name}.{f.name} is not an option of the {name} probe"

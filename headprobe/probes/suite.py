@@ -43,10 +43,20 @@ def linear(tap: TapData, **options) -> ProbeOutput:
     return ProbeOutput(metrics, protocol, per_unit)
 
 
-def knn(tap: TapData, **options) -> ProbeOutput:
+def knn(tap: TapData, shard_bank: bool = True, processes: tuple[int, int] | None = None, **options) -> ProbeOutput:
+    """The k-NN probe. processes=(rank, world), given by the run when W > 1 processes call it together: with
+    `shard_bank` each holds its 1/W of the training bank and they merge their partial top-k (`sharded_knn`)."""
     from .knn import knn as knn_probe
 
-    result = knn_probe(tap.train_x, tap.train_y, tap.test_x, tap.test_y, num_classes=tap.n_classes, **options)
+    if processes is not None and processes[1] > 1 and shard_bank:
+        from .sharded_knn import shard_rows, sharded_knn
+
+        rank, world = processes
+        rows = shard_rows(len(tap.train_x), world, rank)
+        result = sharded_knn(tap.train_x[rows], tap.train_y[rows], tap.test_x, tap.test_y, offset=rows.start,
+                             world=world, num_classes=tap.n_classes, **options)
+    else:
+        result = knn_probe(tap.train_x, tap.train_y, tap.test_x, tap.test_y, num_classes=tap.n_classes, **options)
     y = tap.test_y.cpu().long()
     per_unit = {f"knn.k{k}.acc": PerUnit((pred == y).double(), TEST_IMAGES) for k, pred in result.predictions.items()}
     return ProbeOutput(dict(result.metrics), result.protocol, per_unit)

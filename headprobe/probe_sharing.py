@@ -1,0 +1,137 @@
+"""The probes of a multi-process run, shared out among the processes (the DINOv2 evaluation code is the anchor).
+
+W processes (torchrun, `accelerate launch`) hold the same features. Two kinds of sharing, both giving the
+one-process numbers:
+
+- the k-NN probe (with `probes.knn.shard_bank`, the default) runs on every process at once, each over its 1/W of
+  the training bank, the partial top-k lists merged (`probes.sharded_knn`): the same predictions, 1/W of the
+  similarity work and memory on each process;
+- every other (tap, seed, probe) is run by one process (`share_of_probes`): the longest first, each to the process
+  with the least work so far, by the time that probe took on an earlier tap (by `PRIOR_COSTS` before any was).
+
+Each process then records every probe's output, in the one-process order, from an all-gather, so every process
+holds the same results and the main one writes them. `share_intervals` shares the taps' 95% intervals the same way.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .collectives import all_objects
+
+# Rough relative costs of the probes, for sharing out the first probes of a run, before any has been timed
+# (linear ≈ 5 × spectrum per tap on the sharded-probes benchmark: DINOv2 ViT-S features of 1,400 digits; the
+# view and rotation probes fit models too). A probe not listed counts 1.
+PRIOR_COSTS = {"linear": 5.0, "knn": 1.0, "spectrum": 1.0, "invariance": 0.5, "view_mi": 3.0, "augment_r2": 3.0,
+               "rotation": 6.0, "orbits": 2.0}
+
+
+def share_of_probes(pending: list[list[str]], order: list[str], rank: int, world: int,
+                    costs: dict[str, float] | None = None) -> dict[int, list[str]]:
+    """The probes process `rank` of `world` runs: {unit index: [probe names, in `order`]}, from each unit's
+    pending probes.
+
+    Without `costs` the (unit, probe) pairs are taken probe by probe (in `order`, the recipe's) and dealt
+    round-robin, so each process gets every probe's units in turn. With `costs` (seconds per probe name, measured
+    on an earlier tap; a probe not yet timed costs the mean of those that were) the pairs go longest first, each
+    to the process with the least estimated work so far (ties: the lower rank) -- the LPT rule, within 4/3 of the
+    best split.
+
+    >>> share_of_probes([["linear", "knn"], ["linear", "knn"]], ["linear", "knn"], rank=1, world=2)
+    {1: ['linear', 'knn']}
+    >>> share_of_probes([["linear", "knn"]] * 3, ["linear", "knn"], 0, 2, costs={"linear": 3.0, "knn": 1.0})
+    {0: ['linear'], 2: ['linear']}
+    """
+    pairs = [(i, name) for name in order for i, names in enumerate(pending) if name in names]
+    if costs:
+        default = sum(costs.values()) / len(costs)
+        load = [0.0] * world
+        owner = {}
+        for i, name in sorted(pairs, key=lambda pair: -costs.get(pair[1], default)):  # stable: recipe order
+            r = min(range(world), key=lambda p: (load[p], p))
+            load[r] += costs.get(name, default)
+            owner[(i, name)] = r
+        chosen = [pair for pair in pairs if owner[pair] == rank]
+    else:
+        chosen = pairs[rank::world]
+    mine: dict[int, list[str]] = {}
+    for i, name in sorted(chosen, key=lambda pair: (pair[0], order.index(pair[1]))):
+        mine.setdefault(i, []).append(name)
+    return mine
+
+
+def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> None:
+    """Run the pending probes of `units` ((tap, seed) pairs) on W processes together and record all of them on
+    every process (`taps.record_probe`); results.json and the per-unit stores are written once, at the end."""
+    from .taps import record_probe, run_probes, save_unit
+
+    world, rank = ctx.state.num_processes, ctx.state.process_index
+    order = list(ctx.recipe.probes)
+    together = {"knn"} if "knn" in order and getattr(ctx.recipe.probes["knn"], "shard_bank", False) else set()
+    # Seconds each probe took on the first tap that ran it: the cost estimates of later shares (the same on every
+    # process, since they come from the all-gather).
+    costs = ctx.probe_seconds
+    outputs = []  # (unit index, probe, output, the process that ran it: "all" for a probe run together)
+    for i, names in enumerate(pending):  # the same units in the same order on every process
+        todo = [name for name in names if name in together]
+        if todo:
+            tap, seed = units[i]
+            outputs += [(i, name, out, "all") for name, out in run_probes(ctx, features, tap, seed, todo,
+                                                                          processes=(rank, world))]
+    dealt = [[name for name in names if name not in together] for names in pending]
+    timed = all(name in costs for names in dealt for name in names)
+    estimates = dict(costs) if timed else {name: PRIOR_COSTS.get(name, 1.0) for name in order}
+    mine = share_of_probes(dealt, order, rank, world, costs=estimates)
+    finished, failure = [], None
+    try:
+        for i, names in mine.items():
+            tap, seed = units[i]
+            for name in names:
+                t0 = time.perf_counter()
+                for _, out in run_probes(ctx, features, tap, seed, [name]):
+                    finished.append((i, name, out, time.perf_counter() - t0))
+    except Exception as err:  # sent to every process, so that none waits forever for this one
+        failure = err
+    shares = all_objects((finished, None if failure is None else f"{type(failure).__name__}: {failure}"), world)
+    if failure is not None:
+        raise failure
+    failed = [(r, message) for r, (_, message) in enumerate(shares) if message is not None]
+    if failed:  # through ctx.stage, so that the main process records it in results.json
+        ctx.stage("running the probes shared among the processes", _raise_failure, *failed[0])
+    for r, (share, _) in enumerate(shares):
+        for i, name, out, seconds in share:
+            outputs.append((i, name, out, r))
+            costs.setdefault(name, seconds)  # the first tap's time: later taps of a run are alike
+    for i, name, out, process in sorted(outputs, key=lambda item: (item[0], order.index(item[1]))):
+        record_probe(ctx, *units[i], name, out, process, write=False)
+    for i in sorted({item[0] for item in outputs}):
+        save_unit(ctx, *units[i])
+    if outputs:
+        ctx.run_dir.write_results(ctx.results)
+
+
+def share_intervals(ctx, tap_names: list[str], compute, per_unit: bool = False) -> None:
+    """compute(tap name) for every tap, its work shared among the processes: each computes its share of the taps
+    (`tap_names[rank::world]`) and sends what compute wrote -- the tap's metrics, protocol and uncertainty records,
+    and with `per_unit` its per-unit values -- to the others, which take them as their own. compute must change
+    nothing else."""
+    world, rank = ctx.state.num_processes, ctx.state.process_index
+    if world == 1:
+        for name in tap_names:
+            compute(name)
+        return
+    mine = {}
+    for name in tap_names[rank::world]:
+        compute(name)
+        tap = ctx.results["taps"][name]
+        mine[name] = ({key: tap[key] for key in ("metrics", "protocol", "uncertainty") if key in tap},
+                      ctx.per_unit.get(name) if per_unit else None)
+    for part in all_objects(mine, world):
+        for name, (record, values) in part.items():
+            ctx.results["taps"][name].update(record)
+            if values is not None:
+                ctx.per_unit[name] = values
+
+
+def _raise_failure(process: int, message: str) -> None:
+    raise RuntimeError(f"process {process} failed ({message}); every process stops.")
