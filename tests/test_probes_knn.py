@@ -1,9 +1,15 @@
+import sys
+
 import numpy as np
 import pytest
 import torch
 from sklearn.neighbors import KNeighborsClassifier
 
 from headprobe.probes import knn
+from headprobe.probes.knn import prefer_bfloat16, prefilter_default, product_seconds
+from headprobe.probes.knn_prefilter import BF16_UNIT, Bf16Prefilter, Float32TopK, canonical_dot, canonical_normalize
+
+KNN_MODULE = sys.modules["headprobe.probes.knn"]  # the module; `headprobe.probes.knn` names the function
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -154,15 +160,13 @@ def test_blocked_topk_equals_topk(n, k, block):
 
 
 def test_prefilter_error_bound_holds_for_every_pair():
-    from headprobe.probes.knn import _BF16_UNIT, _Bf16Prefilter
-
     g = torch.Generator().manual_seed(0)
     bank = torch.nn.functional.normalize(torch.randn(3000, 96, generator=g) + 2.0, dim=1)
     queries = torch.nn.functional.normalize(torch.randn(200, 96, generator=g) + 2.0, dim=1)
-    search = _Bf16Prefilter(bank, k=10)
+    search = Bf16Prefilter(bank, k=10)
     approx = (queries.to(torch.bfloat16) @ search.low[: len(bank)].T).double()
     exact = queries.double() @ bank.double().T
-    allowed = search.error_bound(queries)[:, None] + _BF16_UNIT / (1 - _BF16_UNIT) * approx.abs()
+    allowed = search.error_bound(queries)[:, None] + BF16_UNIT / (1 - BF16_UNIT) * approx.abs()
     slack = allowed - (approx - exact).abs()
     assert slack.min() >= 0
     # Not vacuous: the bound is within a small factor of the worst error actually made.
@@ -187,10 +191,17 @@ def test_prefilter_gives_the_float32_answer():
     assert fast.protocol["prefilter"]["queries"] == 300
     assert exact.protocol["prefilter"] is None and exact.protocol["similarity"] == "float32"
     assert "bfloat16" in fast.protocol["similarity"]
-    # Default: on for a bank this large exactly when bfloat16 products are native here.
-    from headprobe.probes.knn import _fast_bfloat16
-
-    assert (knn(*data, ks=ks).protocol["prefilter"] is not None) == _fast_bfloat16(torch.device("cpu"))
+    # The float32 answer exactly, similarities included: both searches return the certified top-k of the same
+    # canonical similarities, so the exp-weighted votes agree too.
+    fast_exp, exact_exp = (knn(*data, ks=ks, prefilter=p, weighting="exp") for p in (True, False))
+    assert fast_exp.metrics == exact_exp.metrics
+    assert all(torch.equal(fast_exp.predictions[k], exact_exp.predictions[k]) for k in ks)
+    # Default: on for a bank this large exactly when `prefilter_default` (native bfloat16, then a timing) says so.
+    default = knn(*data, ks=ks)
+    on, why = prefilter_default(torch.device("cpu"), 4000, 48)
+    assert (default.protocol["prefilter"] is not None) == on and default.protocol["prefilter_choice"] == why
+    assert fast.protocol["prefilter_choice"] == "explicit: prefilter=True"
+    assert exact.protocol["prefilter_choice"] == "explicit: prefilter=False"
 
 
 def test_prefilter_widens_or_falls_back_when_bfloat16_cannot_separate_neighbours():
@@ -220,3 +231,73 @@ def test_numpy_arrays_give_the_same_result_as_tensors():
     assert torch.equal(from_numpy.predictions[5], from_torch.predictions[5])
     with pytest.raises(TypeError, match="train_features must be a torch.Tensor or a NumPy array but is a list"):
         knn(train.tolist(), train_labels, test, test_labels)
+
+
+def test_prefer_bfloat16_only_when_clearly_faster():
+    assert prefer_bfloat16(0.05, 0.1) and prefer_bfloat16(0.079, 0.1)
+    assert not prefer_bfloat16(0.081, 0.1) and not prefer_bfloat16(0.2, 0.1)
+    assert not prefer_bfloat16(0.135, 0.090)  # an AVX512-BF16 Xeon without AMX: bfloat16 1.5x slower
+    assert prefer_bfloat16(0.09, 0.1, threshold=0.95) and not prefer_bfloat16(0.1, 0.1, threshold=1.0)
+
+
+@pytest.mark.parametrize(("timings", "on"), [((0.135, 0.090), False), ((0.03, 0.09), True)])
+def test_cpu_default_follows_the_measured_timings(monkeypatch, timings, on):
+    calls = []
+    monkeypatch.setattr(KNN_MODULE, "fast_bfloat16", lambda device: True)
+    monkeypatch.setattr(KNN_MODULE, "product_seconds", lambda dim, threads: calls.append((dim, threads)) or timings)
+    chosen, why = prefilter_default(torch.device("cpu"), 50_000, 384)
+    assert chosen is on and calls == [(384, torch.get_num_threads())]
+    assert why.startswith(f"measured: bf16 product {timings[0] / timings[1]:.2f}x the float32 time")
+    data = clustered(2500, 40, 16, seed=6)
+    result = knn(*data, ks=(5,))
+    assert (result.protocol["prefilter"] is not None) is on and result.protocol["prefilter_choice"].startswith("meas")
+    # Explicit settings, small banks and CPUs without native bfloat16 never time anything.
+    calls.clear()
+    for setting in (True, False):
+        forced = knn(*data, ks=(5,), prefilter=setting)
+        assert (forced.protocol["prefilter"] is not None) is setting
+        assert forced.protocol["prefilter_choice"] == f"explicit: prefilter={setting}"
+        assert torch.equal(forced.predictions[5], result.predictions[5])
+    assert knn(*clustered(500, 40, 16, seed=6), ks=(5,)).protocol["prefilter"] is None
+    monkeypatch.setattr(KNN_MODULE, "fast_bfloat16", lambda device: False)
+    assert prefilter_default(torch.device("cpu"), 50_000, 384) == (
+        False, "default: off, no native bfloat16 matrix products on cpu")
+    assert calls == []
+
+
+def test_product_timings_are_measured_once_per_process():
+    product_seconds.cache_clear()
+    first = product_seconds(32, 1)
+    assert product_seconds(32, 1) == first and product_seconds.cache_info().hits == 1
+    assert all(t > 0 for t in first) and torch.get_num_threads() == 1
+
+
+def test_similarities_do_not_depend_on_the_bank_size_or_the_batch():
+    # A 384-dimensional product's entries change with its shape; the canonical similarities do not.
+    g = torch.Generator().manual_seed(7)
+    bank, queries = canonical_normalize(torch.randn(5000, 384, generator=g)), torch.randn(50, 384, generator=g)
+    assert torch.equal(canonical_normalize(queries)[:7], canonical_normalize(queries[:7]))
+    queries = canonical_normalize(queries)
+    whole = Float32TopK(bank, 30).topk(queries)
+    part = Float32TopK(bank[:1234], 30).topk(queries[:9])
+    assert torch.equal(canonical_dot(queries[:, None], bank[whole[1]]), whole[0])
+    assert torch.equal(canonical_dot(queries[:9, None], bank[part[1]]), part[0])
+    for row in range(9):  # every pair scored in both lists has one value
+        common, here, there = np.intersect1d(whole[1][row].numpy(), part[1][row].numpy(), return_indices=True)
+        assert len(common) > 0 and torch.equal(whole[0][row, here], part[0][row, there])
+
+
+def test_float32_search_is_exact_on_exact_ties_beyond_its_widened_candidates():
+    g = torch.Generator().manual_seed(8)
+    bank = canonical_normalize(torch.randn(400, 24, generator=g))
+    bank[50:300] = bank[7]  # 251 equal rows: more than the 8 x 21 widened candidates for k = 5
+    queries = canonical_normalize(torch.cat([bank[7:8] + 0.01 * torch.randn(3, 24, generator=g),
+                                             torch.randn(5, 24, generator=g)]))
+    search = Float32TopK(bank, 5)
+    sims, idx = search.topk(queries)
+    assert search.stats["exhaustive"] >= 3
+    every = canonical_dot(queries[:, None], bank[None])
+    for row in range(len(queries)):
+        expected = np.lexsort((np.arange(400), -every[row].numpy()))[:5]  # by similarity, then by index
+        assert idx[row].tolist() == expected.tolist() and torch.equal(sims[row], every[row, expected])
+    assert idx[:3].tolist() == [[7, 50, 51, 52, 53]] * 3

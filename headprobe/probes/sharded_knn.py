@@ -3,10 +3,11 @@
 Each of W processes holds a contiguous 1/W of the training bank (`shard_rows`) and every test query; it finds each
 query's nearest samples within its shard (`local_neighbours`), the processes exchange those partial lists, and
 `merge_neighbours` keeps the k nearest of their union. Every sample of the global top-k is among the top-k of its
-own shard, so the union holds it; and since `knn` orders equally similar samples by their index
-(`ordered_topk`), which the merge does by the global index, the neighbours, the votes and the predictions are
-those of the single-process `knn` (with `prefilter=False`; the prefilter changes no neighbour, only the float32
-similarities' last bits, which weight the votes).
+own shard, so the union holds it. `knn`'s similarities are canonical (`knn_prefilter.canonical_dot`: each (query,
+sample) value depends on neither the bank's size nor the search) and its neighbours their exact top-k, ordered by
+similarity and then by index, as the merge orders them by the global index; so the neighbours, the weights, the
+votes and the predictions are those of the single-process `knn`, bit for bit, with the prefilter or without (each
+shard runs the same certified search, `Float32TopK` or `Bf16Prefilter`).
 
 >>> import torch
 >>> x, y = torch.randn(50, 8), torch.arange(50) % 3
@@ -22,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from headprobe.checks import as_tensor, check_labelled_split
-from headprobe.collectives import all_rows, max_over_ranks, sum_over_ranks
-from headprobe.probes.knn import KnnResult, by_similarity_then_index, ordered_topk
+from headprobe.collectives import all_objects, all_rows, max_over_ranks, sum_over_ranks
+from headprobe.probes.knn import KnnResult, by_similarity_then_index, prefilter_default, similarity_name
+from headprobe.probes.knn_prefilter import Bf16Prefilter, Float32TopK, canonical_normalize
 
 
 def shard_rows(n: int, world: int, rank: int) -> slice:
@@ -41,24 +42,36 @@ def shard_rows(n: int, world: int, rank: int) -> slice:
 
 @torch.no_grad()
 def local_neighbours(shard: torch.Tensor, queries: torch.Tensor, k: int, offset: int,
-                     chunk_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk_size: int = 256, prefilter: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The k nearest samples of one shard for every query, by cosine similarity.
 
     shard: (n, D) training rows whose first has global index `offset`; queries: (M, D) -> similarities (M, k)
-    and global indices (M, k), ordered as `ordered_topk` orders them. A shard with fewer than k rows pads its list
-    with similarity -inf and index -1, which the merge puts last.
+    and global indices (M, k), by similarity (descending) and index (ascending), as `knn` finds them. A shard with
+    fewer than k rows pads its list with similarity -inf and index -1, which the merge puts last. `prefilter`:
+    as in `knn` (None: `prefilter_default` for this shard's rows); it changes no result, only the time.
     """
-    bank = F.normalize(shard.float(), dim=1)
+    sims, idx, _ = shard_search(shard, queries, k, offset, chunk_size, prefilter)
+    return sims, idx
+
+
+@torch.no_grad()
+def shard_search(shard: torch.Tensor, queries: torch.Tensor, k: int, offset: int, chunk_size: int = 256,
+                 prefilter: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
+    """`local_neighbours`, and the prefilter's statistics on this shard (None without the prefilter)."""
+    bank = canonical_normalize(shard.float())
     sims = torch.full((len(queries), k), float("-inf"), device=bank.device)
     idx = torch.full((len(queries), k), -1, dtype=torch.int64, device=bank.device)
     width = min(k, len(bank))
+    if prefilter is None:
+        prefilter = prefilter_default(bank.device, len(bank), bank.shape[1])[0]
     if width == 0:
-        return sims, idx
+        return sims, idx, ({"queries": 0, "candidates": 0, "widened": 0, "full_float32": 0} if prefilter else None)
+    search = Bf16Prefilter(bank, width) if prefilter else Float32TopK(bank, width)
     for start in range(0, len(queries), chunk_size):
-        q = F.normalize(queries[start : start + chunk_size].to(bank.device, torch.float32), dim=1)
-        s, i = ordered_topk(q @ bank.T, width)
+        q = canonical_normalize(queries[start : start + chunk_size].to(bank.device, torch.float32))
+        s, i = search.topk(q)
         sims[start : start + len(q), :width], idx[start : start + len(q), :width] = s, i + offset
-    return sims, idx
+    return sims, idx, (dict(search.stats) if prefilter else None)
 
 
 def merge_neighbours(sims: torch.Tensor, idx: torch.Tensor, labels: torch.Tensor, k: int
@@ -103,13 +116,16 @@ def sharded_knn(
     weighting: str = "exp",
     chunk_size: int = 256,
     num_classes: int | None = None,
+    prefilter: bool | None = None,
 ) -> KnnResult:
     """`knn` with the training bank split across `world` processes; call it on every process at once.
 
     train_shard_features: (n_r, D), train_shard_labels: (n_r,): this process's rows of the bank, the first of
     which is row `offset` of the whole bank (`shard_rows` gives a split); test_features: (M, D), test_labels: (M,):
-    the same on every process. Every process returns the same `KnnResult`: the predictions of `knn` over the
-    whole bank (with `prefilter=False`), whose protocol adds `"shards": world`. Memory per process is
+    the same on every process. Every process returns the same `KnnResult`: the predictions and metrics of `knn`
+    over the whole bank, bit for bit. `prefilter` as in `knn`: None takes `prefilter_default` for the whole bank's
+    N on process 0, which every process then follows; the protocol records the choice, the prefilter's statistics
+    summed over the shards (each shard's under "per_shard"), and `"shards": world`. Memory per process is
     O(n_r × D + chunk_size × n_r + W × M × k).
     """
     train_shard_features, train_shard_labels, test_features, test_labels = (
@@ -140,7 +156,13 @@ def sharded_knn(
     effective = {k: min(k, n_train) for k in ks}
     max_k = max(effective.values())
 
-    sims, idx = local_neighbours(train_shard_features, test_features, max_k, offset, chunk_size)
+    if prefilter is None:
+        dim = train_shard_features.shape[1] if train_shard_features.ndim == 2 else test_features.shape[1]
+        prefilter, choice = all_objects(prefilter_default(device, n_train, dim), world)[0]
+    else:
+        prefilter, choice = bool(prefilter), f"explicit: prefilter={bool(prefilter)}"
+
+    sims, idx, stats = shard_search(train_shard_features, test_features, max_k, offset, chunk_size, prefilter)
     labels = torch.zeros_like(idx)
     real = idx >= 0
     labels[real] = train_shard_labels.to(device, torch.int64)[idx[real] - offset]
@@ -152,7 +174,13 @@ def sharded_knn(
                    for k in ks}
     targets = test_labels.cpu().long()
     metrics = {f"knn.k{k}.acc": (predictions[k] == targets).double().mean().item() for k in ks}
+    per_shard = all_objects(stats, world) if prefilter else None
+    summed = None
+    if per_shard is not None:
+        summed = {key: sum(part[key] for part in per_shard) for key in ("queries", "widened", "full_float32")}
+        summed = {**summed, "candidates": max(part["candidates"] for part in per_shard), "per_shard": per_shard}
     protocol = {"ks": ks, "effective_ks": effective, "temperature": temperature, "weighting": weighting,
                 "normalize": True, "chunk_size": chunk_size, "n_train": n_train, "n_test": m,
-                "n_classes": num_classes, "similarity": "float32", "prefilter": None, "shards": world}
+                "n_classes": num_classes, "similarity": similarity_name(prefilter), "prefilter": summed,
+                "prefilter_choice": choice, "shards": world}
     return KnnResult(metrics=metrics, predictions=predictions, protocol=protocol)
