@@ -3,9 +3,9 @@
 W processes (torchrun, `accelerate launch`) hold the same features. Two kinds of sharing, both giving the
 one-process numbers:
 
-- the k-NN probe (with `probes.knn.shard_bank`, the default) runs on every process at once, each over its 1/W of
-  the training bank, the partial top-k lists merged (`probes.sharded_knn`): the same predictions, 1/W of the
-  similarity work and memory on each process;
+- the k-NN probe on a large bank (`probes.knn.shard_bank`, `shard_knn_bank`) runs on every process at once, each
+  over its 1/W of the training bank, the partial top-k lists merged (`probes.sharded_knn`): the same predictions,
+  1/W of the similarity work and memory on each process;
 - every other (tap, seed, probe) is run by one process (`share_of_probes`): the longest first, each to the process
   with the least work so far, by the time that probe took on an earlier tap (by `PRIOR_COSTS` before any was).
 
@@ -19,11 +19,24 @@ import time
 
 from .collectives import all_objects
 
+# From this many training rows the k-NN bank is sharded across processes by default (`shard_knn_bank`).
+SHARD_BANK_ROWS = 65_536
 # Rough relative costs of the probes, for sharing out the first probes of a run, before any has been timed
 # (linear ≈ 5 × spectrum per tap on the sharded-probes benchmark: DINOv2 ViT-S features of 1,400 digits; the
 # view and rotation probes fit models too). A probe not listed counts 1.
 PRIOR_COSTS = {"linear": 5.0, "knn": 1.0, "spectrum": 1.0, "invariance": 0.5, "view_mi": 3.0, "augment_r2": 3.0,
                "rotation": 6.0, "orbits": 2.0}
+
+
+def shard_knn_bank(shard_bank: bool | None, n_train: int) -> bool:
+    """Whether the processes run each k-NN together over 1/W of the bank each: `probes.knn.shard_bank`, or when null,
+    from SHARD_BANK_ROWS training rows.
+
+    Why not always: on a small bank each process's part costs nearly what the whole does (fixed costs: norms,
+    certification, merging), so W synchronised k-NNs over 1/W each are slower than one whole k-NN per tap dealt to
+    one process (measured on the sharded-probes benchmark, 1,400 rows: 0.08 s per shard against 0.05 s whole).
+    """
+    return n_train >= SHARD_BANK_ROWS if shard_bank is None else shard_bank
 
 
 def share_of_probes(pending: list[list[str]], order: list[str], rank: int, world: int,
@@ -67,7 +80,8 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
 
     world, rank = ctx.state.num_processes, ctx.state.process_index
     order = list(ctx.recipe.probes)
-    together = {"knn"} if "knn" in order and getattr(ctx.recipe.probes["knn"], "shard_bank", False) else set()
+    together = {"knn"} if "knn" in order and shard_knn_bank(ctx.recipe.probes["knn"].shard_bank,
+                                                            len(features.train.labels)) else set()
     # Seconds each probe took on the first tap that ran it: the cost estimates of later shares (the same on every
     # process, since they come from the all-gather).
     costs = ctx.probe_seconds

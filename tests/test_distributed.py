@@ -26,12 +26,13 @@ run(json.loads(sys.argv[1]), out=sys.argv[2], quiet=True)
 def test_two_processes_equal_one(tiny_recipe, tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    probes = {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5]}, "invariance": {}}
+    # shard_bank true: the bank of 101 rows is sharded although the default shards only large banks.
+    probes = {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5], "shard_bank": True}, "invariance": {}}
     spec = {**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 101, "test": 37}},
                          "features": {"batch_size": 16}, "probes": probes,
                          "heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 3},
                          "train": {"epochs": 2, "batch_size": 32}, "seeds": [0, 1]}
-    dealt = {**spec, "probes": {**probes, "knn": {"ks": [5], "shard_bank": False}}}
+    dealt = {**spec, "probes": {**probes, "knn": {"ks": [5]}}}  # the default on a small bank: not sharded
     torchrun = str(Path(sys.executable).parent / "torchrun")
     two = [torchrun, "--nproc_per_node", "2"]
     runs = {}
@@ -72,7 +73,7 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
     # The k-NN ran on both processes at once, each over half the training bank (probes.sharded_knn).
     assert {process for _, _, probe, process in probed if probe == "knn"} == {"all"}
     assert runs["two"]["taps"]["relu"]["seeds"]["0"]["protocol"]["knn"]["shards"] == 2
-    # With probes.knn.shard_bank false each tap's k-NN runs whole on one process instead: the same metrics.
+    # Unsharded, each tap's k-NN runs whole on one process instead: the same metrics.
     logged = [json.loads(line) for line in (tmp_path / "dealt" / "metrics.jsonl").read_text().splitlines()]
     assert {r["process"] for r in logged if r.get("probe") == "knn"} <= {0, 1}
     for tap, values in runs["two"]["taps"].items():

@@ -63,3 +63,10 @@ def test_an_untimed_probe_costs_the_mean_of_the_timed_ones():
     split = [share_of_probes([ORDER] * 2, ORDER, rank, 2, costs={"linear": 4.0, "knn": 2.0}) for rank in range(2)]
     # spectrum counts 3.0: linear 4 | linear 4, then spectrum 3 | spectrum 3, knn 2 | knn 2.
     assert [sorted(n for names in s.values() for n in names) for s in split] == [["knn", "linear", "spectrum"]] * 2
+
+
+def test_the_knn_bank_is_sharded_when_asked_or_when_large():
+    from headprobe.probe_sharing import SHARD_BANK_ROWS, shard_knn_bank
+
+    assert not shard_knn_bank(None, SHARD_BANK_ROWS - 1) and shard_knn_bank(None, SHARD_BANK_ROWS)
+    assert shard_knn_bank(True, 10) and not shard_knn_bank(False, 10**7)

@@ -43,12 +43,14 @@ def linear(tap: TapData, **options) -> ProbeOutput:
     return ProbeOutput(metrics, protocol, per_unit)
 
 
-def knn(tap: TapData, shard_bank: bool = True, processes: tuple[int, int] | None = None, **options) -> ProbeOutput:
-    """The k-NN probe. processes=(rank, world), given by the run when W > 1 processes call it together: with
-    `shard_bank` each holds its 1/W of the training bank and they merge their partial top-k (`sharded_knn`)."""
+def knn(tap: TapData, shard_bank: bool | None = None, processes: tuple[int, int] | None = None,
+        **options) -> ProbeOutput:
+    """The k-NN probe. processes=(rank, world), given by the run when W > 1 processes call it together (it decides
+    by `shard_bank`, `probe_sharing`): each holds its 1/W of the training bank and they merge their partial top-k
+    (`sharded_knn`)."""
     from .knn import knn as knn_probe
 
-    if processes is not None and processes[1] > 1 and shard_bank:
+    if processes is not None and processes[1] > 1 and shard_bank is not False:
         from .sharded_knn import shard_rows, sharded_knn
 
         rank, world = processes
