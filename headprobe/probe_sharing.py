@@ -5,7 +5,8 @@ one-process numbers:
 
 - the k-NN probe on a large bank (`probes.knn.shard_bank`, `shard_knn_bank`) runs on every process at once, each
   over its 1/W of the training bank, the partial top-k lists merged (`probes.sharded_knn`): the same predictions,
-  1/W of the similarity work and memory on each process;
+  1/W of the similarity work and of its memory (the normalised bank, the score blocks) on each process (the
+  features themselves are held whole by every process, as for every probe);
 - every other (tap, seed, probe) is run by one process (`share_of_probes`): the longest first, each to the process
   with the least work so far, by the time that probe took on an earlier tap (by `PRIOR_COSTS` before any was).
 

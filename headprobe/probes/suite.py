@@ -46,7 +46,7 @@ def linear(tap: TapData, **options) -> ProbeOutput:
 def knn(tap: TapData, shard_bank: bool | None = None, processes: tuple[int, int] | None = None,
         **options) -> ProbeOutput:
     """The k-NN probe. processes=(rank, world), given by the run when W > 1 processes call it together (it decides
-    by `shard_bank`, `probe_sharing`): each holds its 1/W of the training bank and they merge their partial top-k
+    by `shard_bank`, `probe_sharing`): each searches its 1/W of the training bank and they merge their partial top-k
     (`sharded_knn`)."""
     from .knn import knn as knn_probe
 

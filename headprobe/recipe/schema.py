@@ -171,7 +171,7 @@ class KnnSpec:
     weighting: Literal["exp", "uniform"] = "exp"
     # Test queries per similarity block: memory only (O(chunk_size × N)), never the predictions.
     chunk_size: int = field(default=256, metadata=at_least(1))
-    # With several processes: true = each holds 1/W of the training bank and the partial top-k lists are merged
+    # With several processes: true = each searches 1/W of the training bank and the partial top-k lists are merged
     # (DINOv2's sharded k-NN; the same predictions); false = each tap's whole k-NN runs on one process; null =
     # shard from 65,536 training rows (probe_sharing.SHARD_BANK_ROWS), below which one process's k-NN is cheaper.
     shard_bank: bool | None = None
