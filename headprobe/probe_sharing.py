@@ -11,7 +11,9 @@ one-process numbers:
   with the least work so far, by the time that probe took on an earlier tap (by `PRIOR_COSTS` before any was).
 
 Each process then records every probe's output, in the one-process order, from an all-gather, so every process
-holds the same results and the main one writes them. `share_intervals` shares the taps' 95% intervals the same way.
+holds the same results and the main one writes them. Each probe's 95% intervals are computed by the process that
+ran it, next to it (`intervals_from_probes`); `share_intervals` shares out what is left (seed aggregates, resumed
+taps) tap by tap.
 """
 
 from __future__ import annotations
@@ -77,7 +79,12 @@ def share_of_probes(pending: list[list[str]], order: list[str], rank: int, world
 def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> None:
     """Run the pending probes of `units` ((tap, seed) pairs) on W processes together and record all of them on
     every process (`taps.record_probe`); results.json and the per-unit stores are written once, at the end."""
-    from .taps import record_probe, run_probes, save_unit
+    from .stats import tap_uncertainty
+    from .taps import draw_resamples, record_probe, run_probes, save_unit
+
+    def intervals(out) -> dict:  # per metric, so each process computes those of the probes it ran, in parallel
+        draw_resamples(ctx, features, out.per_unit)
+        return tap_uncertainty(out.metrics, out.per_unit, ctx.resamples)
 
     world, rank = ctx.state.num_processes, ctx.state.process_index
     order = list(ctx.recipe.probes)
@@ -91,8 +98,8 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
         todo = [name for name in names if name in together]
         if todo:
             tap, seed = units[i]
-            outputs += [(i, name, out, "all") for name, out in run_probes(ctx, features, tap, seed, todo,
-                                                                          processes=(rank, world))]
+            outputs += [(i, name, out, "all", intervals(out)) for name, out in run_probes(
+                ctx, features, tap, seed, todo, processes=(rank, world))]
     dealt = [[name for name in names if name not in together] for names in pending]
     timed = all(name in costs for names in dealt for name in names)
     estimates = dict(costs) if timed else {name: PRIOR_COSTS.get(name, 1.0) for name in order}
@@ -104,7 +111,7 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
             for name in names:
                 t0 = time.perf_counter()
                 for _, out in run_probes(ctx, features, tap, seed, [name]):
-                    finished.append((i, name, out, time.perf_counter() - t0))
+                    finished.append((i, name, out, intervals(out), time.perf_counter() - t0))
     except Exception as err:  # sent to every process, so that none waits forever for this one
         failure = err
     shares = all_objects((finished, None if failure is None else f"{type(failure).__name__}: {failure}"), world)
@@ -114,15 +121,30 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
     if failed:  # through ctx.stage, so that the main process records it in results.json
         ctx.stage("running the probes shared among the processes", _raise_failure, *failed[0])
     for r, (share, _) in enumerate(shares):
-        for i, name, out, seconds in share:
-            outputs.append((i, name, out, r))
+        for i, name, out, uncertainty, seconds in share:
+            outputs.append((i, name, out, r, uncertainty))
             costs.setdefault(name, seconds)  # the first tap's time: later taps of a run are alike
-    for i, name, out, process in sorted(outputs, key=lambda item: (item[0], order.index(item[1]))):
+    for i, name, out, process, uncertainty in sorted(outputs, key=lambda item: (item[0], order.index(item[1]))):
         record_probe(ctx, *units[i], name, out, process, write=False)
+        tap, seed = units[i]
+        if seed is None:  # a tap probed once: `intervals_from_probes` makes its intervals from these
+            ctx.probe_intervals.setdefault(tap.name, {}).update(uncertainty)
     for i in sorted({item[0] for item in outputs}):
         save_unit(ctx, *units[i])
     if outputs:
         ctx.run_dir.write_results(ctx.results)
+
+
+def intervals_from_probes(ctx, tap_name: str) -> bool:
+    """A tap's intervals from those computed next to each of its probes, where every metric has one (a resumed run's
+    earlier probes have none): the records `taps.record_uncertainty` would write, in its order. Returns whether
+    it could."""
+    known = ctx.probe_intervals.get(tap_name, {})
+    tap = ctx.results["taps"][tap_name]
+    if not set(tap["metrics"]) <= set(known):
+        return False
+    tap["uncertainty"] = {metric: known[metric] for metric in tap["metrics"]}
+    return True
 
 
 def share_intervals(ctx, tap_names: list[str], compute, per_unit: bool = False) -> None:

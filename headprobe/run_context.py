@@ -29,7 +29,8 @@ class RunError(RuntimeError):
 class RunContext:
     """What every stage shares: the recipe, the run directory, the results record it fills, the process state.
     per_unit and resamples hold the probes' per-image values and the shared bootstrap resamples (`taps`);
-    probe_seconds what each probe took on the first tap, by which several processes share out the rest."""
+    probe_seconds what each probe took on the first tap, by which several processes share out the rest;
+    probe_intervals the intervals those processes computed next to each probe ({tap: {metric: record}})."""
 
     recipe: Recipe
     run_dir: RunDir
@@ -40,6 +41,7 @@ class RunContext:
     per_unit: dict = field(default_factory=dict)
     resamples: dict = field(default_factory=dict)
     probe_seconds: dict = field(default_factory=dict)
+    probe_intervals: dict = field(default_factory=dict)
     first_probe_s: float | None = None
     last_stage: str = "starting the run"
 

@@ -238,7 +238,7 @@ def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
     several processes the probes of all the head taps (and with `backbone` the backbone tap's, first) are shared
     out among them at once (`probe_units`)."""
     from .buffer import buffer_verdict
-    from .probe_sharing import share_intervals
+    from .probe_sharing import intervals_from_probes, share_intervals
 
     several = len(trained.by_seed) > 1
     plans = []  # (spec, the taps compared, the seed-averaged taps, the (tap, seed) units to probe)
@@ -262,6 +262,7 @@ def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
     # The intervals of every tap probed once (and the seed means of those probed per seed), shared among the
     # processes of a multi-process run; then each head's verdict.
     once = [tap.name for tap, seed in every if seed is None]
+    once = [name for name in once if not intervals_from_probes(ctx, name)]  # computed next to the probes already
     share_intervals(ctx, once, lambda name: record_uncertainty(ctx, features, name, write=False))
     averaged = [tap.name for *_, taps, _ in plans for tap in taps]
     share_intervals(ctx, averaged, lambda name: aggregate_seeds(ctx, features, name, write=False), per_unit=True)
