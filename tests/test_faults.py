@@ -139,7 +139,9 @@ def test_ctrl_c_in_extraction_training_and_probing_is_recorded_and_resume_gives_
     moments = {"extraction": lambda cache: lambda out: bool(_cache_files(cache, "features")),
                "training": lambda cache: _checkpointed, "probing": lambda cache: _probing_heads}
     for stage, ready in moments.items():
-        cache, out = tmp_path / f"cache-{stage}", tmp_path / stage
+        # A cold cache only where the kill must land in extraction; the others read the reference's warm one.
+        cache = tmp_path / ("cache-extraction" if stage == "extraction" else "cache-reference")
+        out = tmp_path / stage
         code = _kill_when(recipe, out, ready(cache), {**env, "HEADPROBE_CACHE": str(cache)}, sig=signal.SIGINT)
         interrupted = json.loads((out / "results.json").read_text())
         assert code != 0 and interrupted["status"] == "interrupted", (stage, code, interrupted["status"])
