@@ -162,7 +162,19 @@ def sharded_knn(
     else:
         prefilter, choice = bool(prefilter), f"explicit: prefilter={bool(prefilter)}"
 
-    sims, idx, stats = shard_search(train_shard_features, test_features, max_k, offset, chunk_size, prefilter)
+    # A process whose own search fails (out of memory, say) tells the others before the gather they would wait in
+    # forever, and every process raises; one small object per call.
+    try:
+        sims, idx, stats = shard_search(train_shard_features, test_features, max_k, offset, chunk_size, prefilter)
+        failure = None
+    except Exception as err:  # noqa: BLE001 -- sent to every process and raised below
+        failure, caught = f"{type(err).__name__}: {err}", err
+    failures = [(rank, message) for rank, message in enumerate(all_objects(failure, world)) if message is not None]
+    if failure is not None:
+        raise caught
+    if failures:
+        rank, message = failures[0]
+        raise RuntimeError(f"the k-NN search of process {rank} failed ({message}); every process stops.")
     labels = torch.zeros_like(idx)
     real = idx >= 0
     labels[real] = train_shard_labels.to(device, torch.int64)[idx[real] - offset]
