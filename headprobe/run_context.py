@@ -54,8 +54,7 @@ class RunContext:
             return fn(*args, **kwargs)
         except KeyboardInterrupt:
             # Ctrl-C: say so in results.json (not "running" forever); finished stages stay and --resume goes on.
-            self.record_stop("interrupted", name, "interrupted (KeyboardInterrupt); finished stages are kept: "
-                             f"`headprobe run RECIPE --resume --out {self.run_dir.path}`", report=False)
+            self.record_interrupt(name)
             raise
         except RecipeError:
             raise
@@ -71,9 +70,7 @@ class RunContext:
         try:
             yield self
         except KeyboardInterrupt:
-            self.record_stop("interrupted", f"after {self.last_stage}", "interrupted (KeyboardInterrupt); finished "
-                             f"stages are kept: `headprobe run RECIPE --resume --out {self.run_dir.path}`",
-                             report=False)
+            self.record_interrupt(f"after {self.last_stage}")
             raise
         except (RecipeError, RunError):
             raise
@@ -87,6 +84,11 @@ class RunContext:
             self.record_stop("failed", f"after {self.last_stage}", f"{type(err).__name__}: {err}", report=False)
             raise RunError(f"after {self.last_stage}", err,
                            self.run_dir.path if self.state.is_main_process else None) from err
+
+    def record_interrupt(self, stage: str) -> None:
+        """A Ctrl-C at `stage`, recorded with the command that goes on from the finished work."""
+        self.record_stop("interrupted", stage, "interrupted (KeyboardInterrupt); finished stages are kept: "
+                         f"`headprobe run RECIPE --resume --out {self.run_dir.path}`", report=False)
 
     def record_stop(self, status: str, stage: str, message: str, report: bool) -> None:
         """Write why the run stopped into results.json. Only the run in progress records it; a later analysis
