@@ -45,12 +45,12 @@ def linear(tap: TapData, **options) -> ProbeOutput:
 
 def knn(tap: TapData, shard_bank: bool | None = None, processes: tuple[int, int] | None = None,
         **options) -> ProbeOutput:
-    """The k-NN probe. processes=(rank, world), given by the run when W > 1 processes call it together (it decides
-    by `shard_bank`, `probe_sharing`): each searches its 1/W of the training bank and they merge their partial top-k
-    (`sharded_knn`)."""
+    """The k-NN probe. processes=(rank, world), given by the run when W > 1 processes call it together (which the
+    run decides from `shard_bank`: `probe_sharing.shard_knn_bank`): each searches its 1/W of the training bank and
+    they merge their partial top-k (`sharded_knn`)."""
     from .knn import knn as knn_probe
 
-    if processes is not None and processes[1] > 1 and shard_bank is not False:
+    if processes is not None and processes[1] > 1:
         from .sharded_knn import shard_rows, sharded_knn
 
         rank, world = processes
