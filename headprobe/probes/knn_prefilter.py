@@ -140,9 +140,13 @@ def ieee_float32_matmul() -> Iterator[None]:
         torch.set_float32_matmul_precision(precision)
 
 
-def _largest_norm(rows: torch.Tensor, step: int = 8192) -> float:
-    """The largest row norm, taken in blocks of rows so that the float32 temporaries stay small."""
-    return max((float(rows[s : s + step].norm(dim=1).max()) for s in range(0, len(rows), step)), default=0.0)
+def _largest_norm(rows: torch.Tensor, minus: torch.Tensor | None = None, step: int = 8192) -> float:
+    """The largest norm of a row (of rows − minus, minus cast to float32: a rounding error), taken in blocks of rows
+    so that the float32 temporaries stay small."""
+    def block(s: int) -> torch.Tensor:
+        return rows[s : s + step] if minus is None else rows[s : s + step] - minus[s : s + step].float()
+
+    return max((float(block(s).norm(dim=1).max()) for s in range(0, len(rows), step)), default=0.0)
 
 
 class Float32TopK:
@@ -282,11 +286,7 @@ class Bf16Prefilter(Float32TopK):
         self.low[:n] = bank
         self.ratio = BF16_UNIT / (1 - BF16_UNIT)
         # x − bf16(x) is exact in float32; the factor (1 + 2γ_D) keeps its float32 norm from being rounded down.
-        error, step = 0.0, 8192
-        for s in range(0, n, step):
-            rows = bank[s : s + step]
-            error = max(error, float((rows - self.low[s : s + len(rows)].float()).norm(dim=1).max()))
-        self.bank_error = error * (1 + 2 * self.gamma)
+        self.bank_error = _largest_norm(bank, minus=self.low[:n]) * (1 + 2 * self.gamma)
         self.fallback: Float32TopK | None = None
         self.stats = {"queries": 0, "candidates": self.candidates, "widened": 0, "full_float32": 0}
 
