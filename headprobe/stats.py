@@ -53,8 +53,32 @@ class Linearised(PerUnit):
     (linearised) bootstrap, valid to first order where recomputing the statistic per resample costs too much."""
 
 
+class OfWeights:
+    """A statistic written as a function of the units' resampling weights (`of_weights`: (B, n) → (B,)): its value
+    at uniform weights 1/n, its bootstrap replicates under the resamples' weights. Subclasses give `n_units`, the
+    function and `what` (for the message when statistic and resamples have different units)."""
+
+    what = "the statistic"
+
+    def n_units(self) -> int:
+        raise NotImplementedError
+
+    def of_weights(self, weights: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def value(self) -> float:
+        n = self.n_units()
+        return float(self.of_weights(torch.full((1, n), 1.0 / n, dtype=torch.float64))[0])
+
+    def replicates(self, resamples: Resamples) -> torch.Tensor:
+        if self.n_units() != resamples.shape[1]:
+            raise ValueError(f"{self.what} has {self.n_units()} images but the resamples draw from "
+                             f"{resamples.shape[1]}; pair statistics and resamples of the same units.")
+        return self.of_weights(resamples.weights)
+
+
 @dataclass
-class SpreadRatio:
+class SpreadRatio(OfWeights):
     """The orbit spread relative to the space's scale (`probes.orbits`: spread_rel = S / (2n/(n−1)·C + 2S)) as a
     function of which orbit images are drawn: S = Σ w_i s_i (s_i: image i's mean squared distance to its orbit
     centroid μ_i), C = Σ w_i ‖μ_i‖² − ‖Σ w_i μ_i‖² (the centroids' scatter), with resampling weights w. Not a mean,
@@ -63,27 +87,21 @@ class SpreadRatio:
     spread: torch.Tensor  # (n,)
     centroids: torch.Tensor  # (n, D)
     unit: str
+    what = "the orbit statistic"
 
-    def _ratio(self, weights: torch.Tensor) -> torch.Tensor:
+    def n_units(self) -> int:
+        return self.spread.shape[0]
+
+    def of_weights(self, weights: torch.Tensor) -> torch.Tensor:
         n = self.spread.shape[0]
         s = weights @ self.spread.double()
         mean = weights @ self.centroids.double()
         scatter = weights @ self.centroids.double().square().sum(dim=1) - mean.square().sum(dim=-1)
         return s / (2 * n / (n - 1) * scatter + 2 * s)
 
-    def value(self) -> float:
-        n = self.spread.shape[0]
-        return float(self._ratio(torch.full((1, n), 1.0 / n, dtype=torch.float64))[0])
-
-    def replicates(self, resamples: Resamples) -> torch.Tensor:
-        if self.spread.shape[0] != resamples.shape[1]:
-            raise ValueError(f"the orbit statistic has {self.spread.shape[0]} images but the resamples draw from "
-                             f"{resamples.shape[1]}; pair statistics and resamples of the same units.")
-        return self._ratio(resamples.weights)
-
 
 @dataclass
-class Uniformity:
+class Uniformity(OfWeights):
     """Uniformity log E_{i≠j} exp(−t ‖z_i − z_j‖²) (`probes.spectrum.uniformity`) as a function of which images
     are drawn: points (n, D) on the unit sphere (`spectrum.sphere_points`). Under resampling weights w the mean
     runs over pairs of two different images, Σ_{i≠j} w_i w_j k_ij / Σ_{i≠j} w_i w_j (an image drawn twice is not
@@ -94,8 +112,12 @@ class Uniformity:
     t: float
     unit: str
     block: int = 512
+    what = "the uniformity"
 
-    def _log_mean_kernel(self, weights: torch.Tensor) -> torch.Tensor:
+    def n_units(self) -> int:
+        return self.points.shape[0]
+
+    def of_weights(self, weights: torch.Tensor) -> torch.Tensor:
         z = self.points.double()
         w = weights.to(z.device, torch.float64)
         total = torch.zeros(w.shape[0], dtype=torch.float64, device=z.device)
@@ -106,16 +128,6 @@ class Uniformity:
             total += (w[:, rows] * (w @ kernel.T)).sum(dim=1)
         pairs = 1 - w.square().sum(dim=1)
         return (total / pairs).log().cpu()
-
-    def value(self) -> float:
-        n = self.points.shape[0]
-        return float(self._log_mean_kernel(torch.full((1, n), 1.0 / n, dtype=torch.float64))[0])
-
-    def replicates(self, resamples: Resamples) -> torch.Tensor:
-        if self.points.shape[0] != resamples.shape[1]:
-            raise ValueError(f"the uniformity has {self.points.shape[0]} images but the resamples draw from "
-                             f"{resamples.shape[1]}; pair statistics and resamples of the same units.")
-        return self._log_mean_kernel(resamples.weights)
 
 
 class SeedMean:
