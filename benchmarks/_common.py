@@ -219,6 +219,19 @@ class Report:
         self.checks.append({"benchmark": benchmark, "compared_with": compared_with, "target": target,
                             "measured": measured, "met": bool(met), **numbers})
 
+    def rate_check(self, benchmark: str, compared_with: str, target: float, ours: tuple[str, list[float]],
+                   theirs: tuple[str, list[float]], count: int, unit: str, detail: str = "") -> tuple[float, float]:
+        """Two timings of the same `count` items (images, steps) and the check that ours is at least `target` times
+        their rate: records both (with `<unit>_per_s`) and the row; returns the two medians."""
+        key = f"{unit}_per_s"
+        t_ours = self.timing(ours[0], ours[1], **{key: count / median(ours[1])})
+        t_theirs = self.timing(theirs[0], theirs[1], **{key: count / median(theirs[1])})
+        ratio = t_theirs / t_ours
+        self.check(benchmark, compared_with, f">= {target:g}x",
+                   f"{ratio:.2f}x ({count / t_ours:.1f} vs {count / t_theirs:.1f} {unit}/s{detail})",
+                   ratio >= target, ratio=ratio)
+        return t_ours, t_theirs
+
     def note(self, text: str) -> None:
         self.notes.append(text)
 

@@ -131,16 +131,12 @@ def bench_extraction(report: Report, device: torch.device, sizes: dict, repeats:
         bare_forward()
         times, results = interleaved({"files": from_files, "bare": bare_forward}, repeats)
         n = len(pixels)
-    t_files = report.timing("extract from PNG files (headprobe)", times["files"],
-                            images_per_s=n / median(times["files"]))
-    t_bare = report.timing("bare backbone forward over pre-made tensors", times["bare"],
-                           images_per_s=n / median(times["bare"]))
+    t_files, t_bare = report.rate_check(
+        f"extraction from files ({n} images, {sizes['resolution']} px, {precision}, {device.type})",
+        "bare forward over pre-made tensors", EXTRACT_TARGET, ("extract from PNG files (headprobe)", times["files"]),
+        ("bare backbone forward over pre-made tensors", times["bare"]), n, "images")
     difference = float((results["files"].to(device) - results["bare"]).abs().max())
     ratio = t_bare / t_files
-    report.check(f"extraction from files ({n} images, {sizes['resolution']} px, {precision}, {device.type})",
-                 "bare forward over pre-made tensors", f">= {EXTRACT_TARGET:g}x",
-                 f"{ratio:.2f}x ({n / t_files:.1f} vs {n / t_bare:.1f} images/s)", ratio >= EXTRACT_TARGET,
-                 ratio=ratio)
     return {"extract_images_per_s": n / t_files, "bare_forward_images_per_s": n / t_bare, "extract_ratio": ratio,
             "extract_precision": precision, "extract_loader": pipeline_record(None, device),
             "extract_max_abs_difference": difference}
@@ -182,15 +178,12 @@ def bench_heads(report: Report, device: torch.device, sizes: dict, repeats: int)
     headprobe_loop()  # warm-up
     plain_loop()
     times, results = interleaved({"headprobe": headprobe_loop, "plain": plain_loop}, repeats)
-    t_hp = report.timing(f"train_heads, {len(specs)} heads, {steps} steps", times["headprobe"],
-                         steps_per_s=steps / median(times["headprobe"]))
-    t_plain = report.timing(f"plain torch loop, {len(specs)} heads, {steps} steps", times["plain"],
-                            steps_per_s=steps / median(times["plain"]))
+    t_hp, t_plain = report.rate_check(
+        f"{len(specs)}-head training on cached views ({n} x {k} x {d}, batch {batch}, {device.type})",
+        "plain torch loop over the same heads and batches", HEADS_TARGET,
+        (f"train_heads, {len(specs)} heads, {steps} steps", times["headprobe"]),
+        (f"plain torch loop, {len(specs)} heads, {steps} steps", times["plain"]), steps, "steps")
     ratio = t_plain / t_hp
-    report.check(f"{len(specs)}-head training on cached views ({n} x {k} x {d}, batch {batch}, {device.type})",
-                 "plain torch loop over the same heads and batches", f">= {HEADS_TARGET:g}x",
-                 f"{ratio:.2f}x ({steps / t_hp:.1f} vs {steps / t_plain:.1f} steps/s)", ratio >= HEADS_TARGET,
-                 ratio=ratio)
     return {"head_steps_per_s": steps / t_hp, "plain_head_steps_per_s": steps / t_plain, "heads_ratio": ratio,
             "head_steps": steps, "heads": len(specs), "head_names": [s.name for s in specs]}
 
