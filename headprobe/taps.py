@@ -254,6 +254,10 @@ def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
             units = [(seeded[i], seed if several else None) for i in range(len(chosen))
                      for seed, seeded in by_seed.items()]
             plans.append((spec, chosen, chosen if several else [], units))
+    if ctx.state.num_processes > 1:
+        # The stage's clock starts once every process is here: one still finishing the stage before (its start-up
+        # or training, which are not synchronised) would otherwise have its lag counted as probing.
+        ctx.state.wait_for_everyone()
     t0 = time.perf_counter()
     every = [(Tap("backbone"), None)] * backbone + [unit for *_, units in plans for unit in units]
     ran = probe_units(ctx, features, every)

@@ -15,10 +15,16 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow
 
 SCRIPT = """
-import json, sys
+import json, os, sys, time
+import headprobe.taps as taps
 from headprobe import run
+lag = float(os.environ.get("LAG_OF_RANK_1", 0))
+if lag and os.environ.get("RANK") == "1":  # process 1 reaches the probe stage `lag` seconds after process 0
+    probe_heads = taps.probe_heads
+    taps.probe_heads = lambda *args, **kwargs: (time.sleep(lag), probe_heads(*args, **kwargs))[1]
 run(json.loads(sys.argv[1]), out=sys.argv[2], quiet=True)
 """
+LAG = 4.0
 
 
 @pytest.mark.distributed
@@ -37,7 +43,8 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
     two = [torchrun, "--nproc_per_node", "2"]
     runs = {}
     for name, launcher, recipe in (("one", [sys.executable], spec), ("two", two, spec), ("dealt", two, dealt)):
-        env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / f"cache-{name}"), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / f"cache-{name}"), "OMP_NUM_THREADS": "1",
+               "LAG_OF_RANK_1": str(LAG) if name == "dealt" else "0"}
         done = subprocess.run([*launcher, str(script), json.dumps(recipe), str(tmp_path / name)], env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -78,6 +85,9 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
     assert {r["process"] for r in logged if r.get("probe") == "knn"} <= {0, 1}
     for tap, values in runs["two"]["taps"].items():
         assert runs["dealt"]["taps"][tap]["metrics"] == values["metrics"], tap
+    # Process 1 came late to the probe stage: its lag is not counted as probing (the stage's clock starts when every
+    # process is there), though the whole run waited for it.
+    assert runs["dealt"]["timing"]["probe_s"] < LAG
     assert len({item[:3] for item in probed}) == len(probed) == 3 * (1 + 2 * 2)  # backbone + 2 taps × 2 seeds
     views = runs["one"]["protocol"]["views"]["cache_key"]
     one = load_file(tmp_path / "cache-one" / "views" / f"{views}.safetensors")
