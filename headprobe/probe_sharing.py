@@ -108,10 +108,12 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
     try:
         for i, names in mine.items():
             tap, seed = units[i]
-            for name in names:
+            # A unit's probes in one run_probes: its tap data (the head's layers over every feature) made once.
+            t0 = time.perf_counter()
+            for name, out in run_probes(ctx, features, tap, seed, names):
+                seconds = time.perf_counter() - t0
+                finished.append((i, name, out, intervals(out), seconds))
                 t0 = time.perf_counter()
-                for _, out in run_probes(ctx, features, tap, seed, [name]):
-                    finished.append((i, name, out, intervals(out), time.perf_counter() - t0))
     except Exception as err:  # sent to every process, so that none waits forever for this one
         failure = err
     shares = all_objects((finished, None if failure is None else f"{type(failure).__name__}: {failure}"), world)
