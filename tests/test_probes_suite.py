@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headprobe.data.augment import PARAM_NAMES
-from headprobe.probes.suite import AUG_R2_ALPHAS, TapData, _grouped_ridge_cv, augment_r2, view_mi
+from headprobe.probes.suite import AUG_R2_ALPHAS, TapData, _grouped_ridge_cv, _ridge_predictions, augment_r2, view_mi
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -127,6 +127,60 @@ def test_grouped_ridge_cv_matches_sklearn_refits_fold_by_fold():
             pred = Ridge(alpha=alpha).fit(scaler.transform(x[fit]), y[fit]).predict(scaler.transform(x[val]))
             expected[i] += ((pred - y[val]) ** 2).sum(0)
     np.testing.assert_allclose(got, expected / len(x), rtol=1e-8)
+
+
+def relu_tap_views(n_images=337, views=4, dim=512, seed=0):
+    """A ReLU head's views at the quickstart's scale: 384-d correlated features through a random 512-wide layer
+    and a ReLU (units dead on most rows make the standardised features ill-conditioned), parameters linear in a few
+    directions plus noise."""
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=(n_images * views, 384)) @ rng.normal(size=(384, 384)) / 20
+    x = np.maximum(base @ rng.normal(size=(384, dim)) / 20 - np.linspace(0, 4.5, dim), 0)  # later units die
+    y = base[:, :6] @ rng.normal(size=(6, 14)) + rng.normal(size=(n_images * views, 14))
+    return x, y, np.repeat(np.arange(n_images), views)
+
+
+def test_grouped_ridge_cv_matches_an_svd_reference_at_the_quickstart_scale():
+    x, y, groups = relu_tap_views()
+    grid = sorted(AUG_R2_ALPHAS)
+    got = _grouped_ridge_cv(x, y, groups, grid, 5, seed=0)
+    order = np.random.default_rng(0).permutation(np.unique(groups)).tolist()
+    fold_of = dict(zip(order, np.arange(len(order)) % 5, strict=True))
+    fold = np.array([fold_of[g] for g in groups])
+    expected = np.zeros_like(got)
+    for f in range(5):  # the same protocol through an SVD of the standardised fitting part
+        fit, val = fold != f, fold == f
+        mean, std = x[fit].mean(0), x[fit].std(0)
+        std[std <= 1e-12 * np.maximum(np.abs(mean), 1.0)] = 1.0
+        xf, xv = (x[fit] - mean) / std, (x[val] - mean) / std
+        u, sv, vt = np.linalg.svd(xf, full_matrices=False)
+        for i, alpha in enumerate(grid):
+            coef = vt.T @ ((sv / (sv**2 + alpha))[:, None] * (u.T @ (y[fit] - y[fit].mean(0))))
+            expected[i] += ((xv @ coef + y[fit].mean(0) - y[val]) ** 2).sum(0)
+    expected /= len(x)
+    rel = np.abs(got - expected) / expected
+    assert (std := x.std(0)).min() == 0 and (std > 0).sum() > 100, "dead and live units, as on a ReLU tap"
+    # The error bound ε·λ_max/α: ~1e-8 at the smallest α, rounding from α = 1e3 (where near-ties are decided).
+    assert rel.max() < 1e-6
+    assert rel[[i for i, a in enumerate(grid) if a >= 1e3]].max() < 1e-12
+    best = [max(i for i in range(len(grid)) if m[i, t] <= m[:, t].min() * (1 + 1e-12)) for m in (got, expected)
+            for t in range(y.shape[1])]
+    assert best[: y.shape[1]] == best[y.shape[1] :]
+
+
+def test_ridge_predictions_match_sklearn_per_target_at_the_quickstart_scale():
+    from sklearn.linear_model import Ridge
+    from sklearn.preprocessing import StandardScaler
+
+    x, y, _ = relu_tap_views(n_images=450)  # 337 training images × 4 views, 113 held out
+    fit, held_out = x[:1348], x[1348:]
+    scaler = StandardScaler().fit(fit)
+    xs, xt = scaler.transform(fit), scaler.transform(held_out)
+    alphas = [AUG_R2_ALPHAS[(3 * t) % len(AUG_R2_ALPHAS)] for t in range(y.shape[1])]
+    got = _ridge_predictions(xs, y[:1348], xt, alphas)
+    for t, alpha in enumerate(alphas):
+        expected = Ridge(alpha=alpha).fit(xs, y[:1348, t]).predict(xt)
+        np.testing.assert_allclose(got[:, t], expected, rtol=1e-7, atol=1e-9 * np.abs(expected).max())
 
 
 def test_spectrum_of_collapsed_features_keeps_what_is_defined_instead_of_failing():

