@@ -4,6 +4,9 @@ import pytest
 import torch
 from torch import nn
 
+# geometry.analyse binds curvature_snapshot by name when first imported: imported here, it binds the real one, not
+# the spy a test below installs (which, imported during that test, it kept: later runs' geometry then failed).
+import headprobe.geometry.analyse  # noqa: F401
 import headprobe.geometry.tracking as tracking
 from headprobe.engine import seed_of
 from headprobe.geometry import batchnorm_mode, collapse_start
