@@ -195,3 +195,18 @@ def test_spectrum_of_collapsed_features_keeps_what_is_defined_instead_of_failing
     dead = torch.zeros(50, 8)  # a dead ReLU head
     out = spectrum(TapData("t", dead, labels[:50], dead[:5], labels[:5], 1))
     assert out.metrics == {} and set(out.protocol["undefined"]) == {"rankme", "alpha_req", "cond"}
+
+
+def test_spectrum_probe_shares_one_decomposition_and_equals_the_functions_called_alone():
+    from headprobe.probes.spectrum import alpha_req, covariance_spectrum, rankme
+    from headprobe.probes.suite import spectrum
+
+    x, _, _ = relu_tap_views(n_images=100)
+    z = torch.tensor(x, dtype=torch.float32)
+    labels = torch.zeros(len(z), dtype=torch.long)
+    out = spectrum(TapData("t", z, labels, z[:10], labels[:10], 1))
+    alone = covariance_spectrum(z)
+    assert out.metrics == {"rankme": rankme(z), "alpha_req": alpha_req(z), "cond": alone["condition_number"],
+                           "eff_rank": alone["effective_rank"]}
+    assert out.protocol["eigenvalues_top"] == list(alone["eigenvalues"][:64])
+

@@ -18,6 +18,7 @@ __all__ = [
     "alignment_per_pair",
     "alpha_req",
     "alpha_req_fit_range",
+    "covariance_eigenvalues",
     "covariance_spectrum",
     "lidar",
     "rankme",
@@ -62,8 +63,11 @@ def _exp_entropy(values: torch.Tensor, eps: float) -> float:
     return math.exp(-float((p * p.log()).sum()))
 
 
-def _covariance_eigenvalues(z: torch.Tensor) -> torch.Tensor:
-    """z: (N, D) -> the min(N, D) largest eigenvalues of the unbiased sample covariance, descending."""
+def covariance_eigenvalues(z: torch.Tensor) -> torch.Tensor:
+    """z: (N, D) -> the min(N, D) largest eigenvalues of the unbiased sample covariance, descending (from the
+    singular values of the centred float64 z, not the eigenvalues of a formed covariance, which lose the small
+    ones). `alpha_req_fit_range`, `alpha_req` and `covariance_spectrum` take them as `eigenvalues=` to share one
+    decomposition."""
     z = z.double()
     centred = z - z.mean(dim=0)
     return torch.linalg.svdvals(centred).square() / (z.shape[0] - 1)
@@ -130,15 +134,16 @@ def lidar(views: torch.Tensor, delta: float = 1e-4, eps: float = 1e-8) -> float:
     return _exp_entropy(eigenvalues, eps)
 
 
-def _resolved_eigenvalues(z: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The covariance eigenvalues of z and how many the samples resolve: i ≤ min(D, N−1), above λ_1·1e-12."""
+def _resolved_eigenvalues(z: torch.Tensor, eigenvalues: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """The covariance eigenvalues of z (`eigenvalues` when given) and how many the samples resolve:
+    i ≤ min(D, N−1), above λ_1·1e-12."""
     check_features("z", z, min_rows=3)
-    eigenvalues = _covariance_eigenvalues(z)
+    eigenvalues = covariance_eigenvalues(z) if eigenvalues is None else eigenvalues
     usable = min(z.shape[1], z.shape[0] - 1)
     return eigenvalues, int((eigenvalues[:usable] > eigenvalues[0] * 1e-12).sum())
 
 
-def alpha_req_fit_range(z: torch.Tensor) -> tuple[int, int]:
+def alpha_req_fit_range(z: torch.Tensor, eigenvalues: torch.Tensor | None = None) -> tuple[int, int]:
     """The default α-ReQ fit range for z: (N, D): ranks 1 .. ⌈r/2⌉ of its r resolved eigenvalues (at least 2).
 
     Why the head half: the sample spectrum's tail bends (Marchenko–Pastur), so a fit over every resolved
@@ -146,11 +151,12 @@ def alpha_req_fit_range(z: torch.Tensor) -> tuple[int, int]:
     laws α = 0.5, 1, 2 there to 0.2% (tests/test_probes_spectrum.py). With N < 10·D the bias grows again
     (0.52 for 0.5 at N = 1024); pass an explicit, shorter `fit_range` then.
     """
-    _, resolved = _resolved_eigenvalues(z)
+    _, resolved = _resolved_eigenvalues(z, eigenvalues)
     return 1, max(2, math.ceil(resolved / 2))
 
 
-def alpha_req(z: torch.Tensor, fit_range: tuple[int, int] | None = None) -> float:
+def alpha_req(z: torch.Tensor, fit_range: tuple[int, int] | None = None,
+              eigenvalues: torch.Tensor | None = None) -> float:
     """α-ReQ: the decay exponent α of the covariance eigenspectrum, λ_i ∝ i^{−α}; z: (N, D).
 
     Agrawal et al. (NeurIPS 2022) fit a power law to the eigenspectrum; here α is minus the least-squares slope
@@ -163,8 +169,8 @@ def alpha_req(z: torch.Tensor, fit_range: tuple[int, int] | None = None) -> floa
     >>> round(alpha_req(torch.cat([z, -z])), 6)
     2.0
     """
-    eigenvalues, resolved = _resolved_eigenvalues(z)
-    first, last = alpha_req_fit_range(z) if fit_range is None else fit_range
+    eigenvalues, resolved = _resolved_eigenvalues(z, eigenvalues)
+    first, last = alpha_req_fit_range(z, eigenvalues) if fit_range is None else fit_range
     if not 1 <= first < last <= resolved:
         raise ValueError(
             f"fit_range ({first}, {last}) must satisfy 1 ≤ first < last ≤ {resolved}, the number of resolved "
@@ -266,7 +272,7 @@ def view_cosine_per_pair(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     return (_on_sphere("z1", z1) * _on_sphere("z2", z2)).sum(dim=1)
 
 
-def covariance_spectrum(z: torch.Tensor, top_k: int | None = None) -> dict:
+def covariance_spectrum(z: torch.Tensor, top_k: int | None = None, eigenvalues: torch.Tensor | None = None) -> dict:
     """Eigenvalues, conditioning and effective rank of the sample covariance of z: (N, D).
 
     The condition number is computed only where the samples measure it. With N ≤ D the sample covariance has
@@ -292,7 +298,7 @@ def covariance_spectrum(z: torch.Tensor, top_k: int | None = None) -> dict:
     """
     check_features("z", z, min_rows=2)
     n, d = z.shape
-    eigenvalues = _covariance_eigenvalues(z)
+    eigenvalues = covariance_eigenvalues(z) if eigenvalues is None else eigenvalues
     if eigenvalues[0] == 0:
         raise ValueError("every row of z is identical (zero covariance); there is no spectrum to condition.")
     rank_limit = min(n - 1, d)

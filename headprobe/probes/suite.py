@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_features
 from ..stats import TEST_IMAGES, TRAIN_IMAGES, VIEW_IMAGES, Linearised, PerUnit, SpreadRatio, Uniformity
 
 # The probe interface (what a probe receives and returns) lives in tap_data.py; it is importable from here too.
@@ -67,7 +68,7 @@ def knn(tap: TapData, shard_bank: bool | None = None, processes: tuple[int, int]
 def spectrum(tap: TapData, top_k: int | None = None) -> ProbeOutput:
     """RankMe, α-ReQ and the covariance spectrum of the clean training features (honest conditioning)."""
     from .influence import rankme_per_row
-    from .spectrum import alpha_req, alpha_req_fit_range, covariance_spectrum, rankme
+    from .spectrum import alpha_req, alpha_req_fit_range, covariance_eigenvalues, covariance_spectrum, rankme
 
     # Collapsed features (the paper's collapse experiments; a dead ReLU head gives all zeros) leave some of these
     # undefined: α-ReQ needs two resolved eigenvalues, the spectrum a non-zero covariance, RankMe a non-zero z.
@@ -87,11 +88,18 @@ def spectrum(tap: TapData, top_k: int | None = None) -> ProbeOutput:
         # Its linearised bootstrap over the training images (`probes.influence`: recomputing it on resamples drawn
         # with replacement would bias it low).
         per_unit["rankme"] = Linearised(rankme_per_row(tap.train_x, value=value).cpu(), TRAIN_IMAGES)
-    fit_range = attempt("alpha_req", lambda: alpha_req_fit_range(tap.train_x))
+    # One decomposition for α-ReQ's range and fit and the spectrum (each would otherwise take its own SVD); on
+    # features it cannot take, each of them records its own reason below.
+    try:
+        check_features("z", tap.train_x, min_rows=2)
+        eigenvalues = covariance_eigenvalues(tap.train_x)
+    except ValueError:
+        eigenvalues = None
+    fit_range = attempt("alpha_req", lambda: alpha_req_fit_range(tap.train_x, eigenvalues))
     if fit_range is not None:
-        if (value := attempt("alpha_req", lambda: alpha_req(tap.train_x, fit_range))) is not None:
+        if (value := attempt("alpha_req", lambda: alpha_req(tap.train_x, fit_range, eigenvalues))) is not None:
             metrics["alpha_req"] = value
-    spec = attempt("cond", lambda: covariance_spectrum(tap.train_x, top_k=top_k))
+    spec = attempt("cond", lambda: covariance_spectrum(tap.train_x, top_k=top_k, eigenvalues=eigenvalues))
     if spec is not None:
         metrics |= {"cond": spec["condition_number"], "eff_rank": spec["effective_rank"]}
         protocol = {k: spec[k] for k in ("n_samples", "dim", "rank_limit", "numerical_rank", "top_k",
