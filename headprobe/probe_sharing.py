@@ -24,11 +24,12 @@ from .collectives import all_objects
 
 # From this many training rows the k-NN bank is sharded across processes by default (`shard_knn_bank`).
 SHARD_BANK_ROWS = 65_536
-# Rough relative costs of the probes, for sharing out the first probes of a run, before any has been timed
-# (linear ≈ 5 × spectrum per tap on the sharded-probes benchmark: DINOv2 ViT-S features of 1,400 digits; the
-# view and rotation probes fit models too). A probe not listed counts 1.
-PRIOR_COSTS = {"linear": 5.0, "knn": 1.0, "spectrum": 1.0, "invariance": 0.5, "view_mi": 3.0, "augment_r2": 3.0,
-               "rotation": 6.0, "orbits": 2.0}
+# Rough relative costs of the probes (seconds per tap, k-NN = 1), for sharing out the probes of a run before any
+# has been timed. Measured per tap over the 19 taps of the quickstart (1 process): linear 5.0, augment_r2 4.1,
+# spectrum 1.2, invariance 1.1 (4 views; 0.5 with the sharded-probes benchmark's 2), view_mi 0.9, orbits 0.6;
+# rotation (not measured) fits a linear and an MLP probe on 4 rotated copies. A probe not listed counts 1.
+PRIOR_COSTS = {"linear": 5.0, "knn": 1.0, "spectrum": 1.2, "invariance": 0.5, "view_mi": 0.9, "augment_r2": 4.0,
+               "rotation": 6.0, "orbits": 0.6}
 
 
 def shard_knn_bank(shard_bank: bool | None, n_train: int) -> bool:
