@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ORDER = ("cache", "multihead", "knn", "linear", "augment_r2", "hessian", "extract", "intervals", "memmap", "sharded_probes", "gpu")
+ORDER = ("cache", "multihead", "knn", "linear", "augment_r2", "hessian", "extract", "intervals", "memmap",
+         "sharded_probes", "gpu")
 
 
 def load(quick: bool, folder: Path = RESULTS) -> list[dict]:

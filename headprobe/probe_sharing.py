@@ -112,8 +112,8 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
             # A unit's probes in one run_probes: its tap data (the head's layers over every feature) made once.
             t0 = time.perf_counter()
             for name, out in run_probes(ctx, features, tap, seed, names):
-                seconds = time.perf_counter() - t0
-                finished.append((i, name, out, intervals(out), seconds))
+                uncertainty = intervals(out)  # part of the pair's cost, as before
+                finished.append((i, name, out, uncertainty, time.perf_counter() - t0))
                 t0 = time.perf_counter()
     except Exception as err:  # sent to every process, so that none waits forever for this one
         failure = err
