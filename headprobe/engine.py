@@ -109,9 +109,21 @@ class HeadState:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     status: str = "training"
     message: str = ""
-    last_loss: float = float("nan")
+    _last_loss: float | torch.Tensor = field(default=float("nan"), repr=False)
     last_good: dict | None = None
     history: list[dict] = field(default_factory=list)
+
+    @property
+    def last_loss(self) -> float:
+        """The loss of the last step. Set as a tensor every step and read as a float only when asked: an `.item()`
+        per head per step would make the host wait for a GPU at every step, which a plain training loop never does."""
+        if isinstance(self._last_loss, torch.Tensor):
+            self._last_loss = self._last_loss.item()
+        return self._last_loss
+
+    @last_loss.setter
+    def last_loss(self, value: float | torch.Tensor) -> None:
+        self._last_loss = value.detach() if isinstance(value, torch.Tensor) else value
 
     def modules(self) -> nn.ModuleList:
         return nn.ModuleList([m for m in (self.head, self.predictor) if m is not None])
@@ -299,7 +311,7 @@ def _optimise(group: Optimisation, out: StepOutput, step: int, total: int, train
         group.scaler.update()
         group.scheduler.step()
     for state in group.heads:
-        state.last_loss = out.losses[state.name][0].loss.item()
+        state.last_loss = out.losses[state.name][0].loss
     if logging:
         group.snapshot(step + 1)
 
