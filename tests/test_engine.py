@@ -89,3 +89,32 @@ def test_trainable_state_is_the_tuned_weights_and_loads_strictly():
     assert torch.equal(backbone.model.tuned.weight.detach(), torch.full((3,), 2.0))
     with pytest.raises(CheckpointError, match=r"missing \['tuned.bias'\].*'last:1'"):
         load_trainable_state(backbone, {k: v for k, v in state.items() if k != "tuned.bias"}, "the test")
+
+
+def test_a_step_that_does_not_log_reads_one_number_per_head(views, monkeypatch):
+    """Outside the optimiser and the logging steps, the only value a step brings back from the device is each head's
+    non-finite-loss check: the losses and the objectives' terms stay tensors until logged (each `.item()` makes the
+    host wait for a GPU). The terms still read as the floats they always were."""
+    import traceback
+
+    calls = []
+    real = torch.Tensor.item
+
+    def item(self):
+        caller = traceback.extract_stack(limit=2)[0].filename
+        if "torch/optim" not in caller:
+            calls.append(caller)
+        return real(self)
+
+    steps, train = 6, dataclasses.replace(TRAIN, steps=6, log_every=1000, checkpoint_every=0)
+    monkeypatch.setattr(torch.Tensor, "item", item)
+    states, _ = train_heads(HEADS, views, objective_name="vicreg", objective_options={}, train=train, seed=0)
+    monkeypatch.undo()
+    logged_at_the_end = len(calls) - steps * len(HEADS)
+    assert 0 <= logged_at_the_end <= 8 * len(HEADS), calls  # the last step logs: loss and terms per head
+    assert all(isinstance(s.last_loss, float) and s.last_loss == s.last_loss for s in states.values())
+
+    from headprobe.objectives import vicreg
+
+    out = vicreg(views[:, 0], views[:, 1])
+    assert all(isinstance(v, float) for v in out.terms.values()) and out.terms["vicreg"] == out.loss.item()
