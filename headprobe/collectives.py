@@ -28,12 +28,15 @@ def all_rows(h: torch.Tensor, world: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def all_finite(loss: torch.Tensor, world: int) -> bool:
-    """Whether the loss is finite on every process (every process must agree to stop)."""
-    flag = torch.isfinite(loss.detach()).float().reshape(1)
+def all_finite(losses: list[torch.Tensor], world: int) -> list[bool]:
+    """Whether each loss is finite on every process (every process must agree to stop), read from the device at
+    once: one synchronisation per training step, not one per head."""
+    if not losses:  # nothing training (on every process alike)
+        return []
+    flags = torch.stack([torch.isfinite(loss.detach()).reshape(()) for loss in losses]).float()
     if world > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+    return [bool(flag) for flag in flags.tolist()]
 
 
 def sum_over_ranks(value: int, world: int, device="cpu") -> int:
