@@ -89,12 +89,21 @@ def probe_tap(ctx, features, tap: Tap, seed: int | None = None) -> None:
     """Every probe of the recipe at one tap. With `seed` (a run with several seeds) the metrics go into
     taps[tap]["seeds"][seed], and `aggregate_seeds` makes the tap's own metrics from them. Probes finished in a
     resumed run are not redone. With several processes each runs a share of the probes (`probe_units`)."""
-    t0 = time.perf_counter()
+    t0 = probe_clock(ctx)
     ran = probe_units(ctx, features, [(tap, seed)])
     if seed is None:
         record_uncertainty(ctx, features, tap.name)
     if ran:
         ctx.clock("probe_s", t0)
+
+
+def probe_clock(ctx) -> float:
+    """The start of a probing stage's clock (`timing.probe_s`). With several processes it starts once every process
+    is here: one still finishing the stage before (its start-up or training, which are not synchronised) would
+    otherwise have its lag counted as probing."""
+    if ctx.state.num_processes > 1:
+        ctx.state.wait_for_everyone()
+    return time.perf_counter()
 
 
 def probe_units(ctx, features, units: list[tuple[Tap, int | None]]) -> bool:
@@ -254,11 +263,7 @@ def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
             units = [(seeded[i], seed if several else None) for i in range(len(chosen))
                      for seed, seeded in by_seed.items()]
             plans.append((spec, chosen, chosen if several else [], units))
-    if ctx.state.num_processes > 1:
-        # The stage's clock starts once every process is here: one still finishing the stage before (its start-up
-        # or training, which are not synchronised) would otherwise have its lag counted as probing.
-        ctx.state.wait_for_everyone()
-    t0 = time.perf_counter()
+    t0 = probe_clock(ctx)
     every = [(Tap("backbone"), None)] * backbone + [unit for *_, units in plans for unit in units]
     ran = probe_units(ctx, features, every)
     for tap, seed in every:  # on every process: each verdict resamples them
