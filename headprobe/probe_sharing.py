@@ -83,7 +83,11 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
     from .stats import tap_uncertainty
     from .taps import draw_resamples, record_probe, run_probes, save_unit
 
-    def intervals(out) -> dict:  # per metric, so each process computes those of the probes it ran, in parallel
+    def intervals(out, seed: int | None) -> dict:
+        """Per metric, so each process computes those of the probes it ran, in parallel. Only for a tap probed
+        once: a tap probed per seed gets its intervals from the seed means (`taps.aggregate_seeds`)."""
+        if seed is not None:
+            return {}
         draw_resamples(ctx, features, out.per_unit)
         return tap_uncertainty(out.metrics, out.per_unit, ctx.resamples)
 
@@ -99,7 +103,7 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
         todo = [name for name in names if name in together]
         if todo:
             tap, seed = units[i]
-            outputs += [(i, name, out, "all", intervals(out)) for name, out in run_probes(
+            outputs += [(i, name, out, "all", intervals(out, seed)) for name, out in run_probes(
                 ctx, features, tap, seed, todo, processes=(rank, world))]
     dealt = [[name for name in names if name not in together] for names in pending]
     timed = all(name in costs for names in dealt for name in names)
@@ -112,7 +116,7 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
             # A unit's probes in one run_probes: its tap data (the head's layers over every feature) made once.
             t0 = time.perf_counter()
             for name, out in run_probes(ctx, features, tap, seed, names):
-                uncertainty = intervals(out)  # part of the pair's cost, as before
+                uncertainty = intervals(out, seed)  # part of the pair's cost, as before
                 finished.append((i, name, out, uncertainty, time.perf_counter() - t0))
                 t0 = time.perf_counter()
     except Exception as err:  # sent to every process, so that none waits forever for this one
