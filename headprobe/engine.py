@@ -289,12 +289,11 @@ def _log_step(group: Optimisation, out: StepOutput, step: int, per_epoch: int, s
             log(record)
 
 
-def _optimise(group: Optimisation, out: StepOutput, step: int, total: int, train, per_epoch: int,
-              source: StepSource, log, finite: bool) -> None:
-    """One step of `group`: stop on a non-finite loss (`finite`: whether it is finite on every process), else
-    accumulate its gradient and update every `train.grad_accum` steps (and at the last), logging and snapshotting
-    every `train.log_every` steps."""
-    loss = group.loss(out)
+def _optimise(group: Optimisation, out: StepOutput, loss: torch.Tensor, finite: bool, step: int, total: int, train,
+              per_epoch: int, source: StepSource, log) -> None:
+    """One step of `group` with its loss (`group.loss(out)`): stop on a non-finite loss (`finite`: whether it is
+    finite on every process), else accumulate its gradient and update every `train.grad_accum` steps (and at the
+    last), logging and snapshotting every `train.log_every` steps."""
     if not finite:
         group.stop(loss.item(), step + 1)
         return
@@ -334,9 +333,9 @@ def _train_steps(source: StepSource, groups: list[Optimisation], steps: range, t
                         if state.has_weights():  # an identity head has no curvature of its own
                             track_curvature(state, objective, objective_options, out.z1.detach(), out.z2.detach(),
                                             track, step, per_epoch, seed, log, stat_rows)
-            for group, finite in zip(training, all_finite([g.loss(out) for g in training], source.world),
-                                     strict=True):
-                _optimise(group, out, step, total, train, per_epoch, source, log, finite)
+            losses = [group.loss(out) for group in training]
+            for group, loss, finite in zip(training, losses, all_finite(losses, source.world), strict=True):
+                _optimise(group, out, loss, finite, step, total, train, per_epoch, source, log)
             if groups and not any(g.training for g in groups):
                 return step + 1
             if checkpoint_dir is not None and train.checkpoint_every and (step + 1) % train.checkpoint_every == 0:
