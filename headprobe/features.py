@@ -71,7 +71,7 @@ def effective_precision(requested: str, device: torch.device) -> str:
     return requested if device.type == "cuda" else "fp32"
 
 
-def _autocast(device: torch.device, precision: str):
+def precision_autocast(device: torch.device, precision: str):
     """Autocast to bf16/fp16 for an effective precision from `effective_precision`; a no-op for fp32."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
@@ -113,14 +113,14 @@ class _Images(torch.utils.data.Dataset):
         return self.preprocess(image)
 
 
-def _buffer(shape: tuple[int, ...], device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def output_buffer(shape: tuple[int, ...], device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised output buffer, allocated outside inference mode even when called inside it: an ordinary
     tensor, which autograd accepts later (tuning), so the result needs no clone."""
     with torch.inference_mode(False):
         return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _gather_shards(local: torch.Tensor, n: int, state) -> torch.Tensor:
+def gather_shards(local: torch.Tensor, n: int, state) -> torch.Tensor:
     """Interleaved shards (rank r holds rows r, r+W, ...) → the full (N, D) buffer on every process.
 
     `local` holds this rank's rows, optionally already padded to ceil(N / W) rows (as `_forward_shard` and
@@ -187,7 +187,7 @@ def extract(
     backbone.to(state.device)
     local = _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation)
     # One process on the CPU: `local` is already the (N, D) result, and .cpu() returns it without a copy.
-    feats = _gather_shards(local, n, state).cpu()
+    feats = gather_shards(local, n, state).cpu()
     if cache and state.is_main_process and not save_cached(path, key, description, feats, labels):
         cache = False  # not written: there is no file to point at
     return Features(feats, labels, key, False, path if cache else None)
@@ -200,14 +200,14 @@ def _forward_shard(
     """This process's interleaved shard of the images → (ceil(N / W), D) float32 features on the device.
 
     Batch outputs go straight into their rows of one buffer, allocated at the first batch (which gives D); a
-    shard one image short of ceil(N / W) ends in a zero row that `_gather_shards` drops. With W = 1: (N, D).
+    shard one image short of ceil(N / W) ends in a zero row that `gather_shards` drops. With W = 1: (N, D).
     """
     device, n, world = state.device, len(dataset), state.num_processes
     indices = range(state.process_index, n, world)  # a range, not a list of N Python ints
     loader = torch.utils.data.DataLoader(
         _Images(dataset, indices, backbone.preprocess, rotation), batch_size=batch_size,
         **loader_options(num_workers, device))
-    autocast = _autocast(device, precision)
+    autocast = precision_autocast(device, precision)
     rows = -(-n // world)
     local, start = None, 0
     label = f"extract {split}" + (f" rotated {rotation}°" if rotation else "")
@@ -216,13 +216,13 @@ def _forward_shard(
         with autocast:
             out = backbone(pixels.to(device, non_blocking=True))
         if local is None:
-            local = _buffer((rows, *out.shape[1:]), device)
+            local = output_buffer((rows, *out.shape[1:]), device)
         local[start : start + len(out)].copy_(out)  # the cast to float32 of out.float(), without its temporary
         start += len(out)
         if task is not None:
             progress.advance(task, len(pixels) * state.num_processes)
     if local is None:
-        local = _buffer((rows, backbone.dim), device)
+        local = output_buffer((rows, backbone.dim), device)
     if start != len(indices):
         raise RuntimeError(f"the backbone returned {start} feature rows for {len(indices)} images.")
     local[start:] = 0
@@ -328,7 +328,7 @@ def extract_views(
     n_pixels = 3 * crop * crop
     task = progress.add_task(f"extract {views} views × {n} images", total=total) if progress is not None else None
     # Flat row j = view j % K of image j // K. One process: the (N·K, ·) buffers are the (N, K, ·) results, viewed;
-    # several: this rank's rows j = r, r + W, ..., padded to ceil(N·K / W) rows for `_gather_shards`.
+    # several: this rank's rows j = r, r + W, ..., padded to ceil(N·K / W) rows for `gather_shards`.
     rows = -(-total // world)
     feats = params = None
     start = 0
@@ -337,11 +337,11 @@ def extract_views(
         for batch in loader:
             batch = batch.to(device, non_blocking=True)  # the whole (pinned) batch in one copy
             pixels = batch[:, :n_pixels].reshape(-1, 3, crop, crop)
-            with _autocast(device, precision):
+            with precision_autocast(device, precision):
                 out = backbone(pixels)
             if feats is None:
-                feats = _buffer((rows, *out.shape[1:]), device)
-                params = _buffer((rows, batch.shape[1] - n_pixels), device)
+                feats = output_buffer((rows, *out.shape[1:]), device)
+                params = output_buffer((rows, batch.shape[1] - n_pixels), device)
             feats[start : start + len(batch)].copy_(out)
             params[start : start + len(batch)].copy_(batch[:, n_pixels:])
             start += len(batch)
@@ -350,47 +350,10 @@ def extract_views(
     if feats is None:
         from .data.augment import PARAM_NAMES
 
-        feats, params = _buffer((rows, backbone.dim), device), _buffer((rows, len(PARAM_NAMES)), device)
+        feats, params = output_buffer((rows, backbone.dim), device), output_buffer((rows, len(PARAM_NAMES)), device)
     feats[start:], params[start:] = 0, 0
-    feats = _gather_shards(feats, total, state).cpu().view(n, views, feats.shape[-1])
-    params = _gather_shards(params, total, state).cpu().view(n, views, params.shape[-1])
+    feats = gather_shards(feats, total, state).cpu().view(n, views, feats.shape[-1])
+    params = gather_shards(params, total, state).cpu().view(n, views, params.shape[-1])
     if cache and state.is_main_process:
         save_cached(path, key, description, feats, params, second="params")
     return ViewFeatures(feats, params, key, False)
-
-
-def _resize_crop(pre, image):
-    """The geometric part of a backbone's preprocessing (PIL → PIL), without normalisation."""
-    from torchvision.transforms import v2
-
-    mode = getattr(v2.InterpolationMode, pre.interpolation.upper())
-    size = pre.resize if pre.resize_mode == "shortest" else [pre.resize, pre.resize]
-    return v2.CenterCrop(pre.crop)(v2.Resize(size, interpolation=mode, antialias=True)(image.convert("RGB")))
-
-
-@torch.inference_mode()
-def extract_orbits(backbone, dataset, *, sweeps: list[str], n_images: int, batch_size: int = 64,
-                   progress=None) -> dict[str, torch.Tensor]:
-    """Backbone features along each sweep's orbit of the first `n_images` images → {sweep: (N, T, D)}.
-
-    Orbits are made at the backbone's input size (after resize and crop, before normalisation), so
-    rotation corners and blur sigmas are in input pixels. Orbits are few and cheap, so they are not cached.
-    """
-    from .data.orbits import orbit_images
-
-    pre = backbone.preprocess
-    normalise = normalise_only(pre)
-    device = next(backbone.parameters(), torch.empty(0)).device
-    images = [_resize_crop(pre, dataset[i]["image"]) for i in range(min(n_images, len(dataset)))]
-    out = {}
-    for sweep in sweeps:
-        frames = [normalise(frame) for image in images for frame in orbit_images(image, sweep)]
-        task = progress.add_task(f"orbits {sweep}", total=len(frames)) if progress is not None else None
-        buffer = _buffer((len(frames), backbone.dim), "cpu")  # an ordinary tensor, written batch by batch
-        for start in range(0, len(frames), batch_size):
-            batch = backbone(torch.stack(frames[start : start + batch_size]).to(device))
-            buffer[start : start + len(batch)].copy_(batch)
-            if task is not None:
-                progress.advance(task, len(batch))
-        out[sweep] = buffer.view(len(images), -1, backbone.dim)
-    return out

@@ -101,7 +101,8 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
     tuned: the backbone has been tuned with the heads (they need views again only for their final geometry)."""
     from .data.augment import augment_spec
     from .data.loader import pipeline_record
-    from .features import extract, extract_orbits, extract_views
+    from .features import extract, extract_views
+    from .orbit_features import extract_orbits
 
     recipe, backbone, data, t0 = ctx.recipe, inputs.backbone, inputs.data, time.perf_counter()
     f = recipe.features
@@ -129,7 +130,9 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
         if "orbits" in needs:
             spec = recipe.probes["orbits"]
             out.orbits = ctx.stage("extracting orbits", extract_orbits, backbone, data.test, sweeps=spec.sweeps,
-                                   n_images=spec.n_images, batch_size=f.batch_size, progress=progress)
+                                   n_images=spec.n_images, data_info=data.info, batch_size=f.batch_size,
+                                   precision=f.precision, cache=f.cache, state=ctx.state, progress=progress,
+                                   record=cache)
         ctx.clock("extract_s", t0)
         # Training views feed frozen-path head training and the geometry of trained heads; the tuned path makes its
         # own views on the fly. The view probes measure held-out views (augment.probe_views: the test images') unless

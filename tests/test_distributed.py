@@ -33,7 +33,9 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     # shard_bank true: the bank of 101 rows is sharded although the default shards only large banks.
-    probes = {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5], "shard_bank": True}, "invariance": {}}
+    # orbits: each process forwards the orbits of every other image (orbit_features), gathered into the same result.
+    probes = {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5], "shard_bank": True}, "invariance": {},
+              "orbits": {"sweeps": ["rotation45"], "n_images": 5}}
     spec = {**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 101, "test": 37}},
                          "features": {"batch_size": 16}, "probes": probes,
                          "heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 3},
@@ -88,7 +90,7 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
     # Process 1 came late to the probe stage: its lag is not counted as probing (the stage's clock starts when every
     # process is there), though the whole run waited for it.
     assert runs["dealt"]["timing"]["probe_s"] < LAG
-    assert len({item[:3] for item in probed}) == len(probed) == 3 * (1 + 2 * 2)  # backbone + 2 taps × 2 seeds
+    assert len({item[:3] for item in probed}) == len(probed) == 4 * (1 + 2 * 2)  # 4 probes: backbone + 2 taps × 2 seeds
     views = runs["one"]["protocol"]["views"]["cache_key"]
     one = load_file(tmp_path / "cache-one" / "views" / f"{views}.safetensors")
     two = load_file(tmp_path / "cache-two" / "views" / f"{views}.safetensors")

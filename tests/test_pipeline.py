@@ -124,7 +124,7 @@ def test_heads_are_trained_and_every_tap_probed(tiny_recipe, tmp_path):
     assert "grey" in taps["relu"]["protocol"]["orbits"]["sweeps"]["hue"]["skipped"]  # digits have no hue
     assert "class centroids of the orbit images" in taps["relu"]["protocol"]["orbits"]["centroids"]
     cache = results["protocol"]["features"]["cache"]
-    assert {"train", "test", "train-rot90", "test-rot270"} <= set(cache)
+    assert {"train", "test", "train-rot90", "test-rot270", "orbits-rotation45", "orbits-hue"} <= set(cache)
     assert results["protocol"]["views"]["views"] == 2 and results["protocol"]["train"]["objective"] == "vicreg"
     assert {p.name for p in (tmp_path / "r" / "checkpoints").iterdir()} == {"step-4.pt", "step-8.pt"}
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,96 @@
+"""Orbit features: equal to a plain forward of the sweep's frames, cached under a key that changes with everything
+that changes them, and a corrupt or mismatched file recomputed."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from headprobe.backbones import load_backbone
+from headprobe.data import load_data
+from headprobe.data.orbits import ORBIT_SWEEPS, orbit_images
+from headprobe.feature_cache import cache_root
+from headprobe.features import normalise_only
+from headprobe.orbit_features import extract_orbits, orbit_key
+from headprobe.recipe import DataSpec, LimitSpec
+
+
+@pytest.fixture
+def setup(tiny_dinov2):
+    return load_backbone(f"hf:{tiny_dinov2}"), load_data(DataSpec(limit=LimitSpec(train=20, test=10)))
+
+
+def _orbits(bb, data, sweeps=("rotation45", "blur"), n_images=5, record=None, **kw):
+    return extract_orbits(bb, data.test, sweeps=list(sweeps), n_images=n_images, data_info=data.info, batch_size=7,
+                          record=record, **kw)
+
+
+def _plain(bb, data, sweep, n_images):
+    """The sweep's frames of the first images, made and forwarded one image at a time."""
+    from torchvision.transforms import v2
+
+    pre, normalise = bb.preprocess, normalise_only(bb.preprocess)
+    rows = []
+    for i in range(n_images):
+        image = data.test[i]["image"].convert("RGB")
+        mode = getattr(v2.InterpolationMode, pre.interpolation.upper())
+        size = pre.resize if pre.resize_mode == "shortest" else [pre.resize, pre.resize]
+        image = v2.CenterCrop(pre.crop)(v2.Resize(size, interpolation=mode, antialias=True)(image))
+        frames = torch.stack([normalise(frame) for frame in orbit_images(image, sweep)])
+        with torch.no_grad():
+            rows.append(bb(frames))
+    return torch.stack(rows)
+
+
+def test_orbits_equal_a_plain_forward_and_are_cached(setup):
+    bb, data = setup
+    record = {}
+    first = _orbits(bb, data, record=record)
+    assert {s: t.shape for s, t in first.items()} == {"rotation45": (5, 10, bb.dim), "blur": (5, 7, bb.dim)}
+    for sweep in first:
+        torch.testing.assert_close(first[sweep], _plain(bb, data, sweep, 5), atol=1e-5, rtol=1e-5)
+    assert record["orbits-rotation45"]["hit"] is False and record["orbits-blur"]["hit"] is False
+    files = sorted((cache_root() / "orbits").glob("*.safetensors"))
+    assert [f.stem for f in files] == sorted(record[f"orbits-{s}"]["key"] for s in first)
+    again = {}
+    second = _orbits(bb, data, record=again)
+    assert again == {k: {"key": v["key"], "hit": True} for k, v in record.items()}
+    for sweep in first:
+        assert torch.equal(second[sweep], first[sweep])
+
+
+def test_key_changes_with_everything_that_changes_the_orbits(setup, tiny_dinov2):
+    bb, data = setup
+    base = orbit_key(bb, data.info, "blur", 5, "fp32")[0]
+    assert orbit_key(bb, data.info, "rotation45", 5, "fp32")[0] != base
+    assert orbit_key(bb, data.info, "blur", 6, "fp32")[0] != base
+    assert orbit_key(bb, data.info, "blur", 5, "bf16")[0] != base
+    assert orbit_key(load_backbone(f"hf:{tiny_dinov2}", resolution=42), data.info, "blur", 5, "fp32")[0] != base
+    other = load_data(DataSpec(limit=LimitSpec(train=20, test=12)))
+    assert orbit_key(bb, other.info, "blur", 5, "fp32")[0] != base
+    # A changed sweep definition (here: more blur) is a different key, so an old file is never read for it.
+    import headprobe.orbit_features as orbit_features
+
+    wider = dict(ORBIT_SWEEPS) | {"blur": dataclasses.replace(ORBIT_SWEEPS["blur"], high=4.0)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(orbit_features, "ORBIT_SWEEPS", wider)
+        assert orbit_key(bb, data.info, "blur", 5, "fp32")[0] != base
+
+
+def test_a_corrupt_file_is_recomputed_and_no_data_info_caches_nothing(setup):
+    bb, data = setup
+    record = {}
+    first = _orbits(bb, data, sweeps=["blur"], record=record)
+    path = cache_root() / "orbits" / f"{record['orbits-blur']['key']}.safetensors"
+    path.write_bytes(path.read_bytes()[:-8] + b"\x00" * 8)  # the last feature bytes overwritten
+    with pytest.warns(UserWarning, match="unusable"):
+        again = _orbits(bb, data, sweeps=["blur"], record=record)
+    assert record["orbits-blur"]["hit"] is False and torch.equal(again["blur"], first["blur"])
+    path.unlink()
+    extract_orbits(bb, data.test, sweeps=["blur"], n_images=5)  # no data_info: no key to file it under
+    assert not path.exists()
+
+
+def test_more_images_than_the_split_holds_takes_them_all(setup):
+    bb, data = setup
+    assert _orbits(bb, data, sweeps=["rotation45"], n_images=50)["rotation45"].shape[0] == len(data.test)
