@@ -56,4 +56,6 @@ bench: $(STAMP)
 	status=0; for name in $(BENCHMARKS); do \
 		HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/bench_$$name.py $(BENCH_ARGS) || status=1; \
 	done; \
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) benchmarks/bench_sharded_probes.py --workload quickstart \
+		$(BENCH_ARGS) || status=1; \
 	$(PY) benchmarks/summary.py $(if $(findstring --quick,$(BENCH_ARGS)),--quick) && exit $$status

@@ -26,8 +26,11 @@ _threads: int | None = None  # --threads, passed on to the worker processes a sc
 _limits = None
 
 
-def parse_args(description: str, repeats: int = 3, quick_repeats: int = 3) -> argparse.Namespace:
+def parse_args(description: str, repeats: int = 3, quick_repeats: int = 3, extra=None) -> argparse.Namespace:
+    """The options every benchmark takes; `extra(parser)`, when given, adds a script's own."""
     parser = argparse.ArgumentParser(description=description)
+    if extra is not None:
+        extra(parser)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a check that the script runs")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"timed repeats per method (default {repeats}, {quick_repeats} with --quick)")

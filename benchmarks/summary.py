@@ -11,7 +11,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ORDER = ("cache", "multihead", "knn", "linear", "augment_r2", "hessian", "extract", "intervals", "memmap",
-         "sharded_probes", "gpu")
+         "sharded_probes", "sharded_probes_quickstart", "gpu")
 
 
 def load(quick: bool, folder: Path = RESULTS) -> list[dict]:
