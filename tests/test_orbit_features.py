@@ -94,3 +94,26 @@ def test_a_corrupt_file_is_recomputed_and_no_data_info_caches_nothing(setup):
 def test_more_images_than_the_split_holds_takes_them_all(setup):
     bb, data = setup
     assert _orbits(bb, data, sweeps=["rotation45"], n_images=50)["rotation45"].shape[0] == len(data.test)
+
+
+def test_orbits_follow_the_runs_effective_precision(setup):
+    """bf16 asks for autocast on a GPU only (`features.effective_precision`): on the CPU it is the fp32 extraction,
+    under the fp32 key, so the file an fp32 run wrote is a hit."""
+    bb, data = setup
+    fp32, bf16 = {}, {}
+    first = _orbits(bb, data, sweeps=["blur"], record=fp32)
+    again = _orbits(bb, data, sweeps=["blur"], record=bf16, precision="bf16")
+    assert bf16 == {"orbits-blur": {"key": fp32["orbits-blur"]["key"], "hit": True}}
+    assert torch.equal(again["blur"], first["blur"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_orbits_on_cuda_are_close_to_fp32_and_cached_apart(setup):
+    bb, data = setup
+    fp32, bf16 = {}, {}
+    exact = _orbits(bb, data, sweeps=["rotation45"], record=fp32)["rotation45"]
+    low = _orbits(bb, data, sweeps=["rotation45"], record=bf16, precision="bf16")["rotation45"]
+    assert fp32["orbits-rotation45"]["key"] != bf16["orbits-rotation45"]["key"]
+    assert low.device.type == "cpu" and low.dtype == torch.float32
+    assert float((low - exact).norm() / exact.norm()) < 0.05  # bf16 keeps ~3 significant digits per activation
