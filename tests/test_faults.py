@@ -14,8 +14,11 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
+# Ctrl-C raises KeyboardInterrupt as in a terminal even when the suite runs in the background: a shell without job
+# control starts background commands with SIGINT ignored, and Python then installs no handler of its own.
 SCRIPT = """
-import json, sys
+import json, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from headprobe import run
 run(json.loads(sys.argv[1]), out=sys.argv[2], resume=len(sys.argv) > 3, quiet=True)
 """
