@@ -176,23 +176,47 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
     trainable = [spec for spec in recipe.heads if spec.type != "pretrained"]
     pretrained = load_pretrained_heads(ctx)
     by_seed, summaries, seconds, resumed, track_s = {}, {}, 0.0, False, 0.0
-    for seed in seeds if trainable else ():
+    resumed_seeds = set()
+
+    def log(record: dict, seed: int) -> None:
+        run_dir.log_metrics(record | {"seed": seed} if several else record)
+
+    def train_one(seed: int, log_seed) -> tuple[dict, dict]:
         checkpoints = run_dir.path / "checkpoints" / (f"seed-{seed}" if several else "")
         resume_from = latest_checkpoint(checkpoints) if ctx.resume else None
-
-        def log(record: dict, seed: int = seed) -> None:
-            run_dir.log_metrics(record | {"seed": seed} if several else record)
-
+        if resume_from is not None:
+            resumed_seeds.add(seed)
         with ctx.progress() as progress:
-            by_seed[seed], summaries[seed] = ctx.stage(
+            return ctx.stage(
                 "training heads" + (f" (seed {seed})" if several else ""), train_loop, trainable,
                 features.views.features, objective_name=recipe.objective.name,
                 objective_options=recipe.objective.options, train=recipe.train, seed=seed,
-                checkpoint_dir=checkpoints if run_dir.writable else None, resume_from=resume_from, log=log,
+                checkpoint_dir=checkpoints if run_dir.writable else None, resume_from=resume_from, log=log_seed,
                 progress=progress, track=recipe.geometry, device=ctx.state.device)
+
+    world, rank = ctx.state.num_processes, ctx.state.process_index
+    shared = bool(trainable) and several and world > 1
+    if shared:  # each seed trained by one process (seed_sharing)
+        from .seed_sharing import train_seeds_shared
+
+        trained = train_seeds_shared(ctx, seeds, trainable, features.views.features.shape[-1], train_one, log)
+    else:
+        trained = {seed: train_one(seed, lambda record, seed=seed: log(record, seed))
+                   for seed in (seeds if trainable else ())}
+    trained_s = {seed: summary["train_s"] for seed, (_, summary) in trained.items()}
+    for seed, (by_seed[seed], summaries[seed]) in trained.items():
         seconds += summaries[seed].pop("train_s")
         track_s += summaries[seed].pop("track_s")
-        resumed = resumed or resume_from is not None
+    resumed = bool(resumed_seeds)
+    if shared:
+        # The processes trained their seeds side by side: the stage took the longest process's time, and a run
+        # resumed when any process resumed a seed.
+        from .collectives import all_objects
+        from .seed_sharing import seeds_of_process
+
+        mine = seeds_of_process(seeds, rank, world)
+        parts = all_objects((sum(trained_s[s] for s in mine), resumed), world)
+        seconds, resumed = max(p[0] for p in parts), any(p[1] for p in parts)
     if trainable:
         ctx.clock_training(seconds, resumed=resumed)
         _clock_tracking(ctx, track_s)

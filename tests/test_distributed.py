@@ -102,3 +102,13 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
         two = load_file(tmp_path / "cache-two" / "features" / f"{key}.safetensors")
         assert torch.equal(one["labels"], two["labels"])
         torch.testing.assert_close(one["features"], two["features"], atol=1e-5, rtol=1e-5)
+    # Each seed was trained by one process (seed_sharing), the other process's records written by the main one:
+    # the same losses, statuses and logged records as one process trained them all.
+    def train_records(name: str) -> list[tuple]:
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        return sorted((r["seed"], r["step"], r["head"], r["loss"]) for r in records if r.get("stage") == "train")
+
+    assert train_records("two") == train_records("one") and {r[0] for r in train_records("one")} == {0, 1}
+    assert runs["two"]["heads"]["relu"]["train_seeds"] == runs["one"]["heads"]["relu"]["train_seeds"]
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == ["seed-0"]  # the main's seeds
