@@ -7,8 +7,9 @@ and history, the training summary, the logged records), so every process holds e
 the main process writes the other processes' records to metrics.jsonl. Each seed is trained once, by one process,
 with the same weights as one process gives (with the same thread count: BLAS sums depend on it).
 
-Checkpoints are written by the main process only, so a seed trained by another process has none: `--resume` trains
-it again from the start, to the same weights.
+Each process writes its own seeds' checkpoints into the run directory when it sees it (one machine, or a shared
+file system; `stages.train_heads`), so `--resume` resumes every seed; a process that does not see it writes none,
+and `--resume` trains its seeds again from the start, to the same weights.
 """
 
 from __future__ import annotations

@@ -181,6 +181,16 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
     def log(record: dict, seed: int) -> None:
         run_dir.log_metrics(record | {"seed": seed} if several else record)
 
+    world, rank = ctx.state.num_processes, ctx.state.process_index
+    shared = bool(trainable) and several and world > 1
+    # With the seeds shared out, each process writes its own seeds' checkpoints into the main process's run
+    # directory when it sees that directory (one machine, or a shared file system) and the main one writes files.
+    writes_checkpoints = run_dir.writable
+    if shared:
+        from .collectives import all_objects
+
+        writes_checkpoints = all_objects(run_dir.writable, world)[0] and run_dir.path.is_dir()
+
     def train_one(seed: int, log_seed) -> tuple[dict, dict]:
         checkpoints = run_dir.path / "checkpoints" / (f"seed-{seed}" if several else "")
         resume_from = latest_checkpoint(checkpoints) if ctx.resume else None
@@ -191,11 +201,9 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
                 "training heads" + (f" (seed {seed})" if several else ""), train_loop, trainable,
                 features.views.features, objective_name=recipe.objective.name,
                 objective_options=recipe.objective.options, train=recipe.train, seed=seed,
-                checkpoint_dir=checkpoints if run_dir.writable else None, resume_from=resume_from, log=log_seed,
+                checkpoint_dir=checkpoints if writes_checkpoints else None, resume_from=resume_from, log=log_seed,
                 progress=progress, track=recipe.geometry, device=ctx.state.device)
 
-    world, rank = ctx.state.num_processes, ctx.state.process_index
-    shared = bool(trainable) and several and world > 1
     if shared:  # each seed trained by one process (seed_sharing)
         from .seed_sharing import train_seeds_shared
 
@@ -211,7 +219,6 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
     if shared:
         # The processes trained their seeds side by side: the stage took the longest process's time, and a run
         # resumed when any process resumed a seed.
-        from .collectives import all_objects
         from .seed_sharing import seeds_of_process
 
         mine = seeds_of_process(seeds, rank, world)

@@ -22,7 +22,7 @@ lag = float(os.environ.get("LAG_OF_RANK_1", 0))
 if lag and os.environ.get("RANK") == "1":  # process 1 reaches the probe stage `lag` seconds after process 0
     probe_heads = taps.probe_heads
     taps.probe_heads = lambda *args, **kwargs: (time.sleep(lag), probe_heads(*args, **kwargs))[1]
-run(json.loads(sys.argv[1]), out=sys.argv[2], quiet=True)
+run(json.loads(sys.argv[1]), out=sys.argv[2], resume=len(sys.argv) > 3, quiet=True)
 """
 LAG = 4.0
 
@@ -111,4 +111,14 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
 
     assert train_records("two") == train_records("one") and {r[0] for r in train_records("one")} == {0, 1}
     assert runs["two"]["heads"]["relu"]["train_seeds"] == runs["one"]["heads"]["relu"]["train_seeds"]
-    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == ["seed-0"]  # the main's seeds
+    # Each process wrote its own seeds' checkpoints, and `--resume` reads them: nothing is trained again.
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == ["seed-0", "seed-1"]
+    env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / "cache-two"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([torchrun, "--nproc_per_node", "2", str(script), json.dumps(spec), str(tmp_path / "two"),
+                           "--resume"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert train_records("two") == train_records("one")  # no step was trained (and logged) again
+    for tap, values in runs["two"]["taps"].items():
+        assert resumed["taps"][tap]["metrics"] == values["metrics"], tap
