@@ -22,7 +22,14 @@ import torch
 
 from .data.orbits import ORBIT_SWEEPS, orbit_images, sweep_values
 from .feature_cache import cache_root, load_cached, save_cached
-from .features import effective_precision, feature_key, gather_shards, output_buffer, precision_autocast
+from .features import (
+    effective_precision,
+    feature_key,
+    gather_shards,
+    normalise_only,
+    output_buffer,
+    precision_autocast,
+)
 
 __all__ = ["extract_orbits", "orbit_key"]
 
@@ -50,8 +57,6 @@ def _forward_orbits(backbone, dataset, sweep: str, indices: range, rows: int, ba
                     progress, world: int) -> torch.Tensor:
     """Features of the orbits of `indices` (this process's images) → (rows, T, D) float32 on `device`; rows past
     len(indices) are zero (the padding `gather_shards` drops)."""
-    from .features import normalise_only
-
     normalise = normalise_only(backbone.preprocess)
     steps = len(sweep_values(sweep))
     frames = [normalise(frame) for i in indices

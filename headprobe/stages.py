@@ -175,13 +175,12 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
     several = len(seeds) > 1
     trainable = [spec for spec in recipe.heads if spec.type != "pretrained"]
     pretrained = load_pretrained_heads(ctx)
-    by_seed, summaries, seconds, resumed, track_s = {}, {}, 0.0, False, 0.0
-    resumed_seeds = set()
+    by_seed, summaries, resumed, track_s = {}, {}, False, 0.0
 
     def log(record: dict, seed: int) -> None:
         run_dir.log_metrics(record | {"seed": seed} if several else record)
 
-    world, rank = ctx.state.num_processes, ctx.state.process_index
+    world = ctx.state.num_processes
     shared = bool(trainable) and several and world > 1
     # With the seeds shared out, each process writes its own seeds' checkpoints into the main process's run
     # directory when it sees that directory (one machine, or a shared file system) and the main one writes files.
@@ -194,15 +193,14 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
     def train_one(seed: int, log_seed) -> tuple[dict, dict]:
         checkpoints = run_dir.path / "checkpoints" / (f"seed-{seed}" if several else "")
         resume_from = latest_checkpoint(checkpoints) if ctx.resume else None
-        if resume_from is not None:
-            resumed_seeds.add(seed)
         with ctx.progress() as progress:
-            return ctx.stage(
+            states, summary = ctx.stage(
                 "training heads" + (f" (seed {seed})" if several else ""), train_loop, trainable,
                 features.views.features, objective_name=recipe.objective.name,
                 objective_options=recipe.objective.options, train=recipe.train, seed=seed,
                 checkpoint_dir=checkpoints if writes_checkpoints else None, resume_from=resume_from, log=log_seed,
                 progress=progress, track=recipe.geometry, device=ctx.state.device)
+        return states, summary | {"resumed": resume_from is not None}  # travels with the summary when shared
 
     if shared:  # each seed trained by one process (seed_sharing)
         from .seed_sharing import train_seeds_shared
@@ -211,19 +209,16 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
     else:
         trained = {seed: train_one(seed, lambda record, seed=seed: log(record, seed))
                    for seed in (seeds if trainable else ())}
-    trained_s = {seed: summary["train_s"] for seed, (_, summary) in trained.items()}
+    train_s = {}
     for seed, (by_seed[seed], summaries[seed]) in trained.items():
-        seconds += summaries[seed].pop("train_s")
+        train_s[seed] = summaries[seed].pop("train_s")
         track_s += summaries[seed].pop("track_s")
-    resumed = bool(resumed_seeds)
-    if shared:
-        # The processes trained their seeds side by side: the stage took the longest process's time, and a run
-        # resumed when any process resumed a seed.
+        resumed = summaries[seed].pop("resumed") or resumed
+    seconds = sum(train_s.values())
+    if shared:  # the processes trained their seeds side by side: the stage took the longest process's time
         from .seed_sharing import seeds_of_process
 
-        mine = seeds_of_process(seeds, rank, world)
-        parts = all_objects((sum(trained_s[s] for s in mine), resumed), world)
-        seconds, resumed = max(p[0] for p in parts), any(p[1] for p in parts)
+        seconds = max(sum(train_s[s] for s in seeds_of_process(seeds, r, world)) for r in range(world))
     if trainable:
         ctx.clock_training(seconds, resumed=resumed)
         _clock_tracking(ctx, track_s)
