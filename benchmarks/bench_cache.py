@@ -60,7 +60,7 @@ def heads_and_training(epochs: int) -> tuple[list, object]:
 
 
 def cached_training(views: torch.Tensor, epochs: int) -> tuple[dict, dict]:
-    from headprobe.train import train_heads
+    from headprobe.train.cached_views import train_heads
 
     heads, train = heads_and_training(epochs)
     return train_heads(heads, views, objective_name="vicreg", objective_options={}, train=train, seed=SEED)
@@ -77,7 +77,7 @@ def reforward_epoch(backbone, dataset, spec, n: int, epoch: int, epochs: int,
 
     Returns the largest |re-forwarded − cached| feature difference seen when `cached` is given, else 0."""
     from headprobe.registry import OBJECTIVES
-    from headprobe.train import batch_for_step, make_states
+    from headprobe.train.cached_views import batch_for_step, make_states
 
     heads, train = heads_and_training(epochs)
     per_epoch = n // BATCH
@@ -109,7 +109,7 @@ def main() -> None:
                                     "data": "sklearn-digits", "images": n, "views": VIEWS, "batch_size": BATCH,
                                     "epochs": epochs, "heads": 2, "objective": "vicreg",
                                     "extraction_repeats": big_repeats, "reforward_epochs_timed": reforward_epochs})
-    from headprobe.features import extract_views
+    from headprobe.features.extract import extract_views
 
     backbone, data, spec = setup(n)
     dataset = data.train

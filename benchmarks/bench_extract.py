@@ -59,7 +59,7 @@ def fashion_mnist(n: int):
 
 
 def headprobe_extract(backbone, data, num_workers=0, state=None):
-    from headprobe.features import extract
+    from headprobe.features.extract import extract
 
     return extract(backbone, data.train, data_info=data.info, split="train", batch_size=BATCH, cache=False,
                    num_workers=num_workers, state=state)
@@ -72,7 +72,7 @@ def png_folder(n: int) -> tuple[Path, str]:
 
     from headprobe.data import load_data
     from headprobe.data.sources import FASHION_MNIST_DIR
-    from headprobe.feature_cache import cache_root
+    from headprobe.features.cache import cache_root
     from headprobe.recipe import DataSpec, LimitSpec
 
     source = "fashion-mnist" if FASHION_MNIST_DIR.exists() else "sklearn-digits"

@@ -106,7 +106,7 @@ def bench_extraction(report: Report, device: torch.device, sizes: dict, repeats:
     from headprobe.backbones import load_backbone
     from headprobe.data import load_data
     from headprobe.data.loader import pipeline_record
-    from headprobe.features import effective_precision, extract
+    from headprobe.features.extract import effective_precision, extract
     from headprobe.recipe import DataSpec
 
     state = process_state(device)
@@ -147,7 +147,7 @@ def bench_heads(report: Report, device: torch.device, sizes: dict, repeats: int)
 
     from headprobe.recipe import TrainSpec
     from headprobe.registry import OBJECTIVES
-    from headprobe.train import batch_for_step, make_states, train_heads
+    from headprobe.train.cached_views import batch_for_step, make_states, train_heads
 
     n, k, d, batch = sizes["view_images"], sizes["views"], sizes["view_dim"], sizes["head_batch"]
     views = make_views(n, k, d).to(device)

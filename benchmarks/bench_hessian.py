@@ -39,8 +39,8 @@ def synthetic_operator(dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Ten
 def head_operator(batch: int, dim: int, seed: int = 0):
     """(hvp of the scaled VICReg loss w.r.t. [z1; z2], the scale, exact eigenvalues of the scaled operator)."""
     from headprobe.geometry.hessian import hvp_fn
-    from headprobe.heads import ProjectionHead
-    from headprobe.objectives import vicreg
+    from headprobe.train.heads import ProjectionHead
+    from headprobe.train.objectives import vicreg
 
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)

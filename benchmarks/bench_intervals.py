@@ -18,11 +18,10 @@ from pathlib import Path
 import torch
 from _common import Report, interleaved, parse_args
 
-from headprobe.buffer import buffer_verdict
 from headprobe.probes.influence import gaussian_mi_per_pair, rankme_per_row
 from headprobe.probes.orbit_intervals import orbit_statistics
 from headprobe.probes.suite import TapData, invariance, knn, linear, orbits, spectrum, view_mi
-from headprobe.stats import (
+from headprobe.stats.bootstrap import (
     ORBIT_IMAGES,
     TEST_IMAGES,
     TRAIN_IMAGES,
@@ -30,6 +29,7 @@ from headprobe.stats import (
     bootstrap_resamples,
     tap_uncertainty,
 )
+from headprobe.stats.verdict import buffer_verdict
 
 TARGET = 0.10
 HEADS = ("lin", "mlp_relu", "mlp_swish")
@@ -107,8 +107,8 @@ def intervals(taps: dict[str, TapData], probed: dict) -> None:
 
 # What the intervals cost inside a real run: the functions that exist only for them, timed where the run calls them
 # (the outermost call only, so aggregate_seeds -> record_uncertainty is counted once).
-INTERVAL_WORK = (("headprobe.taps", "record_uncertainty"), ("headprobe.taps", "aggregate_seeds"),
-                 ("headprobe.buffer", "buffer_verdict"), ("headprobe.probes.influence", "rankme_per_row"),
+INTERVAL_WORK = (("headprobe.pipeline.taps", "record_uncertainty"), ("headprobe.pipeline.taps", "aggregate_seeds"),
+                 ("headprobe.stats.verdict", "buffer_verdict"), ("headprobe.probes.influence", "rankme_per_row"),
                  ("headprobe.probes.influence", "gaussian_mi_per_pair"),
                  ("headprobe.probes.lidar_influence", "lidar_pseudo_values"),
                  ("headprobe.probes.orbit_intervals", "orbit_statistics"),

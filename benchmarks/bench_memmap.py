@@ -56,7 +56,7 @@ def chunks(n: int, width: int, seed: int):
 
 
 def write_cache(path: Path, n: int) -> float:
-    from headprobe.feature_cache import save_cached_streamed
+    from headprobe.features.cache import save_cached_streamed
 
     zeros = (torch.zeros(min(CHUNK_IMAGES, n - s), K, PARAMS) for s in range(0, n, CHUNK_IMAGES))
     seconds, ok = timed(lambda: save_cached_streamed(
@@ -69,7 +69,7 @@ def write_cache(path: Path, n: int) -> float:
 
 def train(views: torch.Tensor, steps: int | None, epochs: int = 1):
     from headprobe.recipe import TrainSpec
-    from headprobe.train import train_heads
+    from headprobe.train.cached_views import train_heads
 
     spec = TrainSpec(epochs=epochs, steps=steps, batch_size=BATCH, lr=1e-3, log_every=10**9)
     return train_heads(head_specs(), views, objective_name="vicreg", objective_options={}, train=spec, seed=SEED,
@@ -93,7 +93,7 @@ def resident_bytes(path: str) -> int | None:
 
 def mapped_epoch_worker(path: str, n: int) -> None:
     """In this fresh process: load the cache mapped, train 3 heads one epoch; print times and peak RSS as JSON."""
-    from headprobe.feature_cache import load_cached
+    from headprobe.features.cache import load_cached
 
     t0 = time.perf_counter()
     views, _ = load_cached(Path(path), KEY, n, mapped=True)
@@ -142,7 +142,7 @@ def main() -> None:
                      f"{mib(epoch['maxrss_after_load_bytes'])} MiB)", epoch["maxrss_bytes"] <= RSS_TARGET_BYTES,
                      peak_rss_bytes=epoch["maxrss_bytes"])
 
-        from headprobe.feature_cache import load_cached
+        from headprobe.features.cache import load_cached
 
         mapped, _ = load_cached(path, KEY, n, mapped=True)
         subset = torch.cat(list(chunks(n_subset, D, SEED)))  # the same first n_subset images, in memory

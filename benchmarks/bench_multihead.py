@@ -57,7 +57,7 @@ def make_views(n: int, k: int, d: int) -> torch.Tensor:
 
 
 def train(views: torch.Tensor, names: list[str], epochs: int) -> tuple[dict, dict]:
-    from headprobe.train import train_heads
+    from headprobe.train.cached_views import train_heads
 
     specs = [s for s in head_specs() if s.name in names]
     return train_heads(specs, views, objective_name="vicreg", objective_options={}, train=training(epochs),
@@ -145,7 +145,7 @@ def compare_runs(report: Report, epochs: int, repeats: int, quick: bool) -> None
 
 def step_overheads(views: torch.Tensor) -> dict:
     """ms per call of batch_for_step for growing N, and of one 5-head training step, for scale."""
-    from headprobe.train import batch_for_step
+    from headprobe.train.cached_views import batch_for_step
 
     out = {}
     for n in (10_000, 100_000, 1_000_000):

@@ -187,7 +187,7 @@ def main() -> None:
     report.check("results of 2 processes", "1 process", "identical metrics, intervals and verdicts",
                  "identical" if not found else f"{len(found)} differ: {found[:3]}", not found)
     report.note("2 processes: a large bank's k-NN run by both over half the bank each, every other (tap, probe) to "
-                "one process, longest first to the least loaded (headprobe.probe_sharing); each run's probe_s is "
+                "one process, longest first to the least loaded (pipeline.probe_sharing); each run's probe_s is "
                 "the main process's wall clock over the probe stage, gathering included. The ratio is bounded by "
                 "what two cores give two processes on this machine (the side-by-side check) and by the cores other "
                 "jobs leave free (see load_average_start / _end).")

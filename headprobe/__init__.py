@@ -15,21 +15,29 @@ _LAZY = {
     "load_backbone": "headprobe.backbones:load_backbone",
     "Backbone": "headprobe.backbones:Backbone",
     "Preprocess": "headprobe.backbones:Preprocess",
-    "run": "headprobe.pipeline:run",
-    "Results": "headprobe.pipeline:Results",
+    "run": "headprobe.pipeline.compose:run",
+    "Results": "headprobe.pipeline.compose:Results",
     "load_recipe": "headprobe.recipe:load_recipe",
     "Recipe": "headprobe.recipe:Recipe",
     "RecipeError": "headprobe.recipe:RecipeError",
     "load_data": "headprobe.data:load_data",
-    "extract": "headprobe.features:extract",
-    "ProjectionHead": "headprobe.heads:ProjectionHead",
+    "extract": "headprobe.features.extract:extract",
+    "ProjectionHead": "headprobe.train.heads:ProjectionHead",
 }
-_SUBMODULES = {"probes", "backbones", "data", "features", "recipe", "registry", "runs", "pipeline"}
+_PACKAGES = ("recipe", "registry", "parallel", "data", "backbones", "ssl", "features", "probes", "stats", "geometry",
+             "train", "record", "report", "pipeline")
+# Sub-packages and the public modules reached as attributes (`headprobe.objectives.vicreg`): name -> module.
+_SUBMODULES = {
+    **{name: f"headprobe.{name}" for name in _PACKAGES},
+    "objectives": "headprobe.train.objectives",
+    "runs": "headprobe.record.directory",
+}
 
 if TYPE_CHECKING:  # pragma: no cover
+    from headprobe.pipeline.compose import Results, run  # noqa: F401
+    from headprobe.train.heads import ProjectionHead  # noqa: F401
+
     from .backbones import Backbone, Preprocess, load_backbone  # noqa: F401
-    from .heads import ProjectionHead  # noqa: F401
-    from .pipeline import Results, run  # noqa: F401
     from .recipe import Recipe, RecipeError, load_recipe  # noqa: F401
 
 
@@ -38,7 +46,7 @@ def __getattr__(name: str):
         module, _, attr = _LAZY[name].partition(":")
         return getattr(importlib.import_module(module), attr)
     if name in _SUBMODULES:
-        return importlib.import_module(f"headprobe.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'headprobe' has no attribute {name!r}")
 
 

@@ -35,7 +35,8 @@ def _error(message: str, code: int) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .pipeline import RunError, run, run_sweep
+    from headprobe.pipeline.compose import RunError, run, run_sweep
+
     from .recipe import RecipeError, load_recipe
 
     try:
@@ -64,8 +65,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _warn_about_launch() -> None:
     """One warning line when a launcher asked for several processes and this one sees fewer (`launch_check`)."""
-    from .distributed import process_state
-    from .launch_check import warn_if_fewer_processes
+    from headprobe.parallel.distributed import process_state
+    from headprobe.parallel.launch_check import warn_if_fewer_processes
 
     state = process_state()
     warn_if_fewer_processes(state.num_processes, show=state.is_main_process)
@@ -125,9 +126,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from headprobe.record.directory import read_results
+
     from .report.html import write_report
     from .report.table import print_summary
-    from .runs import read_results
 
     try:
         results = read_results(args.run_dir)
@@ -144,9 +146,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from headprobe.record.directory import read_results
+
     from .report.compare import default_out_dir, run_labels, write_compare
     from .report.table import compare_table
-    from .runs import read_results
 
     try:
         labels = run_labels(args.run_dirs)
@@ -167,8 +170,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_geometry(args: argparse.Namespace) -> int:
-    from .analyse import analyse_run
-    from .pipeline import RunError
+    from headprobe.pipeline.analyse import analyse_run
+    from headprobe.pipeline.compose import RunError
 
     # Bad arguments stop here, before the run directory is read or touched (geometry.rows has the same bound).
     if args.rows is not None and args.rows < 2:

@@ -219,20 +219,28 @@ PROBES.add("orbits", "headprobe.probes.suite:orbits",
            "class centroids (the paper's; d_*_image: between image orbits), curvature", needs=("orbits",))
 
 OBJECTIVES = Registry("objective")
-OBJECTIVES.add("info_nce", "headprobe.objectives:info_nce",
+OBJECTIVES.add("info_nce", "headprobe.train.objectives:info_nce",
                "SimCLR NT-Xent: 2N-2 negatives per anchor, both directions, temperature")
-OBJECTIVES.add("vicreg", "headprobe.objectives:vicreg",
+OBJECTIVES.add("vicreg", "headprobe.train.objectives:vicreg",
                "VICReg: invariance MSE + variance hinge + off-diagonal covariance (25/25/1)")
-OBJECTIVES.add("barlow_twins", "headprobe.objectives:barlow_twins",
+OBJECTIVES.add("barlow_twins", "headprobe.train.objectives:barlow_twins",
                "Barlow Twins: cross-correlation of batch-standardised embeddings to identity (lambda 5e-3)")
-OBJECTIVES.add("simsiam", "headprobe.objectives:simsiam",
+OBJECTIVES.add("simsiam", "headprobe.train.objectives:simsiam",
                "SimSiam: negative cosine with stop-gradient through a predictor")
 
+ACTIVATIONS = Registry("activation")
+ACTIVATIONS.add("relu", "torch.nn:ReLU", "max(0, x): piecewise linear, M-term 0 almost everywhere")
+ACTIVATIONS.add("gelu", "torch.nn:GELU", "x·Φ(x): smooth")
+ACTIVATIONS.add("swish", "torch.nn:SiLU", "x·σ(x) (SiLU): smooth")
+ACTIVATIONS.add("silu", "torch.nn:SiLU", "the same as swish")
+ACTIVATIONS.add("tanh", "torch.nn:Tanh", "tanh(x): smooth, bounded")
+ACTIVATIONS.add("none", "torch.nn:Identity", "no activation: the hidden layers stay linear")
+
 HEADS = Registry("head type")
-HEADS.add("identity", "headprobe.heads:ProjectionHead", "no layers: the backbone features themselves")
-HEADS.add("linear", "headprobe.heads:ProjectionHead",
+HEADS.add("identity", "headprobe.train.heads:projection_head", "no layers: the backbone features themselves")
+HEADS.add("linear", "headprobe.train.heads:projection_head",
           "bias-free linear layers (the paper's linear head), depth of them")
-HEADS.add("mlp", "headprobe.heads:ProjectionHead",
+HEADS.add("mlp", "headprobe.train.heads:projection_head",
           "Linear → [BN] → act per hidden layer, Linear → [BN] out; depth, width, out_dim, act, init_scale")
 HEADS.add("pretrained", "headprobe.ssl:load_pretrained_head",
           "the head stored in the backbone's ssl:<format>:<path> checkpoint (DINO's MLP → L2 bottleneck → prototypes, "

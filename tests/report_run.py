@@ -1,4 +1,4 @@
-"""Run directories for the report tests: a REAL small run (`real_run`: `headprobe.pipeline.run` on a scratch ViT,
+"""Run directories for the report tests: a REAL small run (`real_run`: `pipeline.compose.run` on a scratch ViT,
 two heads, curvature tracked) and a synthetic one (`results_dict`, `write_run`) for the fields a tiny run cannot
 afford (final geometry, orbits, Hessian density), shaped like `headprobe run` output.
 
@@ -118,12 +118,12 @@ REAL_RECIPE = {
 
 
 def real_run(path: Path, **overrides) -> tuple[Path, str]:
-    """Run REAL_RECIPE into `path` with `headprobe.pipeline.run`, as `headprobe run` does (not quiet); returns the
+    """Run REAL_RECIPE into `path` with `pipeline.compose.run`, as `headprobe run` does (not quiet); returns the
     run directory and what the run printed (stdout and stderr)."""
     import contextlib
     import io
 
-    from headprobe.pipeline import run
+    from headprobe.pipeline.compose import run
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from headprobe.buffer import buffer_verdict, predicted_change
 from headprobe.probes.suite import TapData, invariance, knn, linear
-from headprobe.stats import PerUnit, bootstrap_resamples
+from headprobe.stats.bootstrap import PerUnit, bootstrap_resamples
+from headprobe.stats.verdict import buffer_verdict, predicted_change
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -8,11 +8,11 @@ import warnings
 import pytest
 import torch
 
-from headprobe import feature_cache
 from headprobe.backbones import load_backbone
 from headprobe.data import load_data
-from headprobe.feature_cache import tensor_checksum
-from headprobe.features import extract
+from headprobe.features import cache as feature_cache
+from headprobe.features.cache import tensor_checksum
+from headprobe.features.extract import extract
 from headprobe.recipe import DataSpec, LimitSpec
 
 
@@ -104,8 +104,8 @@ def test_an_unwritable_cache_warns_once_and_carries_on(setup, monkeypatch, tmp_p
 
 def test_corrupted_caches_are_detected_when_mapped_too(setup, monkeypatch):
     """Mapped hits are checked like loaded ones, over the file in chunks (a few here, from a small chunk size)."""
-    from headprobe import tensor_file
-    from headprobe.tensor_file import is_mapped
+    from headprobe.features import tensor_file
+    from headprobe.features.tensor_file import is_mapped
 
     bb, data = setup
     good = _extract(bb, data)
@@ -128,7 +128,7 @@ def test_corrupted_caches_are_detected_when_mapped_too(setup, monkeypatch):
 
 def test_a_streamed_cache_file_loads_like_a_saved_one(tmp_path):
     """`save_cached_streamed` writes, a chunk at a time, the file `load_cached` checks and reads (whole or mapped)."""
-    from headprobe.feature_cache import load_cached, save_cached_streamed
+    from headprobe.features.cache import load_cached, save_cached_streamed
 
     views, params = torch.randn(50, 3, 8), torch.rand(50, 3, 2)
     parts = {"features": (torch.float32, (50, 3, 8), (views[s : s + 16] for s in range(0, 50, 16))),

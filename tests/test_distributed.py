@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import json, os, sys, time
-import headprobe.taps as taps
+import headprobe.pipeline.taps as taps
 from headprobe import run
 lag = float(os.environ.get("LAG_OF_RANK_1", 0))
 if lag and os.environ.get("RANK") == "1":  # process 1 reaches the probe stage `lag` seconds after process 0

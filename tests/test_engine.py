@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from headprobe.checkpoint import CheckpointError, load_trainable_state, trainable_state
 from headprobe.recipe import HeadSpec, TrainSpec
-from headprobe.train import train_heads
+from headprobe.train.cached_views import train_heads
+from headprobe.train.checkpoint import CheckpointError, load_trainable_state, trainable_state
 
 HEADS = [HeadSpec(name="relu", act="relu", width=16, out_dim=8), HeadSpec(name="lin", type="linear", width=8)]
 TRAIN = TrainSpec(steps=4, batch_size=16, lr=1e-2, log_every=2, checkpoint_every=2)
@@ -42,7 +42,7 @@ def test_a_head_of_another_shape_is_refused_not_partly_loaded(views, checkpoint)
 
 
 def test_a_frozen_checkpoint_is_not_a_tuned_one(checkpoint):
-    from headprobe.checkpoint import restore_checkpoint
+    from headprobe.train.checkpoint import restore_checkpoint
 
     with pytest.raises(CheckpointError, match="checkpoint of frozen-backbone head training, not of a tuned"):
         restore_checkpoint(checkpoint, [], object())
@@ -55,7 +55,7 @@ def test_the_checkpoint_holds_one_optimiser_per_head(checkpoint):
 
 
 def test_a_nan_before_the_first_log_goes_back_to_the_start(views, monkeypatch):
-    import headprobe.train as train_module
+    import headprobe.train.cached_views as train_module
 
     real = train_module.objective_loss
 
@@ -118,7 +118,7 @@ def test_a_step_that_does_not_log_reads_one_number(views, monkeypatch):
     assert counts[12] - counts[6] == 6, counts  # one per step, for both heads
     assert all(isinstance(s.last_loss, float) and s.last_loss == s.last_loss for s in states.values())
 
-    from headprobe.objectives import vicreg
+    from headprobe.train.objectives import vicreg
 
     out = vicreg(views[:, 0], views[:, 1])
     assert all(isinstance(v, float) for v in out.terms.values()) and out.terms["vicreg"] == out.loss.item()

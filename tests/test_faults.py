@@ -100,7 +100,7 @@ def _assert_cache_whole(cache: Path) -> None:
     """No temporary file is left, and every cache file passes its checksums (nothing partial was renamed in)."""
     from safetensors import safe_open
 
-    from headprobe.feature_cache import tensor_checksum
+    from headprobe.features.cache import tensor_checksum
 
     assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")], sorted(cache.rglob("*"))
     files = list(cache.rglob("*.safetensors"))

@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_leaves
 from headprobe.backbones import load_backbone
 from headprobe.backbones.base import IMAGENET_MEAN, IMAGENET_STD, Backbone, Preprocess
 from headprobe.data import load_data
-from headprobe.features import cache_root, extract
+from headprobe.features.extract import cache_root, extract
 from headprobe.recipe import DataSpec, LimitSpec
 
 
@@ -134,7 +134,7 @@ def test_extract_equals_concatenated_batch_outputs_bit_for_bit(setup):
 
 def test_extract_views_writes_into_one_buffer_and_equals_the_batched_forward():
     from headprobe.data.augment import augment_spec
-    from headprobe.features import AugmentedViews, extract_views, view_transforms
+    from headprobe.features.extract import AugmentedViews, extract_views, view_transforms
 
     data = load_data(DataSpec(limit=LimitSpec(train=40, test=20)))
     bb, spec = _wide_backbone(), augment_spec("crop-flip")
@@ -157,7 +157,7 @@ def test_features_and_views_are_bitwise_the_same_for_any_worker_count():
     """Every item is a pure function of its index (view k of image i is f(seed, i, k)) and batches come back in
     index order, so 2 worker processes give exactly what the main process gives alone."""
     from headprobe.data.augment import augment_spec
-    from headprobe.features import extract_views
+    from headprobe.features.extract import extract_views
 
     data = load_data(DataSpec(limit=LimitSpec(train=40, test=20)))
     bb = _wide_backbone()
@@ -171,7 +171,7 @@ def test_features_and_views_are_bitwise_the_same_for_any_worker_count():
 
 
 def test_a_mapped_hit_equals_the_loaded_one(setup):
-    from headprobe.tensor_file import is_mapped
+    from headprobe.features.tensor_file import is_mapped
 
     bb, data = setup
     first = _extract(bb, data)

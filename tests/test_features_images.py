@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from headprobe import run
-from headprobe.stages import RunError
+from headprobe.pipeline.stages import RunError
 
 
 def _folder_with_a_truncated_png(root):
@@ -39,7 +39,7 @@ def test_a_truncated_image_is_named_alike_with_or_without_workers(tmp_path):
     from headprobe.backbones.base import IMAGENET_MEAN, IMAGENET_STD, Backbone, Preprocess
     from headprobe.data import load_data
     from headprobe.data.loader import ImageDecodeError
-    from headprobe.features import extract
+    from headprobe.features.extract import extract
     from headprobe.recipe import DataSpec
 
     bad = _folder_with_a_truncated_png(tmp_path / "images")

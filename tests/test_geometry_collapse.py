@@ -8,12 +8,12 @@ from torch import nn
 # the spy a test below installs (which, imported during that test, it kept: later runs' geometry then failed).
 import headprobe.geometry.analyse  # noqa: F401
 import headprobe.geometry.tracking as tracking
-from headprobe.engine import seed_of
 from headprobe.geometry import batchnorm_mode, collapse_start
 from headprobe.geometry.collapse import collapse_criterion, collapsed_init, fixed_stat_rows
-from headprobe.heads import ProjectionHead
 from headprobe.recipe import GeometrySpec, HeadSpec, TrainSpec
-from headprobe.train import train_heads
+from headprobe.train.cached_views import train_heads
+from headprobe.train.engine import seed_of
+from headprobe.train.heads import ProjectionHead
 
 F64 = torch.float64
 D = 8

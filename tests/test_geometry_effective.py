@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from headprobe.geometry import batchnorm_mode, dense_hessian, effective_hessian, head_jacobian, whitening
-from headprobe.heads import ProjectionHead
-from headprobe.objectives import simsiam, vicreg
+from headprobe.train.heads import ProjectionHead
+from headprobe.train.objectives import simsiam, vicreg
 
 F64 = torch.float64
 N = 3  # samples per view; z stacks two views, (2N, D)

@@ -3,8 +3,8 @@ import torch
 from torch import nn
 
 from headprobe.geometry import augmentation_degeneracy, batchnorm_mode, head_jacobian, pullback_metric
-from headprobe.heads import ProjectionHead
-from headprobe.objectives import vicreg
+from headprobe.train.heads import ProjectionHead
+from headprobe.train.objectives import vicreg
 
 F64 = torch.float64
 

@@ -5,9 +5,9 @@ import torch
 from torch import nn
 
 from headprobe.geometry import batchnorm_mode, collapse_start, curvature_snapshot, dense_hessian, symmetric_simsiam
-from headprobe.heads import Predictor, ProjectionHead
-from headprobe.objectives import simsiam, vicreg
 from headprobe.probes.spectrum import rankme
+from headprobe.train.heads import Predictor, ProjectionHead
+from headprobe.train.objectives import simsiam, vicreg
 
 F64 = torch.float64
 B, D = 4, 8

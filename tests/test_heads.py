@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from headprobe.heads import Predictor, ProjectionHead
+from headprobe.train.heads import Predictor, ProjectionHead
 
 
 def test_mlp_layout_no_bias_before_bn_and_taps():

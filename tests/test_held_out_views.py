@@ -1,6 +1,6 @@
 """The view probes measure held-out views: the test images' (augment.probe_views: test, the default), drawn from
-their own augmentation stream, while the heads train on the training images' views (headprobe/stages.py
-`extract_features`, headprobe/taps.py `tap_data`)."""
+their own augmentation stream, while the heads train on the training images' views (headprobe/pipeline/stages.py
+`extract_features`, headprobe/pipeline/taps.py `tap_data`)."""
 
 import pytest
 import torch
@@ -9,10 +9,10 @@ from headprobe import run
 from headprobe.backbones import load_backbone
 from headprobe.data import load_data
 from headprobe.data.augment import augment_spec
-from headprobe.features import extract_views
+from headprobe.features.extract import extract_views
+from headprobe.pipeline.stages import held_out_view_seed
 from headprobe.probes.suite import TapData, invariance
 from headprobe.recipe import RecipeError, load_recipe
-from headprobe.stages import held_out_view_seed
 
 pytestmark = pytest.mark.slow  # each test runs the pipeline end to end
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from headprobe.launch_check import launch_warning, requested_processes, warn_if_fewer_processes
+from headprobe.parallel.launch_check import launch_warning, requested_processes, warn_if_fewer_processes
 
 # What `accelerate launch --num_processes 2 --cpu script.py` puts in the one process it starts (read off
 # accelerate.utils.launch.prepare_simple_launcher_cmd_env and checked by printing os.environ under it).

@@ -58,7 +58,7 @@ def test_out_under_a_file_or_unwritable_exits_2(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_a_write_failure_during_the_run_exits_1_records_it_and_leaves_no_temporaries(tmp_path, capsys, monkeypatch):
-    from headprobe import runs
+    from headprobe.pipeline import directory as runs
 
     real = runs.atomic_write_text
     calls = {"n": 0}
@@ -86,7 +86,7 @@ def test_a_write_failure_during_the_run_exits_1_records_it_and_leaves_no_tempora
 def test_atomic_write_removes_its_temporary_when_the_write_fails(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from headprobe.runs import atomic_write_text
+    from headprobe.record.directory import atomic_write_text
 
     target = tmp_path / "results.json"
     target.write_text("old")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from headprobe.objectives import OBJECTIVES, LossTerms, barlow_twins, gather_with_grad, info_nce, simsiam, vicreg
+from headprobe.train.objectives import OBJECTIVES, LossTerms, barlow_twins, gather_with_grad, info_nce, simsiam, vicreg
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -144,7 +144,7 @@ def test_vicreg_default_is_the_official_code_in_value_and_gradient():
 
 
 def test_objective_protocol_records_the_vicreg_convention():
-    from headprobe.objectives import objective_protocol
+    from headprobe.train.objectives import objective_protocol
 
     assert objective_protocol("vicreg", {})["variance"] == "official"
     assert objective_protocol("vicreg", {"variance": "paper", "sim_weight": 10.0}) == {
@@ -253,7 +253,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from headprobe.objectives import OBJECTIVES
+from headprobe.train.objectives import OBJECTIVES
 
 
 def results(rank, world):

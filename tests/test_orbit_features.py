@@ -9,9 +9,9 @@ import torch
 from headprobe.backbones import load_backbone
 from headprobe.data import load_data
 from headprobe.data.orbits import ORBIT_SWEEPS, orbit_images
-from headprobe.feature_cache import cache_root
-from headprobe.features import normalise_only
-from headprobe.orbit_features import extract_orbits, orbit_key
+from headprobe.features.cache import cache_root
+from headprobe.features.extract import normalise_only
+from headprobe.features.orbits import extract_orbits, orbit_key
 from headprobe.recipe import DataSpec, LimitSpec
 
 
@@ -69,7 +69,7 @@ def test_key_changes_with_everything_that_changes_the_orbits(setup, tiny_dinov2)
     other = load_data(DataSpec(limit=LimitSpec(train=20, test=12)))
     assert orbit_key(bb, other.info, "blur", 5, "fp32")[0] != base
     # A changed sweep definition (here: more blur) is a different key, so an old file is never read for it.
-    import headprobe.orbit_features as orbit_features
+    import headprobe.features.orbits as orbit_features
 
     wider = dict(ORBIT_SWEEPS) | {"blur": dataclasses.replace(ORBIT_SWEEPS["blur"], high=4.0)}
     with pytest.MonkeyPatch.context() as patch:

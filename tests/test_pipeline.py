@@ -8,7 +8,7 @@ import math
 import pytest
 
 from headprobe import run
-from headprobe.pipeline import RunError, run_sweep
+from headprobe.pipeline.compose import RunError, run_sweep
 from headprobe.recipe import RecipeError
 
 pytestmark = pytest.mark.slow  # every test here trains or probes a backbone end to end
@@ -241,7 +241,7 @@ def test_an_interrupted_run_says_so_and_resumes(tmp_path, monkeypatch):
 def test_a_stop_between_stages_is_recorded_too(tmp_path, monkeypatch, error):
     """A Ctrl-C or failure outside any stage (here while a head's verdict is decided, after its probes) is
     recorded with the last stage begun, and --resume finishes the run without redoing the probes."""
-    buffer_module = importlib.import_module("headprobe.buffer")
+    buffer_module = importlib.import_module("headprobe.stats.verdict")
 
     def stops(*args, **kwargs):
         raise error("simulated")

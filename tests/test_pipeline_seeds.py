@@ -6,7 +6,7 @@ import json
 import pytest
 
 from headprobe import run
-from headprobe.pipeline import RunError
+from headprobe.pipeline.compose import RunError
 
 SEEDS_RECIPE = {
     "heads": [{"name": "relu", "act": "relu", "width": 16, "out_dim": 8}, {"name": "ident", "type": "identity"}],

@@ -9,7 +9,7 @@ from headprobe import run
 from headprobe.probes.suite import ProbeOutput
 from headprobe.recipe import RecipeError
 from headprobe.registry import PROBES
-from headprobe.stats import TEST_IMAGES, PerUnit
+from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
 
 
 @dataclass

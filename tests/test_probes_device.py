@@ -144,7 +144,7 @@ def test_every_registered_probe_runs_on_the_device_and_matches_the_cpu(name):
         assert value == pytest.approx(reference.metrics[metric], rel=1e-9, abs=1e-12), metric
     # Per-unit values are saved (safetensors), gathered across processes and bootstrapped against CPU resamples.
     for metric, unit in out.per_unit.items():
-        assert isinstance(unit.unit, str), metric  # PerUnit, SpreadRatio, ...: what headprobe.stats resamples
+        assert isinstance(unit.unit, str), metric  # PerUnit, SpreadRatio, ...: what headprobe.stats.bootstrap resamples
         for t in tensors_in(unit):
             assert type(t) is torch.Tensor and t.device.type == "cpu", metric
         for mine, theirs in zip(tensors_in(unit), tensors_in(reference.per_unit[metric]), strict=True):
@@ -206,8 +206,8 @@ def device_spy(data: TapData):
 
 def test_probe_tap_hands_the_probes_their_tap_on_the_process_device(tmp_path):
     """taps.probe_tap builds the TapData (the tap's transform applied) and moves it to ctx.state.device."""
-    from headprobe.stages import FeatureSet
-    from headprobe.taps import Tap, probe_tap
+    from headprobe.pipeline.stages import FeatureSet
+    from headprobe.pipeline.taps import Tap, probe_tap
 
     tap = make_tap()
     features = FeatureSet(SimpleNamespace(features=tap.train_x, labels=tap.train_y),
@@ -271,9 +271,9 @@ def test_every_registered_probe_on_cuda_matches_the_cpu(name):
 def test_a_head_tap_runs_the_head_on_the_device(tmp_path):
     """taps.tap_data with a device moves the backbone features first, so a trained head's layers run there (the
     head follows its input); the values equal the head applied on the CPU."""
-    from headprobe.heads import ProjectionHead
-    from headprobe.stages import FeatureSet
-    from headprobe.taps import head_taps, tap_data
+    from headprobe.pipeline.stages import FeatureSet
+    from headprobe.pipeline.taps import head_taps, tap_data
+    from headprobe.train.heads import ProjectionHead
 
     tap = make_tap()
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ import torch
 from headprobe.probes.lidar_influence import lidar_pseudo_values
 from headprobe.probes.spectrum import lidar, sphere_points, uniformity, view_spread
 from headprobe.probes.suite import TapData, invariance
-from headprobe.stats import (
+from headprobe.stats.bootstrap import (
     VIEW_IMAGES,
     Linearised,
     SpreadRatio,

@@ -10,7 +10,7 @@ from sklearn.preprocessing import StandardScaler
 from headprobe.probes.linear import grouped_validation_split
 from headprobe.probes.rotated import per_image_accuracy, rotated_image_index
 from headprobe.probes.suite import TapData, rotation
-from headprobe.stats import TEST_IMAGES
+from headprobe.stats.bootstrap import TEST_IMAGES
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 GRID = [1e-3, 1e-1, 10.0]

@@ -17,7 +17,7 @@ os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1"
 atexit.register(lambda: print("at exit:", dist.is_initialized(), flush=True))
 if sys.argv[2] == "caller":
     dist.init_process_group("gloo")
-from headprobe.distributed import process_state
+from headprobe.parallel.distributed import process_state
 process_state()
 print("started:", dist.is_initialized(), dist.get_backend(), flush=True)
 """

@@ -58,7 +58,7 @@ def test_names_are_checked_against_the_registry(override, registry):
 
 
 def test_a_name_registered_later_is_accepted():
-    HEADS.add("test-only", "headprobe.heads:ProjectionHead", "a head type registered by this test")
+    HEADS.add("test-only", "headprobe.train.heads:projection_head", "a head type registered by this test")
     try:
         assert load_recipe({"heads": [{"name": "h", "type": "test-only"}]}).heads[0].type == "test-only"
     finally:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from headprobe.pipeline import run, run_sweep
+from headprobe.pipeline.compose import run, run_sweep
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The typed run record (headprobe/record.py) against docs/DESIGN.md's results.json example, and its checks."""
+"""The typed run record (headprobe/record/results.py) against docs/DESIGN.md's results.json example, and its checks."""
 
 import json
 import re
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from headprobe import record
-from headprobe.record import BufferVerdict, Evidence, RunRecord, TapRecord, Uncertainty, check_record, fields
-from headprobe.runs import SCHEMA_VERSION, new_results
+from headprobe.record import results as record
+from headprobe.record.directory import SCHEMA_VERSION, new_results
+from headprobe.record.results import BufferVerdict, Evidence, RunRecord, TapRecord, Uncertainty, check_record, fields
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
 

@@ -67,9 +67,11 @@ def test_descriptions_and_the_backbone_column_are_neutral():
 
 def test_a_near_zero_metric_does_not_swing(monkeypatch):
     # a hypothetical evidence metric at 0.0093 → 0.00045 without interval: −95% as a percentage, 0.009 in units
-    import headprobe.buffer
+    import headprobe.stats.verdict
 
-    monkeypatch.setattr(headprobe.buffer, "predicted_change", lambda m: -1 if m == "aug_r2.jitter_order" else None)
+    monkeypatch.setattr(
+        headprobe.stats.verdict, "predicted_change", lambda m: -1 if m == "aug_r2.jitter_order" else None
+    )
     metrics, _, _, change, _ = claim_change(_results())
     assert change[metrics.index("aug_r2.jitter_order"), 1] == pytest.approx(0.0093 - 0.00045)
 

@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 from report_run import results_dict, train_records, write_run
 
-from headprobe.heads import ProjectionHead
 from headprobe.report.geometry_plots import orbit_pca
 from headprobe.report.plots import (
     head_out_dims,
@@ -13,6 +12,7 @@ from headprobe.report.plots import (
     train_history,
     write_plots,
 )
+from headprobe.train.heads import ProjectionHead
 
 ALL_FIGURES = {"tap_heatmap", "metric_bars", "training_curves", "objective_terms", "optimisation",
                "lambda_over_training", "hessian_density", "pullback_spectrum", "feature_spectra", "orbit_pca"}

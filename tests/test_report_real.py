@@ -1,4 +1,4 @@
-"""report.html built from a REAL small run's files (`report_run.real_run`: headprobe.pipeline.run on a scratch ViT
+"""report.html built from a REAL small run's files (`report_run.real_run`: pipeline.compose.run on a scratch ViT
 with curvature tracking), and from the same run as if it had been killed while training."""
 
 import json

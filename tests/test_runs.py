@@ -1,4 +1,4 @@
-"""The run directory (headprobe/runs.py): atomic writes, what a read-only handle does, the checks on a
+"""The run directory (headprobe/record/directory.py): atomic writes, what a read-only handle does, the checks on a
 results.json read back, and that what a run writes is what docs/DESIGN.md documents."""
 
 import json
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from headprobe import run, runs
-from headprobe.runs import (
+from headprobe import run
+from headprobe.pipeline import directory as runs
+from headprobe.record.directory import (
     SCHEMA_VERSION,
     RunDir,
     atomic_write_text,

@@ -10,10 +10,10 @@ import pytest
 import torch
 import yaml
 
-from headprobe.checkpoint import restore_checkpoint
 from headprobe.cli import main
 from headprobe.recipe import RecipeError, apply_override, load_recipe
-from headprobe.train import CheckpointError, load_checkpoint
+from headprobe.train.cached_views import CheckpointError, load_checkpoint
+from headprobe.train.checkpoint import restore_checkpoint
 
 
 class _Payload:

@@ -2,9 +2,9 @@
 
 import torch
 
+from headprobe.pipeline.seed_sharing import portable_states, restore_states
 from headprobe.recipe import HeadSpec, TrainSpec
-from headprobe.seed_sharing import portable_states, restore_states
-from headprobe.train import train_heads
+from headprobe.train.cached_views import train_heads
 
 
 def test_restored_heads_equal_the_trained_ones():

@@ -1,10 +1,10 @@
-"""The stages a run is composed of (headprobe/stages.py)."""
+"""The stages a run is composed of (headprobe/pipeline/stages.py)."""
 
 import datasets
 import numpy as np
 from PIL import Image
 
-from headprobe.stages import grey_params
+from headprobe.pipeline.stages import grey_params
 
 
 def test_colour_augmentations_are_inert_on_grey_images_only():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from headprobe.stats import (
+from headprobe.stats.bootstrap import (
     PerUnit,
     Resamples,
     bootstrap_p_value,
@@ -85,7 +85,7 @@ def test_seed_interval_is_the_student_t_interval():
 
 def test_the_orbit_spread_ratio_is_the_probes_and_is_recomputed_per_resample(tmp_path):
     from headprobe.probes.orbits import orbit_measures
-    from headprobe.stats import SpreadRatio, load_per_unit, save_per_unit
+    from headprobe.stats.bootstrap import SpreadRatio, load_per_unit, save_per_unit
 
     g = torch.Generator().manual_seed(0)
     traj = torch.randn(12, 1, 5, generator=g, dtype=torch.float64) * 3 + torch.randn(12, 7, 5, generator=g,
@@ -108,8 +108,8 @@ def test_the_orbit_spread_ratio_is_the_probes_and_is_recomputed_per_resample(tmp
 
 
 def test_a_head_that_shrinks_orbits_is_resolved_for_on_the_spread_ratio():
-    from headprobe.buffer import buffer_verdict
-    from headprobe.stats import SpreadRatio
+    from headprobe.stats.bootstrap import SpreadRatio
+    from headprobe.stats.verdict import buffer_verdict
 
     g = torch.Generator().manual_seed(1)
     images = 3 * torch.randn(40, 1, 6, generator=g, dtype=torch.float64)
@@ -132,7 +132,7 @@ def test_a_head_that_shrinks_orbits_is_resolved_for_on_the_spread_ratio():
 
 
 def test_recomputed_statistics_equal_a_direct_computation_on_a_resample_with_duplicates():
-    from headprobe.recomputed import Recomputed, ratio
+    from headprobe.stats.recomputed import Recomputed, ratio
 
     g = torch.Generator().manual_seed(0)
     n = 9
@@ -181,8 +181,8 @@ def test_orbit_statistics_are_the_probes_orbit_measures(sweep):
 
 def test_recomputed_statistics_survive_save_and_load(tmp_path):
     from headprobe.probes.orbit_intervals import orbit_statistics
-    from headprobe.recomputed import Recomputed
-    from headprobe.stats import load_per_unit, save_per_unit
+    from headprobe.stats.bootstrap import load_per_unit, save_per_unit
+    from headprobe.stats.recomputed import Recomputed
 
     g = torch.Generator().manual_seed(3)
     traj = torch.randn(10, 5, 4, generator=g, dtype=torch.float64)
@@ -268,7 +268,7 @@ def test_gaussian_mi_interval_covers_the_true_mi_95_percent_of_the_time():
 
 
 def test_class_centroid_distance_needs_the_basic_interval():
-    from headprobe.recomputed import Recomputed
+    from headprobe.stats.recomputed import Recomputed
 
     # 5 classes of 6 orbit images: resampled centroids are noisier, which lengthens their distances just as the
     # estimate's own noise does, so the percentile interval lies above the truth and the basic one covers it.
@@ -291,9 +291,9 @@ def test_class_centroid_distance_needs_the_basic_interval():
 def test_taps_share_the_training_image_resamples_so_rankme_margins_are_paired():
     from types import SimpleNamespace
 
+    from headprobe.pipeline.taps import record_uncertainty
     from headprobe.probes.suite import TapData, spectrum
-    from headprobe.stats import TRAIN_IMAGES
-    from headprobe.taps import record_uncertainty
+    from headprobe.stats.bootstrap import TRAIN_IMAGES
 
     g = torch.Generator().manual_seed(7)
     x = _gaussian_rows(g, 400, torch.linspace(0.3, 2, 12))
@@ -321,7 +321,7 @@ def test_taps_share_the_training_image_resamples_so_rankme_margins_are_paired():
 
 
 def test_seed_mean_of_recomputed_statistics_averages_each_seed_s_replicates_on_the_same_resamples():
-    from headprobe.stats import SeedMean, SpreadRatio, bootstrap_resamples, tap_uncertainty
+    from headprobe.stats.bootstrap import SeedMean, SpreadRatio, bootstrap_resamples, tap_uncertainty
 
     g = torch.Generator().manual_seed(3)
     parts = [SpreadRatio(torch.rand(40, generator=g, dtype=torch.float64),

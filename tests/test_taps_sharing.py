@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from headprobe.probe_sharing import share_of_probes
+from headprobe.pipeline.probe_sharing import share_of_probes
 
 ORDER = ["linear", "knn", "spectrum"]
 
@@ -66,7 +66,7 @@ def test_an_untimed_probe_costs_the_mean_of_the_timed_ones():
 
 
 def test_the_knn_bank_is_sharded_when_asked_or_when_large():
-    from headprobe.probe_sharing import SHARD_BANK_ROWS, shard_knn_bank
+    from headprobe.pipeline.probe_sharing import SHARD_BANK_ROWS, shard_knn_bank
 
     assert not shard_knn_bank(None, SHARD_BANK_ROWS - 1) and shard_knn_bank(None, SHARD_BANK_ROWS)
     assert shard_knn_bank(True, 10) and not shard_knn_bank(False, 10**7)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from headprobe import tensor_file
-from headprobe.feature_cache import checksum_algorithm, tensor_checksum
-from headprobe.tensor_file import (
+from headprobe.features import tensor_file
+from headprobe.features.cache import checksum_algorithm, tensor_checksum
+from headprobe.features.tensor_file import (
     file_checksum,
     gather_rows,
     is_mapped,

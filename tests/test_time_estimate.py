@@ -1,11 +1,11 @@
-"""The remaining-time line of `headprobe run` (headprobe/time_estimate.py and RunContext.clock): measured seconds
+"""The remaining-time line of `headprobe run` (pipeline/time_estimate.py and RunContext.clock): measured seconds
 × the head taps left, printed once after the first tap is probed and once after training."""
 
 import pytest
 
+from headprobe.pipeline.stages import RunContext
+from headprobe.pipeline.time_estimate import head_tap_count, remaining_estimate
 from headprobe.recipe import load_recipe
-from headprobe.stages import RunContext
-from headprobe.time_estimate import head_tap_count, remaining_estimate
 
 
 def _recipe(**extra):
@@ -35,7 +35,7 @@ def test_estimate_is_the_measured_seconds_times_the_taps_left():
 
 def test_run_context_prints_it_after_the_first_probe_and_after_training(capsys, monkeypatch):
     clock = iter([10.0, 13.0, 20.0, 21.0])
-    monkeypatch.setattr("headprobe.stages.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("headprobe.pipeline.stages.time.perf_counter", lambda: next(clock))
     results = {"timing": {}, "taps": {"backbone": {"head": None}}}
     ctx = RunContext(_recipe(), None, results, None, show=True)
     ctx.clock("probe_s", 10.0)  # perf_counter → 10.0: ...

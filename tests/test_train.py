@@ -3,9 +3,9 @@ import dataclasses
 import pytest
 import torch
 
-import headprobe.train as train_module
+import headprobe.train.cached_views as train_module
 from headprobe.recipe import HeadSpec, TrainSpec
-from headprobe.train import batch_for_step, latest_checkpoint, train_heads
+from headprobe.train.cached_views import batch_for_step, latest_checkpoint, train_heads
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_gradient_accumulation_equals_the_summed_gradient(views):
     for step in range(2):
         idx, v1, v2 = batch_for_step(step, 48, 4, 16, 0)
         head.zero_grad()
-        from headprobe.objectives import vicreg
+        from headprobe.train.objectives import vicreg
 
         vicreg(head(views[idx, v1]), head(views[idx, v2])).loss.backward()
         grads.append([p.grad.clone() for p in head.parameters()])
@@ -111,10 +111,10 @@ def test_gradient_accumulation_equals_the_summed_gradient(views):
 
 def test_rankme_is_one_definition_in_the_training_log_the_geometry_record_and_the_probe():
     from headprobe.geometry.tracking import curvature_snapshot
-    from headprobe.heads import ProjectionHead
-    from headprobe.objectives import vicreg
     from headprobe.probes.spectrum import rankme
     from headprobe.probes.suite import TapData, spectrum
+    from headprobe.train.heads import ProjectionHead
+    from headprobe.train.objectives import vicreg
 
     g = torch.Generator().manual_seed(1)
     # Outputs with a large common offset: centring before the SVD (the old training log) changed RankMe a lot.

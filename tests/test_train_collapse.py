@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headprobe.recipe import GeometrySpec, HeadSpec, TrainSpec
-from headprobe.train import train_heads
+from headprobe.train.cached_views import train_heads
 
 HEADS = [HeadSpec(name="lin", type="linear", width=8, init_scale=0.1),
          HeadSpec(name="swish", act="swish", width=8, bn_hidden=False, init_scale=0.1)]

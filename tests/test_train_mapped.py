@@ -4,11 +4,11 @@ batches read row by row from the file (`tensor_file.gather_rows`)."""
 import pytest
 import torch
 
-import headprobe.train as train_module
-from headprobe.feature_cache import load_cached, save_cached
+import headprobe.train.cached_views as train_module
+from headprobe.features.cache import load_cached, save_cached
+from headprobe.features.tensor_file import gather_rows, is_mapped
 from headprobe.recipe import GeometrySpec, HeadSpec, TrainSpec
-from headprobe.tensor_file import gather_rows, is_mapped
-from headprobe.train import train_heads
+from headprobe.train.cached_views import train_heads
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -7,15 +7,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import headprobe.train_tuned as tuned_module
+import headprobe.train.tuned as tuned_module
 from headprobe import run
 from headprobe.backbones import apply_tuning, load_backbone
 from headprobe.data import load_data
 from headprobe.data.augment import augment_spec
-from headprobe.features import extract_views
+from headprobe.features.extract import extract_views
 from headprobe.recipe import DataSpec, HeadSpec, LimitSpec, TrainSpec
-from headprobe.train import batch_for_step
-from headprobe.train_tuned import StepViews, save_tuned_backbone, train_tuned, trainable_state
+from headprobe.train.cached_views import batch_for_step
+from headprobe.train.tuned import StepViews, save_tuned_backbone, train_tuned, trainable_state
 
 AUGMENT = augment_spec("crop-flip")
 HEADS = [HeadSpec(name="lin", type="linear", width=16), HeadSpec(name="relu", act="relu", width=16, out_dim=8)]

@@ -8,7 +8,7 @@ from headprobe.backbones import apply_tuning, load_backbone
 from headprobe.data import load_data
 from headprobe.data.augment import augment_spec
 from headprobe.recipe import DataSpec, HeadSpec, LimitSpec, TrainSpec
-from headprobe.train_tuned import train_tuned, trainable_state
+from headprobe.train.tuned import train_tuned, trainable_state
 
 
 @pytest.mark.slow  # worker processes start twice per run (tiny DINOv2): ~50 s on the shared 2-core machine

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from ..recomputed import Recomputed, ratio
-from ..stats import ORBIT_IMAGES, PerUnit, SpreadRatio
+from headprobe.stats.bootstrap import ORBIT_IMAGES, PerUnit, SpreadRatio
+from headprobe.stats.recomputed import Recomputed, ratio
+
 from .orbits import orbit_units
 
 __all__ = ["orbit_statistics"]

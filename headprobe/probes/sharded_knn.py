@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from headprobe.checks import as_tensor, check_labelled_split
-from headprobe.collectives import all_objects, all_rows, max_over_ranks, sum_over_ranks
+from headprobe.parallel.collectives import all_objects, all_rows, max_over_ranks, sum_over_ranks
 from headprobe.probes.knn import KnnResult, by_similarity_then_index, prefilter_default, similarity_name
 from headprobe.probes.knn_prefilter import Bf16Prefilter, Float32TopK, canonical_normalize
 

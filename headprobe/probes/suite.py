@@ -10,8 +10,17 @@ from __future__ import annotations
 
 import torch
 
+from headprobe.stats.bootstrap import (
+    TEST_IMAGES,
+    TRAIN_IMAGES,
+    VIEW_IMAGES,
+    Linearised,
+    PerUnit,
+    SpreadRatio,
+    Uniformity,
+)
+
 from ..checks import check_features
-from ..stats import TEST_IMAGES, TRAIN_IMAGES, VIEW_IMAGES, Linearised, PerUnit, SpreadRatio, Uniformity
 
 # The probe interface (what a probe receives and returns) lives in tap_data.py; it is importable from here too.
 from .tap_data import MissingInputError, ProbeOutput, TapData

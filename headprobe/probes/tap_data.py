@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..stats import PerUnit, SpreadRatio
+from headprobe.stats.bootstrap import PerUnit, SpreadRatio
 
 
 @dataclass
@@ -51,7 +51,7 @@ class TapData:
 class ProbeOutput:
     """metrics and how they were obtained; per_unit: for metrics that are means over units (test images, images
     with views), the per-unit values whose mean is the metric, so intervals and paired comparisons between taps
-    need no refit (`headprobe.stats`)."""
+    need no refit (`headprobe.stats.bootstrap`)."""
 
     metrics: dict[str, float]
     protocol: dict = field(default_factory=dict)

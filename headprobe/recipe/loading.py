@@ -24,8 +24,9 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from headprobe.recipe.safe_yaml import AliasLimitError, BoundedAliasLoader
+
 from ..registry import Registry
-from ..safe_yaml import AliasLimitError, BoundedAliasLoader
 from .checks import check_recipe
 from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unknown_name
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..registry import (
+    ACTIVATIONS,
     AUGMENT_PRESETS,
     HEADS,
     OBJECTIVES,
@@ -235,16 +236,6 @@ class NoOptions:
     """The options of a plug-in registered without an options class: none."""
 
 
-def activation_names() -> Any:
-    """``Literal[...]`` of the activations `heads.ACTIVATIONS` defines: the one list of them, which `heads[i].act`
-    is checked against. The annotation is evaluated when a recipe's heads are built (`typing.get_type_hints`), not
-    when `headprobe.recipe` is imported, so the schema stays free of torch, which `heads` imports (a recipe with
-    heads imports it anyway, for its augmentation check)."""
-    from ..heads import ACTIVATIONS
-
-    return Literal[tuple(ACTIVATIONS)]
-
-
 @dataclass
 class HeadSpec:
     """One projection head; `name` labels its taps (`NAME@i`, `NAME`) in results.json."""
@@ -254,7 +245,7 @@ class HeadSpec:
     depth: int = field(default=2, metadata=at_least(1))
     width: int = field(default=2048, metadata=at_least(1))
     out_dim: int | None = field(default=None, metadata=at_least(1))
-    act: activation_names() = "relu"  # the names `heads.ACTIVATIONS` defines
+    act: str = field(default="relu", metadata=registered(ACTIVATIONS))
     bn_hidden: bool = True
     bn_out: bool = False
     l2_out: bool = False

@@ -107,7 +107,7 @@ def compare_html(runs: Mapping[str, dict], paths: Mapping[str, Path]) -> str:
 
 def write_compare(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
     """Read each run's results.json and write out_dir/compare.csv and out_dir/compare.html."""
-    from ..runs import atomic_write_text, read_results
+    from headprobe.record.directory import atomic_write_text, read_results
 
     paths = run_labels(run_dirs)
     runs = {label: read_results(path) for label, path in paths.items()}

@@ -2,7 +2,7 @@
 buffer claim predicts, measured against the change's own 95% interval.
 
 A percentage of the backbone's value swings wildly for a metric near zero (0.0093 → 0.00045 reads −95%), so the
-colour is `claim_change`: the head-tap − backbone difference, signed by `headprobe.buffer.predicted_change` (positive
+colour is `claim_change`: the head-tap − backbone difference, signed by `stats.verdict.predicted_change` (positive
 = the way the claim predicts: green; against it: red) and divided by the half-width of its 95% interval: the buffer
 evidence's interval of the margin where the verdict recorded one (the head's output tap, paired bootstrap), else
 √(h_tap² + h_backbone²) from each tap's own interval (taps[T]["uncertainty"][M]["ci95"]). Without any interval the
@@ -38,7 +38,9 @@ def _half(record) -> float | None:
 
 
 def _predicted(metric: str) -> int | None:
-    from ..buffer import predicted_change  # the verdict's rule: one place says which way the claim points
+    from headprobe.stats.verdict import (
+        predicted_change,  # the verdict's rule: one place says which way the claim points
+    )
 
     return predicted_change(metric)
 

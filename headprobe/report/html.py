@@ -183,13 +183,13 @@ def _tap_label(name: str, tap: dict) -> str:
 
 def _delta(metric: str, value, base) -> str:
     """The difference from the backbone, green/red by the direction the buffer claim predicts for `metric`
-    (`headprobe.buffer.predicted_change`), uncoloured where it predicts nothing."""
+    (`headprobe.stats.verdict.predicted_change`), uncoloured where it predicts nothing."""
     if not isinstance(value, (int, float)) or not isinstance(base, (int, float)) or isinstance(value, bool):
         return ""
     diff = value - base
     if diff == 0:
         return "<span class='delta'>±0</span>"
-    from ..buffer import predicted_change
+    from headprobe.stats.verdict import predicted_change
 
     sign = predicted_change(metric)
     if metric == "mi.infonce" and min(value, base) <= 0:
@@ -297,7 +297,8 @@ def write_report(run_dir: str | Path) -> Path:
     Figures and sections that fail are noted in the page; only a missing/unreadable results.json or an
     unwritable directory raises (FileNotFoundError, ValueError, OSError).
     """
-    from ..runs import atomic_write_text, read_results
+    from headprobe.record.directory import atomic_write_text, read_results
+
     from .collapse import collapse_section
 
     run_dir = Path(run_dir)

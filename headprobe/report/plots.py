@@ -329,7 +329,7 @@ def render_plots(results: dict, records: Sequence[dict], out_dir: str | Path) ->
 
 def write_plots(run_dir: str | Path) -> list[Path]:
     """Regenerate run_dir/plots/*.png from results.json + metrics.jsonl; returns the files written."""
-    from ..runs import read_results
+    from headprobe.record.directory import read_results
 
     run_dir = Path(run_dir)
     plots = render_plots(read_results(run_dir), read_records(run_dir), run_dir / "plots")

@@ -1,6 +1,6 @@
 """Heads that self-supervised pretraining ended with, rebuilt from its checkpoint, with headprobe's tap interface.
 
-Like `headprobe.heads.ProjectionHead`, each has `depth`, `in_dim`, `out_dim`, `taps(x)` (every layer's output,
+Like `headprobe.train.heads.ProjectionHead`, each has `depth`, `in_dim`, `out_dim`, `taps(x)` (every layer's output,
 in order: tap ``HEAD@i`` is ``taps(x)[i-1]`` and tap ``HEAD`` the last) and `forward(x) = taps(x)[-1]`.
 `tap_labels` names each tap in the paper's words, and `expects` says which backbone features the head was
 trained on (the pipeline should refuse any other pooling or layer).

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .recipe import Recipe, RecipeError
-from .runs import RunDir
+from headprobe.recipe import Recipe, RecipeError
+from headprobe.record.directory import RunDir
 
 
 class RunError(RuntimeError):
@@ -119,7 +119,7 @@ class RunContext:
     def announce_estimate(self, after: str) -> None:
         """Print the remaining-time estimate (`time_estimate.remaining_estimate`) to stderr when the run shows
         progress."""
-        from .time_estimate import remaining_estimate
+        from headprobe.pipeline.time_estimate import remaining_estimate
 
         line = remaining_estimate(self.recipe, self.timing, self.first_probe_s, self.head_taps_done(), after)
         if line and self.show:
@@ -136,7 +136,7 @@ def write_report(run_dir: RunDir) -> None:
     """report.html + plots/; never fails a run over its report (`headprobe report RUN_DIR` rebuilds it)."""
     if not run_dir.writable:
         return
-    from .report.html import write_report as write_html
+    from headprobe.report.html import write_report as write_html
 
     try:
         write_html(run_dir.path)

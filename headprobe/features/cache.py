@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .tensor_file import checksum_hasher, file_checksum, map_tensors, read_header, write_streamed
+from headprobe.features.tensor_file import checksum_hasher, file_checksum, map_tensors, read_header, write_streamed
 
 __all__ = ["FORMAT_VERSION", "cache_root", "checksum_algorithm", "load_cached", "save_cached", "save_cached_streamed",
            "tensor_checksum"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .recipe import RecipeError
+from headprobe.recipe import RecipeError
 
 __all__ = ["PretrainedHead", "load_pretrained_heads"]
 
@@ -25,7 +25,7 @@ class PretrainedHead:
 def load_pretrained_heads(ctx) -> dict[str, PretrainedHead]:
     """{name: head} for the recipe's `type: pretrained` heads: the head stored in the backbone's checkpoint
     (`backbone.id: ssl:<format>:<path>`, the same `part`), checked against the features it was trained on."""
-    from .ssl import load_pretrained_head
+    from headprobe.ssl import load_pretrained_head
 
     out = {}
     spec = ctx.recipe.backbone

@@ -20,9 +20,9 @@ import json
 
 import torch
 
-from .data.orbits import ORBIT_SWEEPS, orbit_images, sweep_values
-from .feature_cache import cache_root, load_cached, save_cached
-from .features import (
+from headprobe.data.orbits import ORBIT_SWEEPS, orbit_images, sweep_values
+from headprobe.features.cache import cache_root, load_cached, save_cached
+from headprobe.features.extract import (
     effective_precision,
     feature_key,
     gather_shards,
@@ -83,7 +83,7 @@ def extract_orbits(backbone, dataset, *, sweeps: list[str], n_images: int, data_
     cached. `record`, when given, gets {"orbits-<sweep>": {"key", "hit"}} for each sweep (results.json's
     `protocol.features.cache`).
     """
-    from .distributed import process_state
+    from headprobe.parallel.distributed import process_state
 
     state = state or process_state()
     device, world = state.device, state.num_processes

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from .engine import (
+from headprobe.features.tensor_file import gather_rows, is_mapped, mean_over_rows
+from headprobe.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from headprobe.train.engine import (
     HeadState,
     Optimisation,
     StepOutput,
@@ -29,9 +30,8 @@ from .engine import (
     run_training,
     steps_of,
 )
-from .heads import ProjectionHead
-from .objectives import local_batch
-from .tensor_file import gather_rows, is_mapped, mean_over_rows
+from headprobe.train.heads import ProjectionHead
+from headprobe.train.objectives import local_batch
 
 __all__ = ["CheckpointError", "CachedSteps", "HeadState", "batch_for_step", "build_head", "collapse_stats",
            "head_taps", "latest_checkpoint", "load_checkpoint", "make_states", "train_heads"]
@@ -111,7 +111,7 @@ def train_heads(
     `track` (a `GeometrySpec`) with `track_every` set logs curvature snapshots ("stage": "geometry"):
     λ_min/λ_max of the loss Hessian w.r.t. the current representation batch, taken before the step.
     """
-    from .registry import OBJECTIVES
+    from headprobe.registry import OBJECTIVES
 
     n, _, dim = views.shape
     per_epoch, total = steps_of(train, n)

@@ -8,7 +8,7 @@ weights is a list of `Optimisation`s: one per head on the cached path (each head
 alone on a NaN loss), or one joint optimiser of backbone and heads on the tuned path (one backward pass through
 the summed loss; a NaN stops every head). Both share the schedule (linear warm-up, then cosine or constant),
 gradient accumulation, the logging cadence and records, the last-good snapshots a NaN restores, curvature
-tracking, the step-0 collapse check, checkpoints (`headprobe.checkpoint`) and the summary.
+tracking, the step-0 collapse check, checkpoints (`headprobe.train.checkpoint`) and the summary.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from .checkpoint import load_trainable_state, restore_checkpoint, save_checkpoint, trainable_state
-from .collectives import all_finite, all_rows, mean_over_ranks
-from .heads import Predictor, ProjectionHead
-from .objectives import local_batch
-from .training_stats import collapse_stats, update_stats  # noqa: F401  (train.py re-exports collapse_stats)
+from headprobe.parallel.collectives import all_finite, all_rows, mean_over_ranks
+from headprobe.registry import HEADS
+from headprobe.train.checkpoint import load_trainable_state, restore_checkpoint, save_checkpoint, trainable_state
+from headprobe.train.heads import Predictor, ProjectionHead
+from headprobe.train.objectives import local_batch
+from headprobe.train.stats import collapse_stats, update_stats  # noqa: F401  (train.py re-exports collapse_stats)
 
 
 def seed_of(*parts: object) -> int:
@@ -87,13 +88,11 @@ def batch_for_step(step: int, n: int, views: int, batch_size: int, seed: int) ->
 
 
 def build_head(spec, in_dim: int, seed: int) -> tuple[ProjectionHead, Predictor | None]:
-    """A head (and predictor) whose initial weights depend only on (seed, spec.name)."""
+    """A head (and predictor) whose initial weights depend only on (seed, spec.name), built by the function the
+    HEADS registry holds for its type (a plug-in's too)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_of(seed, "head", spec.name))
-        head = ProjectionHead(
-            in_dim, kind=spec.type, depth=spec.depth, width=spec.width, out_dim=spec.out_dim, act=spec.act,
-            bn_hidden=spec.bn_hidden, bn_out=spec.bn_out, l2_out=spec.l2_out, init_scale=spec.init_scale,
-        )
+        head = HEADS.get(spec.type)(in_dim, spec)
         predictor = Predictor(head.out_dim, spec.predictor) if spec.predictor else None
     return head, predictor
 
@@ -231,7 +230,7 @@ def tracked_stat_rows(source: StepSource, track, seed: int) -> torch.Tensor | No
     of a source's cached view features (`views`: (N, K, D), `geometry.collapse.fixed_stat_rows`, drawn with
     (seed, "collapse rows")); None for a source without cached views (a tuned backbone changes every
     representation, so its records take the statistics on the step's whole batch instead)."""
-    from .geometry.collapse import fixed_stat_rows
+    from headprobe.geometry.collapse import fixed_stat_rows
 
     views = getattr(source, "views", None)
     if not isinstance(views, torch.Tensor) or views.ndim != 3:
@@ -244,8 +243,8 @@ def track_curvature(state: HeadState, objective, options: dict, z1: torch.Tensor
     """Append (and log) a "geometry" record of `state`'s head on z1, z2: (b, D), taken before step `step`'s
     update: `geometry.tracking.curvature_snapshot` on the first `track.track_rows` rows, its collapse statistics
     on `stat_rows` (`tracked_stat_rows`: the same rows at every step; None: all b rows of the step's batch)."""
-    from .geometry.analyse import objective_closure
-    from .geometry.tracking import curvature_snapshot
+    from headprobe.geometry.analyse import objective_closure
+    from headprobe.geometry.tracking import curvature_snapshot
 
     rows = min(track.track_rows, len(z1))
     fixed = stat_rows is not None
@@ -357,13 +356,13 @@ def run_training(source: StepSource, groups: list[Optimisation], specs, *, objec
     `checkpoint_dir` every `train.checkpoint_every` steps and at the end. Afterwards every head is in eval mode
     on the CPU. Summary: "steps", "steps_per_epoch", "start_step", "stopped_at" (the step after which every
     head had stopped, or None), "collapse_start", "train_s", "track_s" (the tracking's share of train_s)."""
-    from .registry import OBJECTIVES
+    from headprobe.registry import OBJECTIVES
 
     objective = OBJECTIVES.get(objective_name)
     states = {s.name: s for g in groups for s in g.heads}
     collapse = {}
     if track is not None:  # the fresh heads (a resumed run's step 0 too) on step 0's first views
-        from .geometry.collapse import check_collapsed_start
+        from headprobe.geometry.collapse import check_collapsed_start
 
         z, mean_feature = source.first_views()
         collapse = check_collapsed_start({n: s for n, s in states.items() if s.has_weights()}, specs, z,

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from . import stages, taps
-from .recipe import Recipe, RecipeError, dump_recipe, load_recipe
-from .runs import RunDir, check_out_folder, default_run_dir, metrics_from_json, new_results
-from .stages import RunContext, RunError
+from headprobe.pipeline import stages, taps
+from headprobe.pipeline.stages import RunContext, RunError
+from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
+from headprobe.record.directory import RunDir, check_out_folder, default_run_dir, metrics_from_json, new_results
 
 __all__ = ["Results", "RunError", "run", "run_sweep"]
 
@@ -100,7 +100,7 @@ def run(
     """
     from accelerate.utils import set_seed
 
-    from .distributed import process_state
+    from headprobe.parallel.distributed import process_state
 
     if isinstance(recipe_or_path, Recipe):
         if overrides or values:
@@ -178,7 +178,7 @@ def run(
         if recipe.report:
             stages.write_report(run_dir)
     if main and not quiet:
-        from .report.table import print_summary
+        from headprobe.report.table import print_summary
 
         print_summary(results, run_dir.path)
     return Results(results, run_dir.path)
@@ -193,7 +193,7 @@ def run_sweep(
 
     >>> run_sweep("recipes/paper_depth_ablation.yaml", train__epochs=5)  # doctest: +SKIP
     """
-    from .recipe import expand_sweep, resolve_recipe_data
+    from headprobe.recipe import expand_sweep, resolve_recipe_data
 
     if values:  # fold every override into the recipe's data once; each combination then starts from it
         recipe_path, overrides = resolve_recipe_data(recipe_path, overrides, _overrides_from_keywords(values)), None
@@ -203,17 +203,17 @@ def run_sweep(
     root = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(root)
     results = [run(recipe_path, out=root / label, overrides=items, quiet=quiet) for label, items in combos]
-    from .distributed import process_state
+    from headprobe.parallel.distributed import process_state
 
     if process_state().is_main_process:
-        from .report.compare import write_compare
+        from headprobe.report.compare import write_compare
 
         write_compare([r.path for r in results], root)
         if not quiet:
             from rich.console import Console
 
-            from .report.table import compare_table
-            from .runs import read_results
+            from headprobe.record.directory import read_results
+            from headprobe.report.table import compare_table
 
             Console().print(compare_table({r.path.name: read_results(r.path) for r in results}))
             print(f"comparison: {root / 'compare.html'}")

@@ -20,7 +20,7 @@ invariant to the augmentations. Which side of the claim a metric is evidence for
   values (`linear.C`, `linear.val_acc`).
 
 Each piece of evidence is the signed margin in the direction the claim predicts (positive = as predicted),
-with a 95% interval from a paired bootstrap over the units both taps were measured on (`headprobe.stats`;
+with a 95% interval from a paired bootstrap over the units both taps were measured on (`headprobe.stats.bootstrap`;
 for the rotation probes those are test images, each with its 4 rotations). A piece is resolved "for" or
 "against" only when its Holm-adjusted p-value over that head's testable pieces is below 0.05; pieces without
 per-unit values or seeds stay "unresolved" and say why (`why_unresolved`).
@@ -32,7 +32,15 @@ import re
 
 import torch
 
-from .stats import ALPHA, PerUnit, Resamples, bootstrap_p_value, holm, percentile_interval, resampled_means
+from headprobe.stats.bootstrap import (
+    ALPHA,
+    PerUnit,
+    Resamples,
+    bootstrap_p_value,
+    holm,
+    percentile_interval,
+    resampled_means,
+)
 
 # Information the backbone should keep and the head lose: lower at the head supports the claim. Class probes
 # (linear and every k-NN k), the rotation probes, augmentation R² and the label-MI bound are all information.

@@ -14,15 +14,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-ACTIVATIONS = {
-    "relu": nn.ReLU,
-    "gelu": nn.GELU,
-    "swish": nn.SiLU,
-    "silu": nn.SiLU,
-    "tanh": nn.Tanh,
-    "none": nn.Identity,
-}
+from headprobe.registry import ACTIVATIONS
+
 HEAD_TYPES = ("identity", "linear", "mlp")
+
+
+def projection_head(in_dim: int, spec) -> ProjectionHead:
+    """The built-in head types (`identity`, `linear`, `mlp`) from a recipe's head spec: what the HEADS registry
+    builds for them. A plug-in head type registers its own function with this signature, returning a module with
+    ``taps(x)`` (every layer's output, the last the head's) and ``out_dim``."""
+    return ProjectionHead(
+        in_dim, kind=spec.type, depth=spec.depth, width=spec.width, out_dim=spec.out_dim, act=spec.act,
+        bn_hidden=spec.bn_hidden, bn_out=spec.bn_out, l2_out=spec.l2_out, init_scale=spec.init_scale,
+    )
 
 
 class ProjectionHead(nn.Module):
@@ -53,7 +57,7 @@ class ProjectionHead(nn.Module):
         if kind not in HEAD_TYPES:
             raise ValueError(f"head type {kind!r} is unknown; use one of {', '.join(HEAD_TYPES)}.")
         if act not in ACTIVATIONS:
-            raise ValueError(f"activation {act!r} is unknown; use one of {', '.join(ACTIVATIONS)}.")
+            raise ValueError(f"activation {act!r} is unknown; use one of {', '.join(ACTIVATIONS.names())}.")
         if kind != "identity" and depth < 1:
             raise ValueError(f"depth must be at least 1 linear layer, got {depth}.")
         if in_dim < 1 or width < 1 or (out_dim is not None and out_dim < 1):
@@ -75,7 +79,7 @@ class ProjectionHead(nn.Module):
                 if bn:
                     block.append(nn.BatchNorm1d(dims[i + 1]))
                 if not last:
-                    block.append(ACTIVATIONS[act]())
+                    block.append(ACTIVATIONS.get(act)())
             self.layers.append(nn.Sequential(*block))
         self.out_dim = out_dim
         if init_scale != 1.0:

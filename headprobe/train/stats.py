@@ -14,7 +14,7 @@ def collapse_stats(h: torch.Tensor) -> dict[str, float]:
     RankMe is `probes.spectrum.rankme` on the uncentred outputs, as in Garrido et al. and as the probes and the
     geometry records compute it, so the training log, `metrics.jsonl`'s geometry records and the tap metric
     agree on the same matrix. NaN where undefined (non-finite or all-zero outputs; logged as null)."""
-    from .probes.spectrum import rankme
+    from headprobe.probes.spectrum import rankme
 
     with torch.no_grad():
         hn = nn.functional.normalize(h.float(), dim=1)

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from .data.loader import ImageDecodeError, loader_options
-from .feature_cache import FORMAT_VERSION, cache_root, load_cached, save_cached
+from headprobe.data.loader import ImageDecodeError, loader_options
+from headprobe.features.cache import FORMAT_VERSION, cache_root, load_cached, save_cached
 
 
 @dataclass
@@ -168,7 +168,7 @@ def extract(
     """
     if rotation % 90:
         raise ValueError(f"rotation must be a multiple of 90 degrees, got {rotation}.")
-    from .distributed import process_state
+    from headprobe.parallel.distributed import process_state
 
     state = state or process_state()
     device = state.device
@@ -251,7 +251,7 @@ class AugmentedViews(torch.utils.data.Dataset):
         return len(self.items)
 
     def __getitem__(self, j: int) -> torch.Tensor:
-        from .data.augment import make_view
+        from headprobe.data.augment import make_view
 
         index, view = divmod(self.items[j], self.views)
         image = load_image(self.dataset, index)
@@ -263,7 +263,7 @@ class AugmentedViews(torch.utils.data.Dataset):
 
 def view_transforms(preprocess, augment):
     """(augmentation at the backbone's crop size, normalisation applied to its output view without a second
-    resize) — how the cached path and the tuned path (`headprobe.train_tuned`) both turn an image into a view."""
+    resize) — how the cached path and the tuned path (`headprobe.train.tuned`) both turn an image into a view."""
     import dataclasses
 
     return dataclasses.replace(augment, size=preprocess.crop), normalise_only(preprocess)
@@ -271,7 +271,7 @@ def view_transforms(preprocess, augment):
 
 def normalise_only(preprocess):
     """The backbone's normalisation for an image already at its crop size (the resize is then the identity)."""
-    from .backbones.base import Preprocess
+    from headprobe.backbones.base import Preprocess
 
     crop = preprocess.crop
     return Preprocess(resize=crop, crop=crop, mean=preprocess.mean, std=preprocess.std,
@@ -302,7 +302,7 @@ def extract_views(
     """
     import dataclasses
 
-    from .distributed import process_state
+    from headprobe.parallel.distributed import process_state
 
     state = state or process_state()
     device = state.device
@@ -348,7 +348,7 @@ def extract_views(
             if task is not None:
                 progress.advance(task, len(batch) * state.num_processes)
     if feats is None:
-        from .data.augment import PARAM_NAMES
+        from headprobe.data.augment import PARAM_NAMES
 
         feats, params = output_buffer((rows, backbone.dim), device), output_buffer((rows, len(PARAM_NAMES)), device)
     feats[start:], params[start:] = 0, 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from .collectives import all_objects
+from headprobe.parallel.collectives import all_objects
 
 # From this many training rows the k-NN bank is sharded across processes by default (`shard_knn_bank`).
 SHARD_BANK_ROWS = 65_536
@@ -80,8 +80,8 @@ def share_of_probes(pending: list[list[str]], order: list[str], rank: int, world
 def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> None:
     """Run the pending probes of `units` ((tap, seed) pairs) on W processes together and record all of them on
     every process (`taps.record_probe`); results.json and the per-unit stores are written once, at the end."""
-    from .stats import tap_uncertainty
-    from .taps import draw_resamples, record_probe, run_probes, save_unit
+    from headprobe.pipeline.taps import draw_resamples, record_probe, run_probes, save_unit
+    from headprobe.stats.bootstrap import tap_uncertainty
 
     def intervals(out, seed: int | None) -> dict:
         """Per metric, so each process computes those of the probes it ran, in parallel. Only for a tap probed

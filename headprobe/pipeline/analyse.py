@@ -12,11 +12,11 @@ from pathlib import Path
 
 def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = False) -> dict:
     """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results."""
-    from . import stages
-    from .distributed import process_state
-    from .recipe import load_recipe
-    from .runs import RunDir, read_results
-    from .train import CheckpointError, build_head, latest_checkpoint, load_checkpoint
+    from headprobe.parallel.distributed import process_state
+    from headprobe.pipeline import stages
+    from headprobe.recipe import load_recipe
+    from headprobe.record.directory import RunDir, read_results
+    from headprobe.train.cached_views import CheckpointError, build_head, latest_checkpoint, load_checkpoint
 
     run = RunDir(run_dir)
     results = read_results(run.path)

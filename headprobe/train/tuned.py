@@ -37,9 +37,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import trainable_state
-from .collectives import all_rows
-from .engine import (
+from headprobe.geometry.pullback import BATCHNORMS
+from headprobe.parallel.collectives import all_rows
+from headprobe.train.checkpoint import trainable_state
+from headprobe.train.engine import (
     HeadState,
     Optimisation,
     StepOutput,
@@ -52,7 +53,6 @@ from .engine import (
     seed_of,
     steps_of,
 )
-from .geometry.pullback import BATCHNORMS
 
 __all__ = ["StepViews", "TunedSteps", "rank_shard", "save_tuned_backbone", "train_tuned", "trainable_state"]
 
@@ -67,7 +67,7 @@ class StepViews(torch.utils.data.Dataset):
 
     def __init__(self, dataset, *, augment, preprocess, views: int, batch_size: int, seed: int, rank: int = 0,
                  world: int = 1) -> None:
-        from .features import AugmentedViews, view_transforms
+        from headprobe.features.extract import AugmentedViews, view_transforms
 
         spec, normalise = view_transforms(preprocess, augment)
         self.crop, self.n, self.k = preprocess.crop, len(dataset), views
@@ -112,7 +112,7 @@ def save_tuned_backbone(backbone, folder: str | Path) -> Path:
     fingerprint and the tuning record in the file's metadata. Returns the path written."""
     from safetensors.torch import save_file
 
-    from .backbones.tuning import save_adapter
+    from headprobe.backbones.tuning import save_adapter
 
     folder = Path(folder)
     if backbone.tuning["policy"] == "lora":
@@ -159,7 +159,7 @@ class TunedSteps:
         return z, z.mean(0)
 
     def batches(self, steps: range):
-        from .data.loader import loader_options
+        from headprobe.data.loader import loader_options
 
         # One loader over every step of every epoch, its workers persistent: they start once per run, and the
         # prefetched steps stay in flight across epoch boundaries. Step s's views are f(seed, s): any worker count.
@@ -217,9 +217,9 @@ def train_tuned(
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
-    from .distributed import process_state
-    from .features import effective_precision
-    from .registry import OBJECTIVES
+    from headprobe.features.extract import effective_precision
+    from headprobe.parallel.distributed import process_state
+    from headprobe.registry import OBJECTIVES
 
     state = state or process_state()
     device, world = state.device, state.num_processes

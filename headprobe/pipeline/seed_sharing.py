@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from .collectives import all_objects
+from headprobe.parallel.collectives import all_objects
 
 __all__ = ["portable_states", "restore_states", "seeds_of_process", "train_seeds_shared"]
 
@@ -43,7 +43,7 @@ def portable_states(states: dict) -> dict:
 def restore_states(specs, dim: int, seed: int, portable: dict) -> dict:
     """`portable_states` → `HeadState`s: each head rebuilt from its spec (`engine.build_head`), its trained weights
     loaded, in eval mode on the CPU as training leaves it. There is no optimiser: the head is trained."""
-    from .engine import HeadState, build_head
+    from headprobe.train.engine import HeadState, build_head
 
     states = {}
     for spec in specs:

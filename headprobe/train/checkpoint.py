@@ -1,4 +1,4 @@
-"""The one checkpoint format of head training, cached and tuned (`headprobe.engine`), loaded strictly.
+"""The one checkpoint format of head training, cached and tuned (`headprobe.train.engine`), loaded strictly.
 
 A checkpoint ``step-S.pt`` holds, after S steps::
 

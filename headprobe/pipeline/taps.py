@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .recipe import RecipeError
-from .stats import (
+from headprobe.recipe import RecipeError
+from headprobe.stats.bootstrap import (
     ORBIT_IMAGES,
     TEST_IMAGES,
     TRAIN_IMAGES,
@@ -46,7 +46,7 @@ class Tap:
 def head_taps(name: str, head) -> list[Tap]:
     """The taps of a trained head: `name@1` … `name@(depth-1)` and `name` (the output). A tap's transform runs the
     head on the device of its input (the head is moved there once)."""
-    from .train import head_taps as layer_outputs
+    from headprobe.train.cached_views import head_taps as layer_outputs
 
     return [Tap(name if depth == head.depth else f"{name}@{depth}", name, depth,
                 lambda x, d=depth, h=head: layer_outputs(h.to(x.device), x)[d - 1])
@@ -57,7 +57,7 @@ def tap_data(features, tap: Tap, recipe, device: torch.device | str | None = Non
     """The inputs of every probe at one tap (`probes.suite.TapData`), from a `stages.FeatureSet`. The view probes
     get `features.probe_views` (the held-out test images' views unless `augment.probe_views: train`). With
     `device`, the backbone features move there first, so a head tap's layers run on the device too."""
-    from .probes.suite import TapData
+    from headprobe.probes.suite import TapData
 
     def at(x: torch.Tensor) -> torch.Tensor:
         x = x if device is None else x.to(device)
@@ -112,7 +112,7 @@ def probe_units(ctx, features, units: list[tuple[Tap, int | None]]) -> bool:
     keeps it); several processes share them out (`probe_sharing.probe_units_shared`) and record the same."""
     pending = [pending_probes(ctx, tap, seed) for tap, seed in units]
     if ctx.state.num_processes > 1:
-        from .probe_sharing import probe_units_shared
+        from headprobe.pipeline.probe_sharing import probe_units_shared
 
         probe_units_shared(ctx, features, units, pending)
         return any(pending)
@@ -142,7 +142,7 @@ def pending_probes(ctx, tap: Tap, seed: int | None) -> list[str]:
 def run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str], processes: tuple[int, int] | None = None):
     """Yield (probe name, `ProbeOutput`) for each of the probes `todo` at (tap, seed), as each finishes. With
     processes=(rank, world), every process runs these probes together (the sharded k-NN)."""
-    from .registry import PROBES
+    from headprobe.registry import PROBES
 
     # The probes run on the process's device (the GPU on a GPU node); their per-unit values come back on the CPU.
     data = tap_data(features, tap, ctx.recipe, ctx.state.device).to(ctx.state.device) if todo else None
@@ -183,7 +183,7 @@ def save_unit(ctx, tap: Tap, seed: int | None) -> None:
 
 
 def record_uncertainty(ctx, features, tap_name: str, write: bool = True) -> None:
-    """taps[tap]["uncertainty"][metric]: a 95% interval and how it was obtained (headprobe.stats). Resamples are
+    """taps[tap]["uncertainty"][metric]: a 95% interval and how it was obtained (stats.bootstrap). Resamples are
     drawn once per kind of unit and shared by every tap (`draw_resamples`).
     write=False leaves writing results.json to the caller (`probe_heads` writes once per head, after its verdict:
     a ~1 MB results.json rewritten per tap cost a third of the intervals' time on the quickstart)."""
@@ -246,8 +246,8 @@ def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
     """Probe every tap of every head (once per seed when there are several) and decide each head's verdict. With
     several processes the probes of all the head taps (and with `backbone` the backbone tap's, first) are shared
     out among them at once (`probe_units`)."""
-    from .buffer import buffer_verdict
-    from .probe_sharing import intervals_from_probes, share_intervals
+    from headprobe.pipeline.probe_sharing import intervals_from_probes, share_intervals
+    from headprobe.stats.verdict import buffer_verdict
 
     several = len(trained.by_seed) > 1
     plans = []  # (spec, the taps compared, the seed-averaged taps, the (tap, seed) units to probe)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .recomputed import Recomputed
+from headprobe.stats.recomputed import Recomputed
 
 # Enough resamples that the smallest attainable two-sided p-value, 2 / (B + 1) ≈ 0.001, survives a Holm
 # correction over ~20 pieces of evidence at α = 0.05.

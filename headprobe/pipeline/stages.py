@@ -1,5 +1,5 @@
 """The stages of a run as public functions that pass typed values: load inputs → extract features → train heads
-(or tune the backbone with them) → geometry. Probing the taps is `headprobe.taps`; `pipeline.run` composes both.
+(or tune the backbone with them) → geometry. Probing the taps is `pipeline.taps`; `compose.run` composes both.
 
 Each stage runs through `RunContext.stage`, which records a failure (or Ctrl-C) in `results.json` before it
 propagates, so finished work stays on disk and `--resume` goes on from it.
@@ -14,12 +14,11 @@ from typing import Any
 
 import torch
 
-from .objectives import objective_protocol
-from .pretrained_heads import PretrainedHead, load_pretrained_heads
-from .recipe import Recipe
-
 # RunError and write_report are part of the stages' API (pipeline, analyse and the tests use them from here).
-from .run_context import RunContext, RunError, write_report  # noqa: F401
+from headprobe.pipeline.context import RunContext, RunError, write_report  # noqa: F401
+from headprobe.recipe import Recipe
+from headprobe.train.objectives import objective_protocol
+from headprobe.train.pretrained_heads import PretrainedHead, load_pretrained_heads
 
 
 @dataclass
@@ -65,14 +64,14 @@ class TrainedHeads:
 
 def probe_needs(recipe: Recipe) -> set[str]:
     """The inputs the recipe's probes declare in their registry entries ("views", "rotated", "orbits")."""
-    from .registry import PROBES
+    from headprobe.registry import PROBES
 
     return {need for name in recipe.probes for need in PROBES.entry(name).needs}
 
 
 def load_inputs(ctx: RunContext) -> Inputs:
-    from .backbones import load_backbone
-    from .data import load_data
+    from headprobe.backbones import load_backbone
+    from headprobe.data import load_data
 
     recipe, t0 = ctx.recipe, time.perf_counter()
     spec = recipe.backbone
@@ -91,7 +90,7 @@ def load_inputs(ctx: RunContext) -> Inputs:
 def held_out_view_seed(seed: int) -> int:
     """The augmentation seed of the test images' views: its own stream, so no held-out view repeats the draws
     (crop boxes, flips, jitter) of a training view."""
-    from .engine import seed_of
+    from headprobe.train.engine import seed_of
 
     return seed_of(seed, "held-out views", "test")
 
@@ -99,10 +98,10 @@ def held_out_view_seed(seed: int) -> int:
 def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> FeatureSet:
     """Clean features, and exactly what the probes and heads need besides: rotated copies, orbits, views.
     tuned: the backbone has been tuned with the heads (they need views again only for their final geometry)."""
-    from .data.augment import augment_spec
-    from .data.loader import pipeline_record
-    from .features import extract, extract_views
-    from .orbit_features import extract_orbits
+    from headprobe.data.augment import augment_spec
+    from headprobe.data.loader import pipeline_record
+    from headprobe.features.extract import extract, extract_views
+    from headprobe.features.orbits import extract_orbits
 
     recipe, backbone, data, t0 = ctx.recipe, inputs.backbone, inputs.data, time.perf_counter()
     f = recipe.features
@@ -168,8 +167,8 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
 def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
     """Train every head once per seed (`recipe.seed_list`) on the same cached views; one seed trains exactly as a
     single-seed run does (checkpoints in checkpoints/, else checkpoints/seed-S/)."""
-    from .train import latest_checkpoint
-    from .train import train_heads as train_loop
+    from headprobe.train.cached_views import latest_checkpoint
+    from headprobe.train.cached_views import train_heads as train_loop
 
     recipe, run_dir, seeds = ctx.recipe, ctx.run_dir, ctx.recipe.seed_list
     several = len(seeds) > 1
@@ -186,7 +185,7 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
     # directory when it sees that directory (one machine, or a shared file system) and the main one writes files.
     writes_checkpoints = run_dir.writable
     if shared:
-        from .collectives import all_objects
+        from headprobe.parallel.collectives import all_objects
 
         writes_checkpoints = all_objects(run_dir.writable, world)[0] and run_dir.path.is_dir()
 
@@ -203,7 +202,7 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
         return states, summary | {"resumed": resume_from is not None}  # travels with the summary when shared
 
     if shared:  # each seed trained by one process (seed_sharing)
-        from .seed_sharing import train_seeds_shared
+        from headprobe.pipeline.seed_sharing import train_seeds_shared
 
         trained = train_seeds_shared(ctx, seeds, trainable, features.views.features.shape[-1], train_one, log)
     else:
@@ -216,7 +215,7 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
         resumed = summaries[seed].pop("resumed") or resumed
     seconds = sum(train_s.values())
     if shared:  # the processes trained their seeds side by side: the stage took the longest process's time
-        from .seed_sharing import seeds_of_process
+        from headprobe.pipeline.seed_sharing import seeds_of_process
 
         seconds = max(sum(train_s[s] for s in seeds_of_process(seeds, r, world)) for r in range(world))
     if trainable:
@@ -267,12 +266,12 @@ def _record_training(ctx: RunContext, summary: dict, extra: dict) -> None:
 
 
 def tune_backbone(ctx: RunContext, inputs: Inputs) -> TrainedHeads:
-    """Tune the backbone together with the heads on views made on the fly (`headprobe.train_tuned`) and save what
+    """Tune the backbone together with the heads on views made on the fly (`headprobe.train.tuned`) and save what
     tuning changed; the caller extracts every feature again from the tuned backbone."""
-    from .backbones import apply_tuning
-    from .data.augment import augment_spec
-    from .train import latest_checkpoint
-    from .train_tuned import save_tuned_backbone, train_tuned
+    from headprobe.backbones import apply_tuning
+    from headprobe.data.augment import augment_spec
+    from headprobe.train.cached_views import latest_checkpoint
+    from headprobe.train.tuned import save_tuned_backbone, train_tuned
 
     recipe, run_dir, spec = ctx.recipe, ctx.run_dir, ctx.recipe.backbone
     protocol = ctx.results["protocol"]
@@ -312,8 +311,8 @@ def tune_backbone(ctx: RunContext, inputs: Inputs) -> TrainedHeads:
 def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> None:
     """Per-head geometry at the end of training (`geometry.analyse.analyse_head`); heads: {name: state} with
     `.head` and `.predictor` (the first seed's heads, or heads loaded from a checkpoint)."""
-    from .geometry.analyse import analyse_head
-    from .registry import OBJECTIVES
+    from headprobe.geometry.analyse import analyse_head
+    from headprobe.registry import OBJECTIVES
 
     t0 = time.perf_counter()
     objective = OBJECTIVES.get(ctx.recipe.objective.name)
@@ -336,7 +335,7 @@ def grey_params(dataset, n_images: int = 64) -> dict[str, str] | None:
     than average R² ≈ 0 of unobservable parameters into aug_r2.mean (every tap gets the same list)."""
     import numpy as np
 
-    from .features import load_image
+    from headprobe.features.extract import load_image
 
     for i in range(min(n_images, len(dataset))):
         pixels = np.asarray(load_image(dataset, i).convert("RGB"))

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__, record
+from headprobe import __version__
+from headprobe.record import results as record
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -65,7 +66,7 @@ def check_out_folder(path: str | Path) -> None:
     """Refuse (`RecipeError`) an --out that headprobe must not write into: an existing, non-empty folder that is
     not a headprobe run (or sweep), whose own files (say a config.yaml) a run would overwrite, or a location that
     cannot be written. Called before anything is written."""
-    from .recipe import RecipeError
+    from headprobe.recipe import RecipeError
 
     path = Path(path)
     if path.is_dir():
@@ -89,7 +90,7 @@ def _is_temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-# Version of the results.json layout (docs/DESIGN.md, "results.json"; the typed layout is `headprobe.record`):
+# Version of the results.json layout (docs/DESIGN.md, "results.json"; the typed layout is `headprobe.record.results`):
 # 2 added uncertainty, seeds and the evidence-based verdict.
 SCHEMA_VERSION = record.SCHEMA_VERSION
 

@@ -1,0 +1,1 @@
+"""Features: batched extraction, the on-disk cache, tensor files, orbit sweeps' features."""

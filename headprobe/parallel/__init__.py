@@ -1,0 +1,1 @@
+"""Several processes: process state, collectives, probes and seeds shared out, launch checks."""

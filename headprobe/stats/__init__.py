@@ -1,0 +1,1 @@
+"""Statistics: bootstrap intervals, statistics recomputed per resample, the buffer verdict."""

@@ -1,0 +1,1 @@
+"""Training heads (and a tuned backbone): the loop, heads, objectives, checkpoints."""
