@@ -13,7 +13,7 @@ from PIL import Image
 
 from headprobe.backbones import Preprocess, load_backbone
 from headprobe.backbones.processor import ProcessorPreprocess
-from headprobe.features import extract, feature_key
+from headprobe.features import extract, feature_key, normalise_only
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -53,6 +53,10 @@ def assert_own_pixels(backbone, theirs, *, before_at_least: float) -> None:
         torch.testing.assert_close(backbone(ours), backbone(ref), atol=1e-6, rtol=0)
     old = torch.stack([reimplemented(backbone.preprocess)(im) for im in images.values()])
     assert (old - ref).abs().max() >= before_at_least
+    # Orbit frames are the processor's pixels before normalisation: normalised, they are the clean pixels.
+    normalise = normalise_only(backbone.preprocess)
+    frames = torch.stack([normalise(backbone.preprocess.frame(im)) for im in images.values()])
+    torch.testing.assert_close(frames, ref, atol=1e-5, rtol=0)
 
 
 def test_hf_dinov2_pixels_are_its_processors(tmp_path):

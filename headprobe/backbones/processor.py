@@ -58,6 +58,11 @@ class ProcessorPreprocess(Preprocess):
         """image: PIL image of any mode → (3, crop, crop) float tensor, the library's own pixels."""
         return self.transform()(image)
 
+    def frame(self, image):
+        """image: PIL → the processor's pixels before scaling and normalisation, as a PIL RGB image (crop × crop):
+        normalising it again (`features.normalise_only`) gives `self(image)` to float rounding."""
+        return _frames(self.library, self.settings)(image)
+
     def with_resolution(self, crop: int) -> ProcessorPreprocess:
         """The same processor at another crop size: resize scaled by the same ratio (timm: crop / crop_pct, as
         timm computes it)."""
@@ -97,28 +102,59 @@ def transformers_settings(processor) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=16)
-def _processor(library: str, settings: str) -> Callable:
+def _library_processor(library: str, settings: str):
+    """The library's own object: a transformers image processor, or open_clip's / timm's torchvision `Compose`."""
     config = json.loads(settings)
     if library == "transformers":
         import transformers
 
-        processor = getattr(transformers, config["image_processor_type"]).from_dict(config)
-        return functools.partial(_call_transformers, processor)
+        return getattr(transformers, config["image_processor_type"]).from_dict(config)
     if library == "open_clip":
         from open_clip.transform import PreprocessCfg, image_transform_v2
 
         return image_transform_v2(PreprocessCfg(**config), is_train=False)
     import timm.data
 
-    return functools.partial(_call_timm, timm.data.create_transform(**config))
+    return timm.data.create_transform(**config)
+
+
+@functools.lru_cache(maxsize=16)
+def _processor(library: str, settings: str) -> Callable:
+    own = _library_processor(library, settings)
+    if library == "transformers":
+        return functools.partial(_call_transformers, own)
+    return own if library == "open_clip" else functools.partial(_call_timm, own)
+
+
+@functools.lru_cache(maxsize=16)
+def _frames(library: str, settings: str) -> Callable:
+    own = _library_processor(library, settings)
+    if library == "transformers":
+        return functools.partial(_transformers_frame, own)
+    steps = own.transforms
+    if [type(t).__name__ for t in steps[-2:]] not in (["MaybeToTensor", "Normalize"], ["ToTensor", "Normalize"]):
+        raise ValueError(f"the {library} transform {own} does not end in ToTensor and Normalize, so headprobe "
+                         "cannot take its pixels before normalisation, which orbit probes sweep.")
+    geometric = type(own)(steps[:-2])
+    return geometric if library == "open_clip" else functools.partial(_call_timm, geometric)
+
+
+def _given_to(processor, image):
+    # Processors that convert to RGB themselves (compositing transparency onto white) get the image as it is;
+    # the others would return as many channels as the image has.
+    return image if image.mode == "RGB" or getattr(processor, "do_convert_rgb", False) else image.convert("RGB")
 
 
 def _call_transformers(processor, image) -> torch.Tensor:
-    # Processors that convert to RGB themselves (compositing transparency onto white) get the image as it is;
-    # the others would return as many channels as the image has.
-    if image.mode != "RGB" and not getattr(processor, "do_convert_rgb", False):
-        image = image.convert("RGB")
-    return processor(image, return_tensors="pt").pixel_values[0]
+    return processor(_given_to(processor, image), return_tensors="pt").pixel_values[0]
+
+
+def _transformers_frame(processor, image):
+    from torchvision.transforms.v2.functional import to_pil_image
+
+    pixels = processor(_given_to(processor, image), do_rescale=False, do_normalize=False,
+                       return_tensors="pt").pixel_values[0]
+    return to_pil_image(pixels.round().clamp(0, 255).to(torch.uint8))
 
 
 def _call_timm(transform: Callable, image) -> torch.Tensor:
