@@ -153,6 +153,13 @@ def test_open_clip_pixels_are_its_transforms(open_clip_arch, tmp_path):
     torch.save(model.state_dict(), local / "open_clip_pytorch_model.bin")
     (local / "open_clip_config.json").write_text(json.dumps({"model_cfg": config, "preprocess_cfg": {
         "mean": [0.5] * 3, "std": [0.25] * 3, "resize_mode": "squash", "interpolation": "bilinear"}}))
+    resized = load_backbone(f"open_clip:{arch}/{tmp_path}/tiny.pt", resolution=64)  # force_image_size=64
+    rescaled = backbone.preprocess.with_resolution(64)
+    assert (rescaled.resize, rescaled.crop) == (resized.preprocess.resize, resized.preprocess.crop) == (64, 64)
+    _, _, theirs = open_clip.create_model_and_transforms(arch, force_image_size=64)
+    for image in photos().values():
+        for pre in (resized.preprocess, rescaled):
+            torch.testing.assert_close(pre(image), theirs(image), atol=1e-6, rtol=0)
     squash = load_backbone(f"open_clip:local-dir:{local}")
     _, _, theirs = open_clip.create_model_and_transforms(f"local-dir:{local}")
     assert_own_pixels(squash, theirs, before_at_least=0.01)

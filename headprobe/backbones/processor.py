@@ -12,8 +12,9 @@ equal the features a user's own pipeline computes (re-implementing the processor
 crop column and by resampling rounding: benchmarks/results/preprocess.json). The processor's configuration is
 recorded as sorted JSON (`settings`): the processor is rebuilt from it alone, `to_dict` reports it, and so the
 feature-cache key (which reads `to_dict`) changes whenever the processor does. The fields inherited from
-`Preprocess` describe the same processor for the paths that cannot call it: augmented views are made at `crop`
-by the augmentation itself and then only normalised with `mean`/`std` (docs/DESIGN.md, "Preprocessing").
+`Preprocess` describe the same processor for the path that cannot call it: augmented views are made at `crop`
+by the augmentation itself and then only normalised with `mean`/`std` (docs/DESIGN.md, "Preprocessing"). Orbit
+frames are the processor's own pixels before scaling and normalisation (`frame`).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class ProcessorPreprocess(Preprocess):
             if settings.get("crop_size"):
                 settings["crop_size"] = {"height": crop, "width": crop}
         elif self.library == "open_clip":
-            settings["size"] = crop
+            settings["size"] = [crop, crop] if isinstance(settings.get("size"), list) else crop
             scaled = dataclasses.replace(scaled, resize=crop)
         else:
             settings["input_size"] = [3, crop, crop]
