@@ -117,19 +117,19 @@ class Registry:
 BACKBONES = Registry("backbone source")
 BACKBONES.add(
     "hf", "headprobe.backbones.hf:load_hf",
-    "Hugging Face transformers image encoder (DINOv2, ViT, CLIP/SigLIP vision tower) from the hub or a local dir; "
-    "options pooling, layer(s), resolution, revision.",
+    "Hugging Face transformers image encoder (DINOv2, ViT, CLIP/SigLIP vision tower) from the hub or a local dir, "
+    "pixels from its own image processor; options pooling, layer(s), resolution, revision.",
     "hf:<hub id or local dir>",
 )
 BACKBONES.add(
     "open_clip", "headprobe.backbones.from_open_clip:load_open_clip",
-    "open_clip visual tower; preprocessing from open_clip's config for that tag; no tag = randomly initialised "
+    "open_clip visual tower, pixels from open_clip's own transform for it; no tag = randomly initialised "
     "(from the seed).",
     "open_clip:<arch>[/<pretrained tag or weights file>]",
 )
 BACKBONES.add(
     "timm", "headprobe.backbones.from_timm:load_timm",
-    "timm model without classifier (num_classes=0), preprocessing from timm's data config; pretrained weights from "
+    "timm model without classifier (num_classes=0), pixels from timm's own transform; pretrained weights from "
     "the Hugging Face cache, a local weights file, or 'random'.",
     "timm:<name>[/<weights file> or /random]",
 )

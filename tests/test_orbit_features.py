@@ -26,17 +26,16 @@ def _orbits(bb, data, sweeps=("rotation45", "blur"), n_images=5, record=None, **
 
 
 def _plain(bb, data, sweep, n_images):
-    """The sweep's frames of the first images, made and forwarded one image at a time."""
-    from torchvision.transforms import v2
+    """The sweep's frames of the first images, made from the checkpoint's own processor's pixels before
+    normalisation (transformers' AutoImageProcessor), and forwarded one image at a time."""
+    from torchvision.transforms.v2.functional import to_pil_image
+    from transformers import AutoImageProcessor
 
-    pre, normalise = bb.preprocess, normalise_only(bb.preprocess)
+    processor, normalise = AutoImageProcessor.from_pretrained(bb.id.removeprefix("hf:")), normalise_only(bb.preprocess)
     rows = []
     for i in range(n_images):
-        image = data.test[i]["image"].convert("RGB")
-        mode = getattr(v2.InterpolationMode, pre.interpolation.upper())
-        size = pre.resize if pre.resize_mode == "shortest" else [pre.resize, pre.resize]
-        image = v2.CenterCrop(pre.crop)(v2.Resize(size, interpolation=mode, antialias=True)(image))
-        frames = torch.stack([normalise(frame) for frame in orbit_images(image, sweep)])
+        pixels = processor(data.test[i]["image"], do_rescale=False, do_normalize=False, return_tensors="pt")
+        frames = torch.stack([normalise(frame) for frame in orbit_images(to_pil_image(pixels.pixel_values[0]), sweep)])
         with torch.no_grad():
             rows.append(bb(frames))
     return torch.stack(rows)

@@ -55,6 +55,15 @@ class Preprocess:
             image = image.convert("RGB")
         return self.transform()(image)
 
+    def frame(self, image):
+        """image: PIL → the PIL RGB image at crop × crop, resized and centre-cropped but not yet scaled or
+        normalised: where orbit sweeps act (`orbit_features`); PIL resampling (torchvision's PIL path)."""
+        from torchvision.transforms import v2
+
+        mode = getattr(v2.InterpolationMode, self.interpolation.upper())
+        size = self.resize if self.resize_mode == "shortest" else [self.resize, self.resize]
+        return v2.CenterCrop(self.crop)(v2.Resize(size, interpolation=mode, antialias=True)(image.convert("RGB")))
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["mean"], d["std"] = list(self.mean), list(self.std)

@@ -16,13 +16,15 @@ from torch import nn
 from .base import Backbone, BackboneNotFoundError, Preprocess
 from .blocks import wrap_blocks
 from .pooling import FINAL
+from .processor import processor_preprocess
 
 _WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors", ".ckpt")
 _RESIZE_MODES = {"shortest": "shortest", "squash": "square"}
 
 
 def preprocess_from_open_clip(cfg: dict) -> Preprocess:
-    """open_clip's `visual.preprocess_cfg` → `Preprocess` equal to its own validation transform."""
+    """open_clip's `visual.preprocess_cfg` → its own validation transform (what `create_model_and_transforms`
+    returns), with the resize, crop and normalisation it does."""
     size = cfg["size"]
     height, width = (size, size) if isinstance(size, int) else size
     if height != width:
@@ -31,7 +33,7 @@ def preprocess_from_open_clip(cfg: dict) -> Preprocess:
     if mode not in _RESIZE_MODES:
         raise ValueError(f"open_clip resize_mode {mode!r} is not supported; supported: {', '.join(_RESIZE_MODES)}.")
     interpolation = cfg.get("interpolation", "bicubic")
-    return Preprocess(
+    described = Preprocess(
         resize=height,
         crop=height,
         mean=tuple(float(m) for m in cfg["mean"]),
@@ -39,6 +41,7 @@ def preprocess_from_open_clip(cfg: dict) -> Preprocess:
         interpolation=interpolation if interpolation in ("bicubic", "bilinear", "nearest") else "bicubic",
         resize_mode=_RESIZE_MODES[mode],
     )
+    return processor_preprocess(described, "open_clip", dict(cfg))
 
 
 def _split(ref: str) -> tuple[str, str | None]:
@@ -153,6 +156,6 @@ def load_open_clip(
         layers=layers,
         preprocess=preprocess_from_open_clip(visual.preprocess_cfg),
         description=f"open_clip {arch} visual tower ({type(visual).__name__}), {source}; preprocessing: open_clip's "
-                    "preprocess_cfg",
+                    "own validation transform",
         options={"pooling": pooling, "resolution": resolution, "layer": layer, "layers": layers},
     )

@@ -3,7 +3,8 @@
 Without a file the pretrained weights of `<name>` (a tag such as `.augreg_in21k` may be part of it) come from
 the Hugging Face cache, then the hub unless `HF_HUB_OFFLINE=1`. A local file (`.safetensors`, `.pth`, `.bin`)
 is loaded strictly: classifier weights are dropped, anything else missing or unexpected is an error.
-`/random` builds the architecture randomly initialised from the seed. Preprocessing is timm's own data config.
+`/random` builds the architecture randomly initialised from the seed. Preprocessing is timm's own transform for
+the model's data config (`create_transform(**resolve_data_config(model=...))`), called on every image.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from torch import nn
 from .base import Backbone, BackboneNotFoundError, Preprocess
 from .blocks import wrap_blocks
 from .pooling import FINAL
+from .processor import processor_preprocess
 
 _CROP_MODES = {"center": "shortest", "squash": "square"}
 
 
 def preprocess_from_data_config(cfg: dict) -> Preprocess:
-    """timm's `resolve_model_data_config` → `Preprocess` equal to `timm.data.create_transform(**cfg)` (eval)."""
+    """timm's `resolve_data_config(model=...)` → `timm.data.create_transform(**cfg)` (eval), with the resize, crop
+    and normalisation it does."""
     _, height, width = cfg["input_size"]
     if height != width:
         raise ValueError(f"input size {height}x{width} is not square; only square crops are supported.")
@@ -34,7 +37,7 @@ def preprocess_from_data_config(cfg: dict) -> Preprocess:
     if interpolation not in ("bicubic", "bilinear", "nearest"):
         interpolation = "bicubic"
     crop_pct = cfg.get("crop_pct") or 1.0
-    return Preprocess(
+    described = Preprocess(
         resize=math.floor(height / crop_pct),
         crop=height,
         mean=tuple(float(m) for m in cfg["mean"]),
@@ -42,6 +45,7 @@ def preprocess_from_data_config(cfg: dict) -> Preprocess:
         interpolation=interpolation,
         resize_mode=_CROP_MODES[mode],
     )
+    return processor_preprocess(described, "timm", dict(cfg))
 
 
 def timm_blocks(model: nn.Module) -> list[nn.Module]:
@@ -196,7 +200,7 @@ def load_timm(
                 f"or save the weights to a file and use timm:{name}/<file>."
             ) from err
         source = f"pretrained ({model.pretrained_cfg.get('hf_hub_id') or name})"
-    preprocess = preprocess_from_data_config(timm.data.resolve_model_data_config(model))
+    preprocess = preprocess_from_data_config(timm.data.resolve_data_config(model=model))
     if resolution is not None:
         preprocess = preprocess.with_resolution(resolution)
     return wrap_timm_model(
@@ -206,6 +210,6 @@ def load_timm(
         layer=layer,
         layers=layers,
         preprocess=preprocess,
-        description=f"timm {type(model).__name__} {name}, {source}; preprocessing: timm data config",
+        description=f"timm {type(model).__name__} {name}, {source}; preprocessing: timm's own transform",
         options={"pooling": pooling, "resolution": resolution, "layer": layer, "layers": layers},
     )

@@ -2,8 +2,8 @@
 
 Resolution order (offline first): a local directory; the local Hugging Face
 cache (`local_files_only=True`); the network, unless `HF_HUB_OFFLINE=1`.
-Preprocessing is read from the checkpoint's own image-processor config, so
-weights and preprocessing travel together.
+Preprocessing is the checkpoint's own image processor (`AutoImageProcessor`), called on every image, so
+weights and preprocessing travel together; a checkpoint without one is warned about.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -22,6 +23,7 @@ from ..registry import POOLINGS
 from .base import IMAGENET_MEAN, IMAGENET_STD, Backbone, BackboneNotFoundError, Preprocess
 from .blocks import block_outputs
 from .pooling import FINAL, POOL_WIDTH, check_pooling, pooled_output, resolve_layers
+from .processor import processor_preprocess, transformers_settings
 
 # PIL resampling codes used by transformers' image processors.
 _RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
@@ -84,12 +86,23 @@ def _from_pretrained(loader, ref: str, revision: str | None):
 
 
 def _preprocess_from_processor(ref: str, revision: str | None, config) -> tuple[Preprocess, str]:
+    """The checkpoint's own image processor as its `Preprocess` (called on every image), and where it came from."""
     from transformers import AutoImageProcessor
 
     try:
         proc = _from_pretrained(AutoImageProcessor.from_pretrained, ref, revision)
     except (BackboneNotFoundError, OSError, ValueError):
         size = getattr(config, "image_size", 224)
+        fix = ("save the processor the weights were trained with next to them: AutoImageProcessor.from_pretrained("
+               f'"<the hub id they came from>").save_pretrained("{ref}")' if Path(ref).is_dir() else
+               "point backbone.id at a local directory holding the weights and the processor they were trained with "
+               "(hf:/path/to/model)")
+        warnings.warn(
+            f"hf:{ref} has no image-processor config (preprocessor_config.json), so headprobe resizes images to "
+            f"{size} px and normalises them with ImageNet mean/std, which is wrong for a model trained otherwise "
+            f"(CLIP, SigLIP); {fix}.",
+            stacklevel=2,
+        )
         return (
             Preprocess(resize=size, crop=size, mean=IMAGENET_MEAN, std=IMAGENET_STD),
             "default: the checkpoint has no image-processor config, so ImageNet mean/std at config.image_size",
@@ -112,7 +125,8 @@ def _preprocess_from_processor(ref: str, revision: str | None, config) -> tuple[
         interpolation=interpolation,
         resize_mode=mode,
     )
-    return pre, f"{type(proc).__name__} of the checkpoint"
+    source = f"{type(proc).__name__} of the checkpoint, called on each image"
+    return processor_preprocess(pre, "transformers", transformers_settings(proc)), source
 
 
 def _vision_tower(model: nn.Module) -> nn.Module:

@@ -6,8 +6,9 @@ the backbone's preprocessing, so a sweep's features are cached like the clean on
 its values and the number of images; a hit's labels must equal the images' own. Why cache them: on a CPU the
 orbits are the largest extraction a warm run repeats (offline_orbits.yaml: 3,968 frames, 51 of its 77 s).
 
-Frames are made at the backbone's input size (after resize and centre crop, before normalisation), so rotation
-corners and blur sigmas are in input pixels; they are forwarded under the run's precision (bf16 autocast on a GPU,
+Frames are made at the backbone's input size (after resize and centre crop, before normalisation:
+`Preprocess.frame`, the processor's own for hf/open_clip/timm backbones), so rotation corners and blur sigmas are in
+input pixels; they are forwarded under the run's precision (bf16 autocast on a GPU,
 as the clean features, which the heads were trained on), and in a multi-process run each process forwards an
 interleaved share of the images, gathered into the same (N, T, D) result on every process.
 """
@@ -43,15 +44,6 @@ def orbit_key(backbone, data_info: dict, sweep: str, n_images: int, precision: s
     return hashlib.sha256(blob).hexdigest()[:24], description
 
 
-def _resize_crop(pre, image):
-    """The geometric part of a backbone's preprocessing (PIL → PIL), without normalisation."""
-    from torchvision.transforms import v2
-
-    mode = getattr(v2.InterpolationMode, pre.interpolation.upper())
-    size = pre.resize if pre.resize_mode == "shortest" else [pre.resize, pre.resize]
-    return v2.CenterCrop(pre.crop)(v2.Resize(size, interpolation=mode, antialias=True)(image.convert("RGB")))
-
-
 @torch.inference_mode()
 def _forward_orbits(backbone, dataset, sweep: str, indices: range, rows: int, batch_size: int, autocast, device,
                     progress, world: int) -> torch.Tensor:
@@ -60,7 +52,7 @@ def _forward_orbits(backbone, dataset, sweep: str, indices: range, rows: int, ba
     normalise = normalise_only(backbone.preprocess)
     steps = len(sweep_values(sweep))
     frames = [normalise(frame) for i in indices
-              for frame in orbit_images(_resize_crop(backbone.preprocess, dataset[i]["image"]), sweep)]
+              for frame in orbit_images(backbone.preprocess.frame(dataset[i]["image"]), sweep)]
     task = progress.add_task(f"orbits {sweep}", total=len(frames) * world) if progress is not None else None
     local = output_buffer((rows * steps, backbone.dim), device)
     for start in range(0, len(frames), batch_size):
