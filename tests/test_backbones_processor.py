@@ -13,7 +13,7 @@ from PIL import Image
 
 from headprobe.backbones import Preprocess, load_backbone
 from headprobe.backbones.processor import ProcessorPreprocess
-from headprobe.features import extract, feature_key, normalise_only
+from headprobe.features.extract import extract, feature_key, normalise_only
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -58,7 +58,7 @@ def test_out_under_a_file_or_unwritable_exits_2(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_a_write_failure_during_the_run_exits_1_records_it_and_leaves_no_temporaries(tmp_path, capsys, monkeypatch):
-    from headprobe.pipeline import directory as runs
+    from headprobe.record import directory as runs
 
     real = runs.atomic_write_text
     calls = {"n": 0}

@@ -9,12 +9,12 @@ from headprobe.registry import HEADS
 
 
 class CosineHead(nn.Module):
-    """A toy head: one bias-free linear map followed by L2 normalisation; two taps."""
+    """A toy head: one bias-free linear map followed by L2 normalisation; two taps (`depth` 2)."""
 
     def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
         self.linear = nn.Linear(in_dim, out_dim, bias=False)
-        self.out_dim = out_dim
+        self.out_dim, self.depth = out_dim, 2
 
     def taps(self, x: torch.Tensor) -> list[torch.Tensor]:
         h = self.linear(x)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from headprobe import run
-from headprobe.pipeline import directory as runs
+from headprobe.record import directory as runs
 from headprobe.record.directory import (
     SCHEMA_VERSION,
     RunDir,

@@ -22,7 +22,7 @@ HEAD_TYPES = ("identity", "linear", "mlp")
 def projection_head(in_dim: int, spec) -> ProjectionHead:
     """The built-in head types (`identity`, `linear`, `mlp`) from a recipe's head spec: what the HEADS registry
     builds for them. A plug-in head type registers its own function with this signature, returning a module with
-    ``taps(x)`` (every layer's output, the last the head's) and ``out_dim``."""
+    ``taps(x)`` (every layer's output, the last the head's), ``depth`` (how many taps) and ``out_dim``."""
     return ProjectionHead(
         in_dim, kind=spec.type, depth=spec.depth, width=spec.width, out_dim=spec.out_dim, act=spec.act,
         bn_hidden=spec.bn_hidden, bn_out=spec.bn_out, l2_out=spec.l2_out, init_scale=spec.init_scale,
