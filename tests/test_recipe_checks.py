@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from headprobe.recipe import RecipeError, load_recipe
-from headprobe.recipe.checks import KNOWN_BLOCKS, KNOWN_PATCH
+from headprobe.recipe.checks import declared_shape
 
 HEADS = {"heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 2}}
 
@@ -60,7 +60,11 @@ def test_known_block_counts_and_patch_sizes_match_the_models():
     from headprobe.backbones import load_backbone
 
     backbone = load_backbone("scratch:vit-tiny", pooling="cls")
-    assert len(backbone.blocks) == KNOWN_BLOCKS["scratch:vit-tiny"]
-    assert KNOWN_PATCH["scratch:vit-tiny"] == 4
+    assert len(backbone.blocks) == declared_shape("scratch:vit-tiny")["blocks"]
+    assert declared_shape("scratch:vit-tiny")["patch"] == 4
+    assert len(load_backbone("scratch:resnet18-cifar").blocks) == declared_shape("scratch:resnet18-cifar")["blocks"]
+    assert declared_shape("timm:vit_small_patch16_224") == {"patch": 16}
+    assert declared_shape("open_clip:ViT-B-32/openai") == {"patch": 32}
+    assert declared_shape("hf:facebook/dinov2-small") == {}
     with pytest.raises(ValueError, match="layer 3 is out of range; this model has 3 blocks"):
         load_backbone("scratch:vit-tiny", pooling="cls", layer=3)

@@ -6,7 +6,7 @@ other. Everything is checked before a model loads; a refusal is a `RecipeError` 
 value, the allowed values and a "did you mean".
 """
 
-from .checks import KNOWN_BLOCKS, KNOWN_PATCH, check_recipe, known_train_size, patch_size
+from .checks import check_recipe, declared_shape, known_train_size, patch_size
 from .loading import (
     MAX_FOLDER_BYTES,
     apply_override,
@@ -45,10 +45,10 @@ from .schema import (
 )
 
 __all__ = [
-    "KNOWN_BLOCKS", "KNOWN_PATCH", "MAX_FOLDER_BYTES", "NAME_PATTERN", "PROBE_SPECS", "AugmentR2Spec",
+    "MAX_FOLDER_BYTES", "NAME_PATTERN", "PROBE_SPECS", "AugmentR2Spec",
     "AugmentRecipe", "BackboneSpec", "DataSpec", "FeatureSpec", "GeometrySpec", "HeadSpec", "InvarianceSpec",
     "KnnSpec", "LimitSpec", "LinearProbeSpec", "LoraSpec", "NoOptions", "ObjectiveSpec", "OrbitSpec", "Range",
     "Recipe", "RecipeError", "RotationSpec", "SpectrumSpec", "TrainSpec", "ViewMISpec", "apply_override",
-    "check_recipe", "dump_recipe", "expand_sweep", "known_train_size", "load_recipe", "patch_size",
+    "check_recipe", "declared_shape", "dump_recipe", "expand_sweep", "known_train_size", "load_recipe", "patch_size",
     "resolve_recipe_data", "set_value", "sweep_folder_name",
 ]

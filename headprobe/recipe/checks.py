@@ -189,27 +189,27 @@ def _check_backbone(spec: BackboneSpec, has_heads: bool = True) -> None:
         raise RecipeError("backbone.lora.target_modules is empty; give module names, or null for the defaults.")
 
 
-# Blocks and patch size of the registered models whose architecture is fixed (kept equal to the models by
-# tests/test_recipe_checks.py): validate checks backbone.layer/layers and resolution against them unloaded.
-KNOWN_BLOCKS = {"offline:dinov2-vits14": 12, "offline:efficientnet-lite0": 16, "scratch:resnet18-cifar": 8,
-                "scratch:vit-tiny": 3}
-KNOWN_PATCH = {"offline:dinov2-vits14": 14, "scratch:vit-tiny": 4}
 # No image model here sees anything in fewer pixels; below this a resolution is a typo.
 MIN_RESOLUTION = 8
 
 
-def patch_size(backbone_id: str) -> int | None:
-    """The ViT patch size of `backbone_id` where its name or the registry says it, else None."""
-    if backbone_id in KNOWN_PATCH:
-        return KNOWN_PATCH[backbone_id]
+def declared_shape(backbone_id: str) -> dict:
+    """What the registry declares of `backbone_id`'s architecture (blocks, patch size), else {}: the model's own
+    entry (`offline:<name>`, `scratch:<name>`) or its family's name pattern (`timm:`, `open_clip:`)."""
     prefix, _, rest = backbone_id.partition(":")
-    if prefix == "open_clip":
-        found = re.match(r"(?:EVA\d*-)?ViT-[A-Za-z0-9]+-(\d+)", rest)
-    elif prefix == "timm":
-        found = re.search(r"patch(\d+)", rest)
-    else:
-        found = None
-    return int(found.group(1)) if found else None
+    models = {"offline": OFFLINE_MODELS, "scratch": SCRATCH_MODELS}.get(prefix)
+    if models is not None and rest in models:
+        return dict(models.entry(rest).shape or {})
+    if prefix in BACKBONES:
+        pattern = (BACKBONES.entry(prefix).shape or {}).get("patch_pattern")
+        found = re.search(pattern, rest) if pattern else None
+        return {"patch": int(found.group(1))} if found else {}
+    return {}
+
+
+def patch_size(backbone_id: str) -> int | None:
+    """The ViT patch size of `backbone_id` where the registry declares it, else None."""
+    return declared_shape(backbone_id).get("patch")
 
 
 def _check_layers_and_resolution(spec: BackboneSpec) -> None:
@@ -221,10 +221,10 @@ def _check_layers_and_resolution(spec: BackboneSpec) -> None:
                    if patch and res < patch else f"below {MIN_RESOLUTION} pixels")
             raise RecipeError(f"backbone.resolution = {res} is {why}; use at least {max(MIN_RESOLUTION, patch or 0)}"
                               ", or null for the checkpoint's own crop size.")
-        if spec.id == "scratch:vit-tiny" and res % 4:
-            raise RecipeError(f"backbone.resolution = {res} is not a multiple of the patch size 4 of "
-                              f"scratch:vit-tiny; use e.g. {res - res % 4 or 4} or {res + 4 - res % 4}.")
-    blocks = KNOWN_BLOCKS.get(spec.id)
+        if declared_shape(spec.id).get("whole_patches") and res % patch:
+            raise RecipeError(f"backbone.resolution = {res} is not a multiple of the patch size {patch} of "
+                              f"{spec.id}; use e.g. {res - res % patch or patch} or {res + patch - res % patch}.")
+    blocks = declared_shape(spec.id).get("blocks")
     if blocks is None:
         return
     chosen = spec.layers if spec.layers is not None else [spec.layer]
