@@ -274,7 +274,8 @@ def results(rank, world):
             p.grad = None
         a, b = x1[rows].clone().requires_grad_(), x2[rows].clone().requires_grad_()
         z1, z2 = projector(a), projector(b)
-        loss = objective(*((predictor(z1), predictor(z2), z1, z2) if name == "simsiam" else (z1, z2))).loss
+        loss = objective(*((predictor(z1), predictor(z2), z1, z2) if name == "simsiam" else (z1, z2)),
+                         gather_distributed=True).loss
         loss.backward()
         grads = torch.cat([torch.zeros_like(p).flatten() if p.grad is None else p.grad.flatten() for p in params])
         inputs = torch.cat([a.grad, b.grad], dim=1)

@@ -263,7 +263,8 @@ def _check_heads(recipe: Recipe) -> None:
     objective = recipe.objective
     if recipe.heads and objective.options:
         params = [p for p in inspect.signature(OBJECTIVES.get(objective.name)).parameters][2:]
-        params = [p for p in params if p not in ("p1", "p2", "z1", "z2")]
+        # gather_distributed is the run's to decide (per step source), not the recipe's
+        params = [p for p in params if p not in ("p1", "p2", "z1", "z2", "gather_distributed")]
         for key in objective.options:
             if key not in params:
                 raise unknown_name(f"objective.options.{key}", f"{objective.name} option", key, params)

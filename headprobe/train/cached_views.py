@@ -11,6 +11,7 @@ identical to single-process ones without a cross-process BatchNorm (which torch 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -31,7 +32,6 @@ from headprobe.train.engine import (
     steps_of,
 )
 from headprobe.train.heads import ProjectionHead
-from headprobe.train.objectives import local_batch
 
 __all__ = ["CheckpointError", "CachedSteps", "HeadState", "batch_for_step", "build_head", "collapse_stats",
            "head_taps", "latest_checkpoint", "load_checkpoint", "make_states", "train_heads"]
@@ -71,7 +71,7 @@ class CachedSteps:
         return ((step, None) for step in steps)
 
     def running(self):
-        return local_batch()  # every process holds the whole batch here: nothing to gather
+        return contextlib.nullcontext()
 
     def forward(self, step: int, batch, states: list[HeadState]) -> StepOutput:
         n, k, _ = self.views.shape
@@ -82,7 +82,8 @@ class CachedSteps:
         losses = {}
         for state in states:
             state.modules().train()
-            losses[state.name] = objective_loss(self.objective, self.options, state, z1, z2)
+            # every process holds the whole batch here: nothing to gather
+            losses[state.name] = objective_loss(self.objective, self.options, state, z1, z2, gather_distributed=False)
         return StepOutput(z1, z2, losses)
 
     def finish(self) -> None:

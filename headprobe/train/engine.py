@@ -31,7 +31,6 @@ from headprobe.parallel.collectives import all_finite, all_rows, mean_over_ranks
 from headprobe.registry import HEADS
 from headprobe.train.checkpoint import load_trainable_state, restore_checkpoint, save_checkpoint, trainable_state
 from headprobe.train.heads import Predictor, ProjectionHead
-from headprobe.train.objectives import local_batch
 from headprobe.train.stats import collapse_stats, update_stats  # noqa: F401  (train.py re-exports collapse_stats)
 
 
@@ -132,9 +131,13 @@ class HeadState:
         return any(True for _ in self.head.parameters())
 
 
-def objective_loss(objective, options: dict, state: HeadState, z1: torch.Tensor, z2: torch.Tensor):
-    """(LossTerms, h1) of one head on the representations z1, z2: (B, D); the predictor applied when there is one."""
+def objective_loss(objective, options: dict, state: HeadState, z1: torch.Tensor, z2: torch.Tensor, *,
+                   gather_distributed: bool):
+    """(LossTerms, h1) of one head on the representations z1, z2: (B, D); the predictor applied when there is one.
+    `gather_distributed`: whether z1, z2 are this process's share of a batch split across processes (the objective
+    then gathers what it defines over the batch) or already the whole batch."""
     h1, h2 = state.head(z1), state.head(z2)
+    options = {**options, "gather_distributed": gather_distributed}
     if state.predictor is not None:
         return objective(state.predictor(h1), state.predictor(h2), h1, h2, **options), h1
     return objective(h1, h2, **options), h1
@@ -327,11 +330,11 @@ def _train_steps(source: StepSource, groups: list[Optimisation], steps: range, t
             states = [s for g in training for s in g.heads]
             out = source.forward(step, batch, states)
             if tracking and (step + 1) % track.track_every == 0:
-                with local_batch():  # a snapshot of this process's rows; the Hessian products stay local
-                    for state in states:
-                        if state.has_weights():  # an identity head has no curvature of its own
-                            track_curvature(state, objective, objective_options, out.z1.detach(), out.z2.detach(),
-                                            track, step, per_epoch, seed, log, stat_rows)
+                # a snapshot of this process's rows: the objective is called without gathering, the products stay local
+                for state in states:
+                    if state.has_weights():  # an identity head has no curvature of its own
+                        track_curvature(state, objective, objective_options, out.z1.detach(), out.z2.detach(),
+                                        track, step, per_epoch, seed, log, stat_rows)
             losses = [group.loss(out) for group in training]
             for group, loss, finite in zip(training, losses, all_finite(losses, source.world), strict=True):
                 _optimise(group, out, loss, finite, step, total, train, per_epoch, source, log)

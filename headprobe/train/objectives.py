@@ -2,13 +2,13 @@
 
 Every objective returns a `LossTerms`: ``.loss`` to call ``backward()`` on and ``.terms`` to log.
 
-Distributed runs: when ``torch.distributed`` is initialised with a world size above one, each function
-gathers what the paper defines over the batch — the InfoNCE negatives, VICReg's variance and covariance,
-Barlow Twins' standardisation and cross-correlation — from every rank with `gather_with_grad`, so that
-``W`` processes with ``B`` samples each compute the objective of one ``W·B`` batch. There is no flag:
-outside an initialised process group, or inside `local_batch()`, nothing is gathered. Every rank must pass
-the same batch size
-(use ``drop_last=True``) and call the objective at the same point, since the gather is a collective.
+Distributed runs: with ``gather_distributed=True`` (lightly's name; off by default, so the call site says it)
+and ``torch.distributed`` initialised with a world size above one, each function gathers what the paper defines
+over the batch — the InfoNCE negatives, VICReg's variance and covariance, Barlow Twins' standardisation and
+cross-correlation — from every rank with `gather_with_grad`, so that ``W`` processes with ``B`` samples each
+compute the objective of one ``W·B`` batch. Every rank must then pass the same batch size (use
+``drop_last=True``) and call the objective at the same point, since the gather is a collective. Code that
+already holds the global batch on every process (headprobe's cached path) passes ``False``.
 
 What each rank gets, with the global batch split in equal parts:
 
@@ -25,10 +25,8 @@ batch-mean loss.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -62,27 +60,9 @@ class LossTerms:
         return f"LossTerms(loss={self.loss!r}, terms={self.terms!r})"
 
 
-_LOCAL = threading.local()
-
-
-@contextlib.contextmanager
-def local_batch() -> Iterator[None]:
-    """Within this block the objectives see only the batch they are given, even in a process group.
-
-    For code that already holds the global batch on every process (headprobe's cached path trains the
-    heads replicated on every rank): gathering would then duplicate the batch W times.
-    """
-    previous = getattr(_LOCAL, "active", False)
-    _LOCAL.active = True
-    try:
-        yield
-    finally:
-        _LOCAL.active = previous
-
-
 def _world() -> tuple[int, int]:
-    """(rank, world size) of the default process group, or (0, 1) when none is initialised or in `local_batch`."""
-    if dist.is_available() and dist.is_initialized() and not getattr(_LOCAL, "active", False):
+    """(rank, world size) of the default process group, or (0, 1) when none is initialised."""
+    if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
@@ -164,7 +144,8 @@ def _off_diagonal(m: torch.Tensor) -> torch.Tensor:
     return m.flatten()[:-1].view(d - 1, d + 1)[:, 1:].flatten()
 
 
-def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) -> LossTerms:
+def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1, *,
+             gather_distributed: bool = False) -> LossTerms:
     """SimCLR's NT-Xent loss (Chen et al., 2020).
 
     "We randomly sample a minibatch of N examples and define the contrastive prediction task on pairs of
@@ -178,7 +159,7 @@ def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) -> Lo
     the mean of ℓ over the 2N anchors.
 
     z1, z2: (N, D) embeddings of two views; row n of each is a positive pair. They are L2-normalised here.
-    Distributed: the anchors are this rank's 2N rows and the candidates the 2·W·N rows of all ranks.
+    With ``gather_distributed``: the anchors are this rank's 2N rows and the candidates the 2·W·N rows of all ranks.
 
     >>> z = torch.eye(4)
     >>> round(info_nce(z, z, temperature=0.1).loss.item(), 6)  # log(1 + 6·e^−10)
@@ -186,10 +167,10 @@ def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) -> Lo
     """
     _check_pair("info_nce", z1, z2, min_batch=1)
     _check_positive("info_nce", temperature=temperature)
-    rank, world = _world()
+    rank, world = _world() if gather_distributed else (0, 1)
     n = z1.shape[0]
     anchors = F.normalize(torch.cat([z1, z2]), dim=1)
-    g1, g2 = gather_with_grad(anchors[:n]), gather_with_grad(anchors[n:])
+    g1, g2 = (gather_with_grad(anchors[:n]), gather_with_grad(anchors[n:])) if world > 1 else (anchors[:n], anchors[n:])
     candidates = torch.cat([g1, g2])
     logits = anchors @ candidates.T / temperature
     total = world * n
@@ -214,6 +195,8 @@ def vicreg(
     eps: float = 1e-4,
     gamma: float = 1.0,
     variance: str = "official",
+    *,
+    gather_distributed: bool = False,
 ) -> LossTerms:
     """VICReg: Variance-Invariance-Covariance Regularization (Bardes, Ponce & LeCun, ICLR 2022).
 
@@ -229,7 +212,7 @@ def vicreg(
     (``sim_loss = mse_loss(z_a, z_b)``) for which the weights were tuned; its Eq. for s sums over the D
     dimensions instead. Var is the unbiased variance over the batch, like C(Z).
 
-    z1, z2: (N, D) embeddings of two views, N >= 2. Distributed: all three terms are computed on the
+    z1, z2: (N, D) embeddings of two views, N >= 2. With ``gather_distributed``: all three terms are computed on the
     gathered (W·N, D) batch, so every rank returns the global loss.
     Terms: ``vicreg`` (the total), ``vicreg.sim`` = s, ``vicreg.var`` = the variance term μ multiplies
     ([v(Z) + v(Z')] / 2 by default, v(Z) + v(Z') with ``variance="paper"``), ``vicreg.cov`` = c(Z) + c(Z').
@@ -244,7 +227,8 @@ def vicreg(
     if variance not in VICREG_VARIANCE:
         raise ValueError(f"vicreg got variance={variance!r}; use 'official' (the authors' code: the variance term "
                          "halved, what λ = μ = 25 were tuned with) or 'paper' (Eq. 6 as printed).")
-    z1, z2 = gather_with_grad(z1), gather_with_grad(z2)
+    if gather_distributed:
+        z1, z2 = gather_with_grad(z1), gather_with_grad(z2)
     n, d = z1.shape
     sim = F.mse_loss(z1, z2)
     var = z1.new_zeros(())
@@ -262,7 +246,8 @@ def vicreg(
     )
 
 
-def barlow_twins(z1: torch.Tensor, z2: torch.Tensor, lambd: float = 5e-3) -> LossTerms:
+def barlow_twins(z1: torch.Tensor, z2: torch.Tensor, lambd: float = 5e-3, *,
+                 gather_distributed: bool = False) -> LossTerms:
     """Barlow Twins (Zbontar et al., ICML 2021).
 
         L_BT = Σ_i (1 − C_ii)² + λ Σ_i Σ_{j≠i} C_ij²
@@ -273,7 +258,7 @@ def barlow_twins(z1: torch.Tensor, z2: torch.Tensor, lambd: float = 5e-3) -> Los
     batch with its population (1/N) standard deviation and C = ẐᴬᵀẐᴮ / N, which is this formula exactly, so
     identical views give C_ii = 1. There is no ε: a dimension that is constant over the batch gives NaN.
 
-    z1, z2: (N, D) embeddings of two views, N >= 2. Distributed: standardisation and C use the gathered
+    z1, z2: (N, D) embeddings of two views, N >= 2. With ``gather_distributed``: standardisation and C use the gathered
     (W·N, D) batch, so every rank returns the global loss.
     Terms: ``barlow_twins`` (the total), ``barlow_twins.on_diag`` = Σ (1 − C_ii)²,
     ``barlow_twins.off_diag`` = Σ_{i≠j} C_ij² (before λ).
@@ -284,7 +269,8 @@ def barlow_twins(z1: torch.Tensor, z2: torch.Tensor, lambd: float = 5e-3) -> Los
     """
     _check_pair("barlow_twins", z1, z2, min_batch=2)
     _check_non_negative("barlow_twins", lambd=lambd)
-    z1, z2 = gather_with_grad(z1), gather_with_grad(z2)
+    if gather_distributed:
+        z1, z2 = gather_with_grad(z1), gather_with_grad(z2)
     n = z1.shape[0]
     z1 = (z1 - z1.mean(dim=0)) / z1.std(dim=0, unbiased=False)
     z2 = (z2 - z2.mean(dim=0)) / z2.std(dim=0, unbiased=False)
@@ -298,7 +284,8 @@ def barlow_twins(z1: torch.Tensor, z2: torch.Tensor, lambd: float = 5e-3) -> Los
     )
 
 
-def simsiam(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor) -> LossTerms:
+def simsiam(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor, *,
+            gather_distributed: bool = False) -> LossTerms:
     """SimSiam's symmetrised negative cosine with stop-gradient (Chen & He, CVPR 2021).
 
         D(p1, z2) = − p1/‖p1‖₂ · z2/‖z2‖₂,   L = ½ D(p1, stopgrad(z2)) + ½ D(p2, stopgrad(z1))

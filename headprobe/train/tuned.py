@@ -16,7 +16,7 @@ good state.
 
 Processes: rank r takes the shard ``r::W`` of the step's B image indices (B // W each, the remainder of B is
 dropped), Accelerate wraps backbone + heads in DDP, and the objectives gather over ranks (this path does not
-use `objectives.local_batch`), so W processes compute the objective of one global batch. On CUDA the
+pass `gather_distributed=False`), so W processes compute the objective of one global batch. On CUDA the
 BatchNorm layers are synchronised across ranks while training; on CPU torch has no cross-process BatchNorm,
 so there they normalise each rank's shard. ``features.precision`` bf16/fp16 autocasts the backbone forward on
 CUDA only (fp16 with a gradient scaler); heads and objectives run in float32. The random numbers of step s
@@ -101,7 +101,8 @@ class _Joint(nn.Module):
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor):
         z1, z2 = self.features(x1).float(), self.features(x2).float()
-        out = {name: objective_loss(self.objective, self.options, state, z1, z2)
+        # each process holds its share of the global batch: the objectives gather across processes
+        out = {name: objective_loss(self.objective, self.options, state, z1, z2, gather_distributed=True)
                for name, state in self.states.items()}
         return torch.stack([terms.loss for terms, _ in out.values()]).sum(), out, z1, z2
 
