@@ -7,6 +7,10 @@ interface. Files are read with ``torch.load(weights_only=True)`` (never a full u
 record of what was read (sha256, format, part, tensors matched) is in ``backbone.describe()["checkpoint"]`` and
 ``head.record``.
 
+Objects other than those (VICReg's LARS keeps its ``exclude_bias_and_norm`` function in the optimiser state) are read
+as inert placeholders, never imported or called (`headprobe.ssl.inert`), and listed in the record's
+``skipped_objects``.
+
 Formats (each module's docstring quotes the code that writes its files): ``dino`` (main_dino.py full checkpoints
 and the released backbone-only files), ``vicreg`` and ``barlow`` / ``barlowtwins`` (the official full checkpoints),
 ``solo-learn`` (Lightning checkpoints with args.json beside them: vicreg, barlow_twins, simclr, byol on
@@ -34,6 +38,7 @@ from ..registry import unknown_name_message
 from . import dino, lightly, solo_learn, vicreg
 from .checkpoint import CheckpointBackbone, Selected, SSLCheckpointError, SSLRecord, read_checkpoint
 from .heads import BNReLUProjector, DINOProjectionHead, SequentialProjector, WeightNormLinear
+from .inert import skipped_objects
 
 # "barlowtwins" is the (and the repository's) name for "barlow"; both read the same files.
 FORMATS: dict[str, ModuleType | vicreg.Format] = {"dino": dino, "vicreg": vicreg.VICREG, "barlow": vicreg.BARLOW,
@@ -63,7 +68,7 @@ def read_part(id: str, part: str | None = None, *, digest: bool = True) -> tuple
                                       where=fmt.where(Path(path).name), digest=digest)
     sel = fmt.select(content, part, path)
     record = SSLRecord(path=str(Path(path).expanduser()), sha256=digest, format=format, part=sel.part,
-                       layout=sel.layout, ignored=sel.ignored, args=sel.args)
+                       layout=sel.layout, ignored=sel.ignored, args=sel.args, skipped=skipped_objects(content))
     return fmt, sel, record
 
 
