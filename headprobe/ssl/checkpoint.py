@@ -46,6 +46,8 @@ class Selected:
     preprocess: Preprocess | None = None
     # The pooling the head was trained on where it depends on the run (solo-learn: cls for ViTs); None: the format's.
     pooling: str | None = None
+    # What the file says about rebuilding the head beyond its tensors (lightly: the head classes hyper_parameters name).
+    hints: dict = field(default_factory=dict)
 
 
 @dataclass
