@@ -82,3 +82,22 @@ def test_barlowtwins_main_checkpoint():
     assert max(head_differences(head, expected, "")) <= TOLERANCE
     record = head.record.to_dict()
     assert record["skipped_objects"] == {} and "module.bn.*" in record["ignored_entries"]
+
+
+@pytest.mark.parametrize("method,part", [("vicreg", None), ("byol", "student"), ("byol", "teacher"),
+                                         ("simclr", None)])
+def test_solo_learn_checkpointer_files(method, part):
+    """solo-learn's methods (narrowed ResNet-18 with the CIFAR stem for vicreg, the ImageNet stem for byol; vit_tiny
+    for simclr) saved by its Checkpointer: the .ckpt and args.json beside it."""
+    folder = FIXTURES / f"solo_learn_{method}"
+    expected = load_file(folder / "expected.safetensors")
+    prefix = "teacher." if part == "teacher" else ""
+    id = f"ssl:solo-learn:{folder / method}.ckpt"
+    backbone = load_backbone(id, part=part, pooling="cls" if method == "simclr" else None)
+    with torch.no_grad():
+        assert max_difference(backbone(expected["pixels"]), expected[f"{prefix}backbone"]) <= TOLERANCE
+    head = load_pretrained_head(id, part=part)
+    assert max(head_differences(head, expected, prefix)) <= TOLERANCE
+    record = head.record.to_dict()
+    assert record["skipped_objects"] == {} and record["args"]["method"] == method
+    assert {"optimizer_states", "lr_schedulers", "callbacks"} <= set(record["ignored_entries"])
