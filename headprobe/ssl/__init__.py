@@ -3,13 +3,11 @@
 The paper's foundation-model evidence measures official checkpoints before and after the head they were
 pretrained with. ``load_backbone("ssl:dino:/ckpt/dino_deitsmall16_pretrain_full_checkpoint.pth", part="teacher")``
 rebuilds the backbone; ``load_pretrained_head(same id, part="teacher")`` rebuilds its head with headprobe's tap
-interface. Files are read with ``torch.load(weights_only=True)`` (never a full unpickle) and loaded strictly; the
+interface. Files are read with torch's weights-only unpickler (never a full unpickle) and loaded strictly; the
 record of what was read (sha256, format, part, tensors matched) is in ``backbone.describe()["checkpoint"]`` and
-``head.record``.
-
-Objects other than those (VICReg's LARS keeps its ``exclude_bias_and_norm`` function in the optimiser state) are read
-as inert placeholders, never imported or called (`headprobe.ssl.inert`), and listed in the record's
-``skipped_objects``.
+``head.record``. Objects other than tensors, numbers, strings and plain containers (VICReg's LARS keeps its
+``exclude_bias_and_norm`` function in the optimiser state) are read as inert placeholders, never imported or called
+(`headprobe.ssl.inert`), and listed in the record's ``skipped_objects``.
 
 Formats (each module's docstring quotes the code that writes its files): ``dino`` (main_dino.py full checkpoints
 and the released backbone-only files), ``vicreg`` and ``barlow`` / ``barlowtwins`` (the official full checkpoints),
