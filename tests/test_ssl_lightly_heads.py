@@ -63,10 +63,13 @@ def build(name: str, extra: dict) -> nn.Module:
     return module.eval()
 
 
-def save(tmp_path, module: nn.Module, hparams: dict | None = None) -> str:
-    """The head as lightly's examples hold it (``self.projection_head``), in a Lightning checkpoint's layout."""
+def save(tmp_path, module: nn.Module, hparams: dict | None = None, beside: dict | None = None) -> str:
+    """The head as lightly's examples hold it (``self.projection_head``), in a Lightning checkpoint's layout;
+    `beside`: other modules of the LightningModule ({attribute: module})."""
     state = {"backbone.0.weight": torch.zeros(64, 3, 7, 7)}
     state |= {f"projection_head.{k}": v for k, v in module.state_dict().items()}
+    for name, other in (beside or {}).items():
+        state |= {f"{name}.{k}": v for k, v in other.state_dict().items()}
     path = tmp_path / "head.ckpt"
     torch.save({"epoch": 0, "state_dict": state, "hyper_parameters": hparams or {}}, path)
     return f"ssl:lightly:{path}"
@@ -159,3 +162,21 @@ def test_a_hint_outside_the_activations_or_against_a_fixed_head_is_refused(tmp_p
     with pytest.raises(SSLCheckpointError, match="act 'none' is not an activation a lightly head is rebuilt with"):
         load_pretrained_head(id, act="none")
     assert candidates("L+BN+A L+BN+A L+BNp") == ["SimSiamProjectionHead"]
+
+
+def test_swav_and_smog_prototypes_beside_the_head_are_ignored(tmp_path):
+    """lightly's SwaV example keeps `self.prototypes = SwaVPrototypes(...)`, SMoG's `self.smog = SMoGPrototypes()`."""
+    module = build("SwaVProjectionHead", {})
+    beside = {"prototypes": build("SwaVPrototypes", {}), "smog": build("SMoGPrototypes", VARIANTS["SMoGPrototypes"][0])}
+    head = load_pretrained_head(save(tmp_path, module, beside=beside), act="relu")
+    assert max_difference(head, module) <= 1e-6
+    assert {"prototypes.*", "smog.*"} <= set(head.record.ignored)
+
+
+def test_a_custom_projection_head_is_rebuilt_with_the_activation_given(tmp_path):
+    module = build("ProjectionHead", {"blocks": [(12, 10, None, nn.SiLU()), (10, 6, None, None)]})
+    head = load_pretrained_head(save(tmp_path, module), act="silu")
+    x = torch.randn(3, 12, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(head(x), module(x), rtol=0, atol=1e-6)
+    assert isinstance(head[1], nn.SiLU) and head.activation == "swish"

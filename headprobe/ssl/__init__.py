@@ -108,7 +108,9 @@ def load_ssl(
 def build_head(fmt: ModuleType | vicreg.Format, sel: Selected, what: str, act: str | None) -> nn.Module:
     """The head of `sel`. lightly's is the one whose activation the file may not hold: `act` says it there; for the
     other formats, whose head is fixed, an `act` that differs from it is refused."""
-    head = fmt.build_head(sel, what, act=act) if fmt is lightly else fmt.build_head(sel, what)
+    if fmt is lightly:
+        return lightly.build_head(sel, what, act=act)
+    head = fmt.build_head(sel, what)
     if act is not None and act != head.activation:
         raise SSLCheckpointError(f"{what}: act {act!r} was given, but this head computes {head.activation} (read from "
                                  f"its {sel.layout}); remove act, which only lightly's heads need.")
