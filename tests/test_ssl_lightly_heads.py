@@ -180,3 +180,10 @@ def test_a_custom_projection_head_is_rebuilt_with_the_activation_given(tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(head(x), module(x), rtol=0, atol=1e-6)
     assert isinstance(head[1], nn.SiLU) and head.activation == "swish"
+
+
+def test_a_head_without_an_activation_needs_no_hint(tmp_path):
+    module = build("ProjectionHead", {"blocks": [(12, 6, nn.BatchNorm1d(6), None)]})
+    head = load_pretrained_head(save(tmp_path, module))
+    assert head.depth == 1 and head.record.head_rebuilt["from"] == "the layout: it has no activation"
+    assert max_difference(head, module) <= 1e-6

@@ -179,6 +179,8 @@ def choose_activation(layout: str, sel: Selected, act: str | None, what: str) ->
     ``hyper_parameters`` name, or the layout where every class with it computes the same; else an error naming the
     candidates and the hint to give."""
     classes = candidates(layout)
+    if "+A" not in layout:  # no activation to choose (one Linear, or Linears and norms only)
+        return {"activation": "none", "from": "the layout: it has no activation", "class_candidates": classes}
     if act is not None:
         if act not in ACT_MODULES:
             raise SSLCheckpointError(f"{what}: act {act!r} is not an activation a lightly head is rebuilt with; use "
@@ -196,10 +198,10 @@ def choose_activation(layout: str, sel: Selected, act: str | None, what: str) ->
         by_act.setdefault(ACTIVATION[c], []).append(c)
     which = " or ".join(f"{', '.join(cs)} ({a})" for a, cs in sorted(by_act.items(), key=lambda i: i[0] != "relu"))
     hint = " or ".join(f"act: {a}" for a in sorted(by_act, key=lambda a: a != "relu")) or "act: relu"
-    return_to = (f"its layout ({layout}) is that of {which}" if classes else
-                 f"its layout ({layout}) is none of lightly's head classes ({', '.join(HEADS)})")
+    shape = (f"its layout ({layout}) is that of {which}" if classes else
+             f"its layout ({layout}) is none of lightly's head classes ({', '.join(HEADS)})")
     raise SSLCheckpointError(
-        f"{what}: {return_to}, and an activation leaves no tensors, so which one it computes is not in the "
+        f"{what}: {shape}, and an activation leaves no tensors, so which one it computes is not in the "
         "checkpoint (nor do its hyper_parameters name the class). Say it: in the recipe, on the `type: pretrained` "
         f"head, {hint} (load_pretrained_head(..., act=...) in Python); headprobe does not guess it.")
 
@@ -225,8 +227,7 @@ def build_head(sel: Selected, what: str, act: str | None = None) -> SequentialPr
             layers.append(None)
     check_widths(layers, sel.head_prefix, what)
     rebuilt = choose_activation(block_layout(layers), sel, act, what)
-    module = ACT_MODULES[rebuilt["activation"]]
-    head = SequentialProjector([m if m is not None else module() for m in layers])
+    head = SequentialProjector([m if m is not None else ACT_MODULES[rebuilt["activation"]]() for m in layers])
     load_strict(head, sel.head, what=what, layout=LAYOUT, prefix=sel.head_prefix)
     head.rebuilt = rebuilt
     return head
