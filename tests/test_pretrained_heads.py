@@ -74,17 +74,22 @@ def test_resnet_formats_own_head_is_probed_end_to_end(fmt, tmp_path):
 
     if fmt == "solo-learn":
         path, depth = save_run(tmp_path, "vicreg"), 3
-    elif fmt == "lightly":
-        path, depth = save_lightly(tmp_path, "simclr"), 2
+    elif fmt == "lightly":  # MoCo v2's head, whose ReLU the file cannot show: the recipe's act says it
+        path, depth = save_lightly(tmp_path, "moco"), 2
     else:
         path, depth = tmp_path / "vicreg.pth", 3
         torch.save(full(resnet(), projector(True)), path)
     recipe = _recipe(path) | {"backbone": {"id": f"ssl:{fmt}:{path}", "pooling": "mean", "resolution": 32}}
     recipe["heads"][0]["name"] = "own"
+    if fmt == "lightly":
+        recipe["heads"][0]["act"] = "relu"
     results = run(recipe, out=tmp_path / "r", quiet=True)
     own = [t for t in results["taps"] if t == "own" or t.startswith("own@")]
     assert own == [f"own@{i}" for i in range(1, depth)] + ["own"]
     assert results["heads"]["own"]["train"]["steps"] == 0 and results["heads"]["mlp"]["train"]["steps"] > 0
     assert results["heads"]["own"]["checkpoint"]["format"] == fmt
+    assert results["heads"]["own"]["checkpoint"]["skipped_objects"] == {}
+    if fmt == "lightly":
+        assert results["heads"]["own"]["checkpoint"]["head_rebuilt"]["from"] == "the act given (recipe heads[i].act)"
     assert results["backbone"]["checkpoint"]["sha256"] == results["heads"]["own"]["checkpoint"]["sha256"]
     assert results["buffer"]["own"]["verdict"] in ("buffer", "no-buffer", "mixed", "inconclusive")

@@ -134,3 +134,108 @@ def test_recipes_with_a_few_anchors_and_aliases_still_load(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("ok ")
     heads = [(h.name, h.act, h.width, h.depth) for h in load_recipe(path).heads]
     assert heads == [("relu", "relu", 16, 2), ("swish", "swish", 16, 2), ("deep", "relu", 16, 3)]
+
+
+class _Writes:
+    """Unpickling this writes `marker` through builtins.exec: a global torch's unpickler does not block, so headprobe's
+    inert placeholders are what keep it from running."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('ran')",)
+
+
+def _resnet_state(prefix: str) -> dict:
+    from torchvision.models.resnet import BasicBlock, ResNet
+
+    net = ResNet(BasicBlock, [1, 1, 1, 1])
+    net.fc = torch.nn.Identity()
+    return {f"{prefix}{k}": v for k, v in net.state_dict().items()}
+
+
+def _vicreg_checkpoint(optimizer: dict, **top) -> dict:
+    proj = {"0.weight": torch.zeros(8, 512), "0.bias": torch.zeros(8), "1.weight": torch.ones(8),
+            "1.bias": torch.zeros(8), "1.running_mean": torch.zeros(8), "1.running_var": torch.ones(8),
+            "1.num_batches_tracked": torch.tensor(1), "3.weight": torch.zeros(4, 8)}
+    model = _resnet_state("module.backbone.") | {f"module.projector.{k}": v for k, v in proj.items()}
+    return {"epoch": 3, "model": model, "optimizer": optimizer, **top}
+
+
+@pytest.fixture
+def trainer_module(tmp_path, monkeypatch):
+    """A module `main_vicreg` whose import writes a marker; the checkpoints below name its function, as the official
+    VICReg checkpoints name main_vicreg.exclude_bias_and_norm. Saved, then made unimportable again."""
+    import importlib
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    imported = tmp_path / "imported"
+    (src / "main_vicreg.py").write_text(f"open({str(imported)!r}, 'w').write('imported')\n\n"
+                                        "def exclude_bias_and_norm(p):\n    return p.ndim == 1\n")
+    monkeypatch.syspath_prepend(str(src))
+    module = importlib.import_module("main_vicreg")
+    imported.unlink()
+    yield module, imported
+    sys.modules.pop("main_vicreg", None)
+
+
+@pytest.mark.parametrize("where", ["optimizer state", "param_groups", "top level"])
+def test_ssl_checkpoint_payloads_stay_inert_and_are_recorded(tmp_path, trainer_module, where):
+    import sys
+
+    from headprobe.ssl import load_pretrained_head
+
+    module, imported = trainer_module
+    marker = tmp_path / "pwned"
+    group = {"lr": 0.1, "weight_decay_filter": module.exclude_bias_and_norm,
+             "lars_adaptation_filter": module.exclude_bias_and_norm, "params": [0, 1]}
+    optimizer = {"state": {0: {"mu": torch.zeros(2)}}, "param_groups": [group]}
+    top = {}
+    if where == "optimizer state":
+        optimizer["state"][1] = {"mu": torch.zeros(2), "hook": _Writes(marker)}
+    elif where == "param_groups":
+        group["hook"] = _Writes(marker)
+    else:
+        top["stats"] = _Writes(marker)
+    path = tmp_path / "model.pth"
+    torch.save(_vicreg_checkpoint(optimizer, **top), path)
+    sys.modules.pop("main_vicreg")
+    torch.load(path, weights_only=False)  # the payload is real: a full unpickle runs it (and imports main_vicreg)
+    assert marker.exists() and imported.exists()
+    marker.unlink()
+    imported.unlink()
+    sys.modules.pop("main_vicreg")
+
+    head = load_pretrained_head(f"ssl:vicreg:{path}")
+    assert not marker.exists() and not imported.exists() and "main_vicreg" not in sys.modules
+    skipped = head.record.to_dict()["skipped_objects"]
+    assert skipped["main_vicreg.exclude_bias_and_norm"] == {
+        "count": 2, "at": ["optimizer.param_groups[0].weight_decay_filter",
+                           "optimizer.param_groups[0].lars_adaptation_filter"]}
+    at = {"optimizer state": "optimizer.state[1].hook", "param_groups": "optimizer.param_groups[0].hook",
+          "top level": "stats"}[where]
+    assert skipped["builtins.exec"] == {"count": 1, "at": [at]}
+    assert head.depth == 2
+
+
+def test_ssl_checkpoint_payload_in_dino_args_or_blocked_module_is_refused(tmp_path):
+    from headprobe.backbones import load_backbone
+    from headprobe.ssl import SSLCheckpointError
+
+    marker = tmp_path / "pwned"
+    vit = {"cls_token": torch.zeros(1, 1, 8), "pos_embed": torch.zeros(1, 2, 8)}
+    path = tmp_path / "dino.pth"
+    teacher = {f"backbone.{k}": v for k, v in vit.items()} | {"head.last_layer.weight_g": torch.ones(2, 1)}
+    torch.save({"teacher": teacher, "student": {}, "args": _Writes(marker)}, path)
+    with pytest.raises(SSLCheckpointError, match=r"'args' is an object built by builtins.exec, which headprobe does "
+                                                 r"not run, not the argparse.Namespace"):
+        load_backbone(f"ssl:dino:{path}", num_heads=2)
+    assert not marker.exists()
+    torch.save(_vicreg_checkpoint({"state": {}, "param_groups": []}, stats=_Payload(marker)), path)  # os.system
+    with pytest.raises(SSLCheckpointError, match=r"not loaded.*GLOBAL posix.system whose module posix is blocked.*"
+                                                 r"could run code"):
+        load_backbone(f"ssl:vicreg:{path}")
+    assert not marker.exists()

@@ -125,7 +125,9 @@ def test_backbone_and_projection_head_match_the_reference(tmp_path, head):
     assert (rec["format"], rec["part"], rec["layout"]) == ("lightly", "student", "lightly Lightning checkpoint")
     assert rec["matched_tensors"] == {"backbone": len(children_state(resnet()))}
     assert "criterion.*" in rec["ignored_entries"]
-    proj = load_pretrained_head(f"ssl:lightly:{path}")
+    # Barlow Twins' layout is MSN's and MoCo v2's is LeWM's (GELU): their activation has to be said.
+    act = "relu" if head in ("barlowtwins", "moco") else None
+    proj = load_pretrained_head(f"ssl:lightly:{path}", act=act)
     feats = torch.randn(4, 512, generator=torch.Generator().manual_seed(3))
     expected = reference_head(head, head_state(head), feats)
     taps = proj.taps(feats)
@@ -133,6 +135,7 @@ def test_backbone_and_projection_head_match_the_reference(tmp_path, head):
     for got, want in zip(taps, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert proj.record.matched == {"head": len(head_state(head))}
+    assert proj.record.head_rebuilt["activation"] == "relu"
 
 
 def test_torchvision_names_and_momentum_teacher(tmp_path):
@@ -145,7 +148,7 @@ def test_torchvision_names_and_momentum_teacher(tmp_path):
     teacher = load_backbone(f"ssl:lightly:{path}", part="teacher")
     with torch.no_grad():
         torch.testing.assert_close(teacher(x), reference_features(resnet(seed=7), x), rtol=1e-5, atol=1e-5)
-    head = load_pretrained_head(f"ssl:lightly:{path}", part="teacher")
+    head = load_pretrained_head(f"ssl:lightly:{path}", part="teacher", act="relu")
     feats = torch.randn(3, 512, generator=torch.Generator().manual_seed(5))
     torch.testing.assert_close(head(feats), reference_head("moco", head_state("moco", seed=8), feats)[-1])
     assert "prediction_head.*" in head.record.ignored
@@ -154,8 +157,8 @@ def test_torchvision_names_and_momentum_teacher(tmp_path):
 def test_unsupported_heads_and_unknown_modules_are_named(tmp_path):
     dino = {"projection_head.last_layer.weight_g": torch.ones(OUT, 1),
             "projection_head.last_layer.weight_v": torch.zeros(OUT, OUT)}
-    with pytest.raises(SSLCheckpointError, match=r"outside its ProjectionHead layers \['projection_head.last_layer"
-                                                 r".*supported heads: BarlowTwinsProjectionHead"):
+    with pytest.raises(SSLCheckpointError, match=r"outside a lightly ProjectionHead's layers \['projection_head.last_"
+                                                 r"layer.*DINOProjectionHead.*Supported heads: BarlowTwinsProjection"):
         load_pretrained_head(f"ssl:lightly:{save(tmp_path, 'moco', extra=dino)}")
     with pytest.raises(SSLCheckpointError, match=r"unexpected 1 key\(s\) \['encoder.weight'\]"):
         load_backbone(f"ssl:lightly:{save(tmp_path, 'moco', extra={'encoder.weight': torch.zeros(2)})}")
@@ -164,4 +167,4 @@ def test_unsupported_heads_and_unknown_modules_are_named(tmp_path):
     bad = {"projection_head.layers.2.weight": torch.zeros(OUT, HIDDEN + 1)}  # MoCo's last Linear, wrong input
     with pytest.raises(SSLCheckpointError, match=r"'projection_head.layers.2.weight' has shape \(8, 25\).*"
                                                  r"follows a layer of width 24"):
-        load_pretrained_head(f"ssl:lightly:{save(tmp_path, 'moco', extra=bad)}")
+        load_pretrained_head(f"ssl:lightly:{save(tmp_path, 'moco', extra=bad)}", act="relu")

@@ -140,3 +140,18 @@ def test_pretrained_head_needs_the_pooling_and_layer_it_was_trained_on(tmp_path,
     code, err = validate(recipe(tmp_path, {"id": id, "pooling": "mean", "layer": 2}), capsys)
     assert code == 2 and "final features, but backbone.layer = 2; remove it" in err
     assert validate(recipe(tmp_path, {"id": id, "pooling": "mean", "layer": 2}, heads=[]), capsys)[0] == 0
+
+
+def test_a_lightly_head_whose_activation_the_file_cannot_show_needs_act(tmp_path, capsys):
+    path = save_lightly(tmp_path, "moco")  # MoCo v2's layout, Linear → (ReLU) → Linear, is LeWM's (GELU) too
+    backbone = {"id": f"ssl:lightly:{path}", "pooling": "mean"}
+    code, err = validate(recipe(tmp_path, backbone), capsys)
+    assert code == 2 and "MoCoProjectionHead" in err and "LeWMProjectionHead (gelu)" in err
+    assert "act: relu or act: gelu" in err and "does not guess" in err
+    assert validate(recipe(tmp_path, backbone, heads=[{"name": "own", "type": "pretrained", "act": "relu"}]),
+                    capsys)[0] == 0
+    ckpt = dino_checkpoint()
+    torch.save(ckpt, tmp_path / "dino.pth")
+    code, err = validate(recipe(tmp_path, {"id": f"ssl:dino:{tmp_path / 'dino.pth'}", "num_heads": 2},
+                                heads=[{"name": "own", "type": "pretrained", "act": "relu"}]), capsys)
+    assert code == 2 and "act 'relu' was given, but this head computes gelu" in err

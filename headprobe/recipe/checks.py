@@ -48,8 +48,9 @@ def _check_ssl_checkpoint(recipe: Recipe) -> None:
     from ..ssl import inspect_checkpoint
 
     pretrained = [h.name for h in recipe.heads if h.type == "pretrained"]
+    act = next((h.act for h in recipe.heads if h.type == "pretrained"), None)
     try:
-        expects = inspect_checkpoint(spec.id, part=spec.part, num_heads=spec.num_heads, head=bool(pretrained))
+        expects = inspect_checkpoint(spec.id, part=spec.part, num_heads=spec.num_heads, head=bool(pretrained), act=act)
     except (ValueError, OSError) as err:
         raise RecipeError(f"backbone.id = {spec.id!r}: {err}") from None
     if pretrained and expects.get("pooling") not in (None, spec.pooling):

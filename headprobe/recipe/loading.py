@@ -335,6 +335,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path)
     if origin in (Union, types.UnionType):
+        named = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is not None and len(named) == 1 and typing.get_origin(named[0]) is Literal:
+            return _coerce(named[0], value, path)  # an optional choice: the choices' own message
         for arg in typing.get_args(tp):
             try:
                 return _coerce(arg, value, path)

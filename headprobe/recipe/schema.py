@@ -245,7 +245,9 @@ class HeadSpec:
     depth: int = field(default=2, metadata=at_least(1))
     width: int = field(default=2048, metadata=at_least(1))
     out_dim: int | None = field(default=None, metadata=at_least(1))
-    act: str = field(default="relu", metadata=registered(ACTIVATIONS))
+    # The names the ACTIVATIONS registry holds; null: relu for a trained head. On a `type: pretrained` head it says the
+    # activation a checkpoint cannot show (lightly's heads: an activation has no tensors); null there: read it.
+    act: str | None = field(default=None, metadata=registered(ACTIVATIONS))
     bn_hidden: bool = True
     bn_out: bool = False
     l2_out: bool = False
@@ -255,6 +257,10 @@ class HeadSpec:
     # The layers to probe (1 = the first hidden layer … depth = the output), e.g. [1, 3] to skip a pretrained DINO
     # head's 65,536-d prototype logits; null = every layer. The verdict compares the deepest probed layer.
     taps: list[int] | None = field(default=None, metadata=at_least(1))
+
+    def __post_init__(self) -> None:
+        if self.act is None and self.type != "pretrained":
+            self.act = "relu"
 
 
 @dataclass

@@ -3,16 +3,19 @@
 The paper's foundation-model evidence measures official checkpoints before and after the head they were
 pretrained with. ``load_backbone("ssl:dino:/ckpt/dino_deitsmall16_pretrain_full_checkpoint.pth", part="teacher")``
 rebuilds the backbone; ``load_pretrained_head(same id, part="teacher")`` rebuilds its head with headprobe's tap
-interface. Files are read with ``torch.load(weights_only=True)`` (never a full unpickle) and loaded strictly; the
+interface. Files are read with torch's weights-only unpickler (never a full unpickle) and loaded strictly; the
 record of what was read (sha256, format, part, tensors matched) is in ``backbone.describe()["checkpoint"]`` and
-``head.record``.
+``head.record``. Objects other than tensors, numbers, strings and plain containers (VICReg's LARS keeps its
+``exclude_bias_and_norm`` function in the optimiser state) are read as inert placeholders, never imported or called
+(`headprobe.ssl.inert`), and listed in the record's ``skipped_objects``.
 
 Formats (each module's docstring quotes the code that writes its files): ``dino`` (main_dino.py full checkpoints
 and the released backbone-only files), ``vicreg`` and ``barlow`` / ``barlowtwins`` (the official full checkpoints),
 ``solo-learn`` (Lightning checkpoints with args.json beside them: vicreg, barlow_twins, simclr, byol on
 resnet18/50) and ``lightly`` (Lightning checkpoints of lightly's example modules: ``backbone`` +
-``projection_head``, ReLU ProjectionHeads). `inspect_checkpoint` checks a file's keys and shapes without loading a
-model (``headprobe validate``).
+``projection_head``: lightly's ProjectionHead classes, the activation read from the layout, the checkpoint's
+hyper_parameters or the caller's ``act``, never guessed). `inspect_checkpoint` checks a file's keys and shapes
+without loading a model (``headprobe validate``).
 
 >>> bb = load_backbone("ssl:dino:dino_deitsmall16_pretrain_full_checkpoint.pth")  # doctest: +SKIP
 >>> head = load_pretrained_head("ssl:dino:dino_deitsmall16_pretrain_full_checkpoint.pth")  # doctest: +SKIP
@@ -34,6 +37,7 @@ from ..registry import unknown_name_message
 from . import dino, lightly, solo_learn, vicreg
 from .checkpoint import CheckpointBackbone, Selected, SSLCheckpointError, SSLRecord, read_checkpoint
 from .heads import BNReLUProjector, DINOProjectionHead, SequentialProjector, WeightNormLinear
+from .inert import skipped_objects
 
 # "barlowtwins" is the issue's (and the repository's) name for "barlow"; both read the same files.
 FORMATS: dict[str, ModuleType | vicreg.Format] = {"dino": dino, "vicreg": vicreg.VICREG, "barlow": vicreg.BARLOW,
@@ -63,7 +67,7 @@ def read_part(id: str, part: str | None = None, *, digest: bool = True) -> tuple
                                       where=fmt.where(Path(path).name), digest=digest)
     sel = fmt.select(content, part, path)
     record = SSLRecord(path=str(Path(path).expanduser()), sha256=digest, format=format, part=sel.part,
-                       layout=sel.layout, ignored=sel.ignored, args=sel.args)
+                       layout=sel.layout, ignored=sel.ignored, args=sel.args, skipped=skipped_objects(content))
     return fmt, sel, record
 
 
@@ -101,16 +105,30 @@ def load_ssl(
     return CheckpointBackbone.wrap(backbone, record)
 
 
-def load_pretrained_head(id: str, *, part: str | None = None) -> nn.Module:
+def build_head(fmt: ModuleType | vicreg.Format, sel: Selected, what: str, act: str | None) -> nn.Module:
+    """The head of `sel`. lightly's is the one whose activation the file may not hold: `act` says it there; for the
+    other formats, whose head is fixed, an `act` that differs from it is refused."""
+    if fmt is lightly:
+        return lightly.build_head(sel, what, act=act)
+    head = fmt.build_head(sel, what)
+    if act is not None and act != head.activation:
+        raise SSLCheckpointError(f"{what}: act {act!r} was given, but this head computes {head.activation} (read from "
+                                 f"its {sel.layout}); remove act, which only lightly's heads need.")
+    return head
+
+
+def load_pretrained_head(id: str, *, part: str | None = None, act: str | None = None) -> nn.Module:
     """The head a checkpoint was pretrained with, frozen, in eval mode, with ``taps``/``depth``/``tap_labels``.
 
     `id` is the backbone's id (``ssl:<format>:<path>``, the ``ssl:`` optional) and `part` the same part as the
-    backbone's. `head.record` is the `SSLRecord` (sha256, part, tensors matched); `head.expects` the backbone
-    features it was trained on (pooling cls, layer -1 for DINO).
+    backbone's. `act`: the activation of a lightly head whose layout does not say it (the recipe's
+    ``heads[i].act``). `head.record` is the `SSLRecord` (sha256, part, tensors matched, skipped objects, how the head
+    was rebuilt); `head.expects` the backbone features it was trained on (pooling cls, layer -1 for DINO).
     """
     fmt, sel, record = read_part(id, part)
-    head = fmt.build_head(sel, f"{record.path}, {sel.part} head")
+    head = build_head(fmt, sel, f"{record.path}, {sel.part} head", act)
     record.matched["head"] = len(sel.head or {})
+    record.head_rebuilt = dict(getattr(head, "rebuilt", {}))
     head.record = record
     head.eval()
     for p in head.parameters():
@@ -119,12 +137,12 @@ def load_pretrained_head(id: str, *, part: str | None = None) -> nn.Module:
 
 
 def inspect_checkpoint(id: str, *, part: str | None = None, num_heads: int | None = None,
-                       head: bool = False) -> dict:
+                       head: bool = False, act: str | None = None) -> dict:
     """Check, without loading a model, that the file of `id` exists and holds what its format needs: the part's
     keys and shapes against the backbone (and, with `head`, the pretrained head) rebuilt on the meta device, where
     modules hold no memory and nothing is loaded. Raises what loading would (`SSLCheckpointError`,
-    `BackboneNotFoundError`); `headprobe validate` reports it with exit code 2. Returns the head's `expects` (the
-    features it was trained on: pooling, layer), {} without `head`."""
+    `BackboneNotFoundError`); `headprobe validate` reports it with exit code 2. `act` as for `load_pretrained_head`.
+    Returns the head's `expects` (the features it was trained on: pooling, layer), {} without `head`."""
     import torch
 
     fmt, sel, record = read_part(id, part, digest=False)
@@ -132,7 +150,7 @@ def inspect_checkpoint(id: str, *, part: str | None = None, num_heads: int | Non
         fmt.build_backbone(sel, f"{record.path}, {sel.part} backbone", num_heads=num_heads)
         if not head:
             return {}
-        return dict(getattr(fmt.build_head(sel, f"{record.path}, {sel.part} head"), "expects", {}) or {})
+        return dict(getattr(build_head(fmt, sel, f"{record.path}, {sel.part} head", act), "expects", {}) or {})
 
 
 __all__ = [

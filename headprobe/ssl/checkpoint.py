@@ -1,8 +1,10 @@
 """Reading self-supervised training checkpoints safely, and loading their tensors strictly.
 
 A training checkpoint is a pickle. Unpickling an arbitrary file can run any code it names, so the file is read
-with ``torch.load(weights_only=True)``: tensors, numbers, strings and plain containers only, plus the few classes
-a format declares (DINO saves its command line as an ``argparse.Namespace``). Anything else is refused.
+with torch's weights-only unpickler: tensors, numbers, strings and plain containers, the few classes a format
+declares (DINO saves its command line as an ``argparse.Namespace``), and for every other global an inert placeholder
+(`headprobe.ssl.inert`: VICReg's LARS keeps a function in its optimiser state). Nothing the file names is imported or
+called; where the placeholders are is recorded (``skipped_objects``).
 
 Every tensor of the part that is loaded must be used and every tensor the rebuilt module needs must be present:
 `load_strict` names the missing and unexpected keys, or the tensor whose shape differs, instead of leaving
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from ..backbones.base import Backbone, BackboneNotFoundError, Preprocess
+from .inert import is_skipped, read_inert
 
 
 class SSLCheckpointError(ValueError):
@@ -43,6 +46,8 @@ class Selected:
     preprocess: Preprocess | None = None
     # The pooling the head was trained on where it depends on the run (solo-learn: cls for ViTs); None: the format's.
     pooling: str | None = None
+    # What the file says about rebuilding the head beyond its tensors (lightly: the head classes hyper_parameters name).
+    hints: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -57,11 +62,16 @@ class SSLRecord:
     matched: dict[str, int] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
     args: dict = field(default_factory=dict)
+    # {global: {"count", "at"}}: the objects read as inert placeholders (`inert.skipped_objects`), never run.
+    skipped: dict[str, dict] = field(default_factory=dict)
+    # How the head was rebuilt where its tensors do not say everything (lightly: which activation, from where).
+    head_rebuilt: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "sha256": self.sha256, "format": self.format, "part": self.part,
-                "layout": self.layout, "matched_tensors": dict(self.matched), "ignored_entries": list(self.ignored),
-                "args": dict(self.args)}
+        out = {"path": self.path, "sha256": self.sha256, "format": self.format, "part": self.part,
+               "layout": self.layout, "matched_tensors": dict(self.matched), "ignored_entries": list(self.ignored),
+               "args": dict(self.args), "skipped_objects": dict(self.skipped)}
+        return out | ({"head_rebuilt": dict(self.head_rebuilt)} if self.head_rebuilt else {})
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -74,40 +84,33 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def read_checkpoint(path: str | Path, *, format: str, allowed: tuple[type, ...] = (), where: str = "",
                     digest: bool = True) -> tuple[object, str]:
-    """The unpickled content of `path` (weights only, plus the classes in `allowed`) and the file's sha256 ("" when
-    `digest` is False: validation inspects the keys and needs no checksum). `where` says where to get the file."""
+    """The content of `path` (weights only, the classes in `allowed`, inert placeholders for every other global:
+    `inert.read_inert`) and the file's sha256 ("" when `digest` is False: validation inspects the keys and needs no
+    checksum). `where` says where to get the file."""
     path = Path(path).expanduser()
     if not path.is_file():
         relative = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
         raise BackboneNotFoundError(f"{path}: no such file{relative}; give the path of a {format} training "
                                     f"checkpoint{'. ' + where if where else ' (.pth).'}")
     checksum = sha256_file(path) if digest else ""
-    with torch.serialization.safe_globals(list(allowed)):
-        try:
-            content = _load(path)
-        except pickle.UnpicklingError as err:
-            named = next((line.strip() for line in str(err).splitlines() if "global" in line.lower()), "")
-            raise SSLCheckpointError(
-                f"{path} was not loaded: it holds Python objects other than tensors, numbers, strings, plain "
-                f"containers{' and ' + ', '.join(c.__qualname__ for c in allowed) if allowed else ''} "
-                f"({named or 'unsupported object'}), and unpickling it could run code. headprobe never unpickles "
-                f"a checkpoint fully; re-save the state dicts alone (torch.save(ckpt['teacher'], ...)) from a "
-                "trusted copy."
-            ) from None
-        except (RuntimeError, EOFError, OSError) as err:
-            first = str(err).splitlines()[0] if str(err) else ""
-            raise SSLCheckpointError(f"{path} is not a readable torch checkpoint ({type(err).__name__}: {first}).") \
-                from None
-    return content, checksum
-
-
-def _load(path: Path):
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as err:
-        if "zip" not in str(err).lower() and "mmap" not in str(err).lower():
-            raise
-        return torch.load(path, map_location="cpu", weights_only=True)  # legacy (pre-zip) files cannot be mapped
+        content = read_inert(path, allowed=allowed)
+    except pickle.UnpicklingError as err:
+        lines = str(err).splitlines()
+        named = next((line.strip() for line in lines if "global" in line.lower()), lines[0] if lines else "")
+        raise SSLCheckpointError(
+            f"{path} was not loaded: it holds Python objects that cannot be read without running code "
+            f"({named or 'an unsupported object'}); headprobe reads tensors, "
+            "numbers, strings, plain containers"
+            f"{', ' + ', '.join(c.__qualname__ for c in allowed) if allowed else ''} and keeps other objects as "
+            "inert placeholders, but torch's unpickler refuses these, and unpickling them fully could run code. "
+            "Re-save the state dicts alone (torch.save(ckpt['model'], ...)) from a trusted copy."
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise SSLCheckpointError(f"{path} is not a readable torch checkpoint ({type(err).__name__}: {first}).") \
+            from None
+    return content, checksum
 
 
 def strip_prefix(state: dict, prefix: str) -> dict:
@@ -144,6 +147,9 @@ def load_strict(module: nn.Module, state: dict, *, what: str, layout: str, prefi
             f"unexpected {len(unexpected)} {unexpected[:10]}. Expected: {layout}"
         )
     for key, tensor in state.items():
+        if is_skipped(tensor):
+            raise SSLCheckpointError(f"{what}: entry {prefix + key!r} is an object built by {tensor.name}, which "
+                                     "headprobe does not run, not a tensor.")
         if not isinstance(tensor, torch.Tensor):
             raise SSLCheckpointError(f"{what}: entry {prefix + key!r} is a {type(tensor).__name__}, not a tensor.")
         if tuple(tensor.shape) != tuple(expected[key].shape):

@@ -25,6 +25,7 @@ import torch
 from ..backbones.base import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from .checkpoint import Selected, SSLCheckpointError, load_strict, split_by_prefix, strip_prefix
 from .heads import DINOProjectionHead
+from .inert import is_skipped
 from .vit import DINO_VIT_HEADS, DinoViT, vit_from_keys
 
 PARTS = ("teacher", "student")
@@ -47,6 +48,10 @@ LAYOUT = ("a DINO checkpoint as main_dino.py saves it: a dict with 'teacher' and
 def _args_dict(args) -> dict:
     if args is None:
         return {}
+    if is_skipped(args):
+        raise SSLCheckpointError(f"the checkpoint's 'args' is an object built by {args.name}, which headprobe does not "
+                                 "run, not the argparse.Namespace main_dino.py saves; re-save the checkpoint without "
+                                 "it (its 'args' is not needed with the backbone option num_heads).")
     if not isinstance(args, argparse.Namespace):
         raise SSLCheckpointError(f"the checkpoint's 'args' is a {type(args).__name__}, not the argparse.Namespace "
                                  "main_dino.py saves.")

@@ -64,6 +64,7 @@ class DINOProjectionHead(nn.Module):
         self.last_layer = WeightNormLinear(bottleneck_dim, out_dim)
         self.tap_labels = [f"mlp{i}" for i in range(1, nlayers)] + ["bottleneck (l2-normalised)", "prototypes"]
         self.expects = {"pooling": "cls", "layer": -1}
+        self.activation = "gelu"
 
     @property
     def depth(self) -> int:
@@ -98,7 +99,9 @@ class SequentialProjector(nn.Sequential):
     (2, [64, 16])
     """
 
-    ACTIVATIONS = (nn.ReLU, nn.GELU)
+    # The activations a projector may hold, by the names `headprobe.train.heads.ACTIVATIONS` gives them.
+    NAMES = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "swish", nn.Tanh: "tanh"}
+    ACTIVATIONS = tuple(NAMES)
 
     def __init__(self, layers: list[nn.Module]) -> None:
         linears = [m for m in layers if isinstance(m, nn.Linear)]
@@ -111,6 +114,9 @@ class SequentialProjector(nn.Sequential):
         n_hidden = sum(isinstance(m, self.ACTIVATIONS) for m in layers)
         self.tap_labels = [f"hidden{i}" for i in range(1, n_hidden + 1)] + ["output"]
         self.expects = {"pooling": "mean", "layer": -1}
+        # The activation's name ("relu"), "+"-joined where they differ, "none" without one.
+        self.activation = "+".join(dict.fromkeys(self.NAMES[type(m)] for m in layers
+                                                 if isinstance(m, self.ACTIVATIONS))) or "none"
 
     @property
     def depth(self) -> int:

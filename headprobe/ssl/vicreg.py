@@ -8,8 +8,10 @@ and, at the end, ``resnet50.pth`` = the backbone's state dict alone. Its ``resne
 projector is ``Linear → BatchNorm1d → ReLU`` per hidden layer and a bias-free last ``Linear`` (``--mlp
 8192-8192-8192``). facebookresearch/barlowtwins ``main.py`` saves the same dict, with a torchvision ResNet-50
 (``fc = Identity``), bias-free projector Linears, and the loss's ``bn`` (``BatchNorm1d(affine=False)``: part of the
-loss, not of the head, so its ``bn.*`` statistics are recorded as ignored). Widened ResNets (``resnet50x2`` …)
-are refused: their stem is wider than torchvision's 64 channels.
+loss, not of the head, so its ``bn.*`` statistics are recorded as ignored). VICReg's widened ResNets
+(``resnet50x2`` …, ``ResNet(widen=k)``: stem and stages k times wider) are read with the widths their tensors show.
+The optimiser state is not read; VICReg's LARS keeps its ``exclude_bias_and_norm`` function there, which is read as
+an inert placeholder (`headprobe.ssl.inert`) and listed in the record's ``skipped_objects``.
 """
 
 from __future__ import annotations

@@ -24,14 +24,15 @@ class PretrainedHead:
 
 def load_pretrained_heads(ctx) -> dict[str, PretrainedHead]:
     """{name: head} for the recipe's `type: pretrained` heads: the head stored in the backbone's checkpoint
-    (`backbone.id: ssl:<format>:<path>`, the same `part`), checked against the features it was trained on."""
+    (`backbone.id: ssl:<format>:<path>`, the same `part`, the head's `act` where the file cannot show it), checked
+    against the features it was trained on."""
     from headprobe.ssl import load_pretrained_head
 
     out = {}
     spec = ctx.recipe.backbone
     for head_spec in (h for h in ctx.recipe.heads if h.type == "pretrained"):
         head = ctx.stage(f"loading the pretrained head {head_spec.name!r}", load_pretrained_head, spec.id,
-                         part=spec.part)
+                         part=spec.part, act=head_spec.act)
         expects = getattr(head, "expects", {}) or {}
         if expects.get("pooling") not in (None, spec.pooling):
             raise RecipeError(f"heads: {head_spec.name!r} is {spec.id}'s own head, trained on "
