@@ -59,8 +59,8 @@ def test_a_nan_before_the_first_log_goes_back_to_the_start(views, monkeypatch):
 
     real = train_module.objective_loss
 
-    def poisoned(objective, options, state, z1, z2):
-        terms, h1 = real(objective, options, state, z1, z2)
+    def poisoned(objective, options, state, z1, z2, *, gather_distributed):
+        terms, h1 = real(objective, options, state, z1, z2, gather_distributed=gather_distributed)
         terms.loss = terms.loss * float("nan")
         return terms, h1
 

@@ -65,8 +65,8 @@ def test_resume_from_a_checkpoint_gives_the_same_weights(views, tmp_path):
 def test_a_nan_loss_stops_only_that_head(views, monkeypatch):
     real = train_module.objective_loss
 
-    def poisoned(objective, options, state, z1, z2):
-        terms, h1 = real(objective, options, state, z1, z2)
+    def poisoned(objective, options, state, z1, z2, *, gather_distributed):
+        terms, h1 = real(objective, options, state, z1, z2, gather_distributed=gather_distributed)
         if state.name == "swish" and state.history:
             terms.loss = terms.loss * float("nan")
         return terms, h1

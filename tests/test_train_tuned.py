@@ -101,8 +101,8 @@ def test_lora_moves_only_the_adapters(tiny_dinov2, digits, tmp_path):
 def test_a_nan_loss_stops_training_and_keeps_the_last_good_state(tiny_dinov2, digits, monkeypatch, tmp_path):
     real, calls = tuned_module.objective_loss, {"relu": 0}
 
-    def poisoned(objective, options, state, z1, z2):
-        terms, h1 = real(objective, options, state, z1, z2)
+    def poisoned(objective, options, state, z1, z2, *, gather_distributed):
+        terms, h1 = real(objective, options, state, z1, z2, gather_distributed=gather_distributed)
         if state.name == "relu":
             calls["relu"] += 1
             if calls["relu"] >= 3:

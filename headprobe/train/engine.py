@@ -135,9 +135,11 @@ def objective_loss(objective, options: dict, state: HeadState, z1: torch.Tensor,
                    gather_distributed: bool):
     """(LossTerms, h1) of one head on the representations z1, z2: (B, D); the predictor applied when there is one.
     `gather_distributed`: whether z1, z2 are this process's share of a batch split across processes (the objective
-    then gathers what it defines over the batch) or already the whole batch."""
+    then gathers what it defines over the batch) or already the whole batch. Passed only when True, so a plug-in
+    objective that never runs split across processes need not take it."""
     h1, h2 = state.head(z1), state.head(z2)
-    options = {**options, "gather_distributed": gather_distributed}
+    if gather_distributed:
+        options = {**options, "gather_distributed": True}
     if state.predictor is not None:
         return objective(state.predictor(h1), state.predictor(h2), h1, h2, **options), h1
     return objective(h1, h2, **options), h1

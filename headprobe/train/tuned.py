@@ -88,8 +88,10 @@ class StepViews(torch.utils.data.Dataset):
 class _Joint(nn.Module):
     """Backbone + heads as one module (what DDP wraps): (x1, x2) → (summed loss, {head: (LossTerms, h1)}, z1, z2)."""
 
-    def __init__(self, backbone, states: dict[str, HeadState], objective, options: dict, autocast_dtype) -> None:
+    def __init__(self, backbone, states: dict[str, HeadState], objective, options: dict, autocast_dtype,
+                 gather_distributed: bool) -> None:
         super().__init__()
+        self.gather_distributed = gather_distributed
         self.backbone = backbone
         self.heads = nn.ModuleList([state.modules() for state in states.values()])
         self.states, self.objective, self.options, self.autocast_dtype = states, objective, options, autocast_dtype
@@ -101,8 +103,9 @@ class _Joint(nn.Module):
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor):
         z1, z2 = self.features(x1).float(), self.features(x2).float()
-        # each process holds its share of the global batch: the objectives gather across processes
-        out = {name: objective_loss(self.objective, self.options, state, z1, z2, gather_distributed=True)
+        # with several processes each holds its share of the global batch: the objectives gather across them
+        out = {name: objective_loss(self.objective, self.options, state, z1, z2,
+                                    gather_distributed=self.gather_distributed)
                for name, state in self.states.items()}
         return torch.stack([terms.loss for terms, _ in out.values()]).sum(), out, z1, z2
 
@@ -246,7 +249,7 @@ def train_tuned(
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     states = {name: HeadState(name, head, predictor, optimizer, scheduler) for name, (head, predictor) in heads.items()}
 
-    joint = _Joint(backbone, states, objective, objective_options, autocast_dtype)
+    joint = _Joint(backbone, states, objective, objective_options, autocast_dtype, gather_distributed=world > 1)
     swapped = _sync_batchnorm(joint) if world > 1 and device.type == "cuda" else []
     # find_unused_parameters: a fully tuned backbone may hold weights its pooling never uses (DINOv2's mask token).
     # mixed_precision "no": autocast covers the backbone only (see _Joint), not the heads and objectives.
