@@ -7,7 +7,18 @@ from pathlib import Path
 import pytest
 
 from headprobe import record
-from headprobe.record import BufferVerdict, Evidence, RunRecord, TapRecord, Uncertainty, check_record, fields
+from headprobe.record import (
+    BufferVerdict,
+    Claim,
+    ClaimAnswer,
+    ClaimChange,
+    Evidence,
+    RunRecord,
+    TapRecord,
+    Uncertainty,
+    check_record,
+    fields,
+)
 from headprobe.runs import SCHEMA_VERSION, new_results
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
@@ -34,6 +45,12 @@ def test_design_example_uses_only_the_record_s_keys_and_documents_every_optional
         assert set(verdict) <= set(fields(BufferVerdict))
         for entry in verdict["evidence"].values():
             assert set(entry) <= set(fields(Evidence))
+    for claim in example["claims"].values():
+        assert set(claim) <= set(fields(Claim))
+        for answer in claim["heads"].values():
+            assert set(answer) <= set(fields(ClaimAnswer))
+            for change in answer["secondary"].values():
+                assert set(change) <= set(fields(ClaimChange))
 
 
 def test_new_results_holds_exactly_the_keys_every_run_has():
