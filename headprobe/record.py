@@ -100,7 +100,7 @@ class ClaimAnswer(ClaimChange, total=False):
     """claims[Q]["heads"][H]: question Q answered for head H from its primary measure."""
 
     tap: str
-    answer: Literal["yes", "no", "equivalent", "lost", "gained", "undecided"]
+    answer: Literal["yes", "no", "equivalent", "lost", "gained", "undecided", "not measured"]
     p: float | None
     p_holm: float | None
     line: str

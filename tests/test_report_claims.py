@@ -71,3 +71,17 @@ def test_the_terminal_summary_opens_with_the_answers():
     assert lines[0].startswith("answers to the paper's questions")
     assert lines[1] == f"  {answer_lines(results)[0]}"
     assert any(line.startswith("buffer verdicts:") for line in lines[4:])  # kept, after the table
+
+
+def test_a_question_the_run_could_not_answer_is_one_line_and_its_measures_still_show():
+    results = results_dict()
+    taps = results["taps"]
+    taps["backbone"]["metrics"] |= AUG
+    taps["mlp"]["metrics"] |= {k: v - 0.1 for k, v in AUG.items()}
+    results["claims"] = answer_questions(taps, {}, {}, {"mlp": "mlp"})
+    lines = answer_lines(results)
+    assert lines[0] == ("Q-aug: not answered — rotation.acc was not measured at the backbone and a head's output; "
+                        "add the probe that measures it to the recipe")
+    assert sum(line.startswith("Q-aug") for line in lines) == 1
+    section = answers_section(results, {})
+    assert ">aug_r2.mean<" in section and "aug_r2 per augmentation parameter (2)" in section

@@ -83,3 +83,11 @@ def test_the_claims_command_writes_the_numbers_of_a_real_run(tiny_recipe, tmp_pa
     record = results["claims"]["Q-class"]["heads"]["relu"]
     shown = re.search(r"\| Q-class \| linear\.acc \| r \| relu \| ([\d.]+) / ([\d.]+) \(", md)
     assert [float(v) for v in shown.groups()] == [round(100 * record["backbone"], 1), round(100 * record["head"], 1)]
+
+
+def test_a_head_without_the_primary_gives_secondary_rows_only():
+    taps = {"backbone": {"metrics": {"aug_r2.mean": 0.5}},
+            "h": {"head": "h", "metrics": {"aug_r2.mean": 0.4}}}
+    rows = claims_rows({"r": {"claims": answer_questions(taps, {}, {}, {"h": "h"})}}, secondary=True)
+    assert [(r["question"], r["measure"], r["role"]) for r in rows] == [("Q-aug", "aug_r2.mean", "secondary")]
+    assert "0.5 / 0.4 (−0.1 [no interval], 1 seed)" in format_claims(rows, "md")

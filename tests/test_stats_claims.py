@@ -162,3 +162,14 @@ def test_a_tiny_run_answers_each_question_for_each_head(tiny_recipe, tmp_path):
     assert {"knn.k5.acc", "align", "uniform"} <= set(narrow["Q-class"]["secondary"])
     assert narrow["Q-class"]["line"].startswith("Q-class: narrow head keeps the class information")
     assert results["buffer"]["narrow"]["verdict"]  # kept alongside, demoted in the report
+
+
+def test_a_question_without_its_primary_keeps_its_secondary_measures_and_gives_no_answer():
+    taps = _taps({"aug_r2.mean": 0.5, "linear.acc": 0.9},
+                 {"h": [{"aug_r2.mean": 0.4 + c, "linear.acc": 0.9} for c in (0.0, 0.01, -0.01)]})
+    out = answer_questions(taps, {}, {}, {"h": "h"})["Q-aug"]
+    assert out["not_measured"].startswith("rotation.acc was not measured")
+    record = out["heads"]["h"]
+    assert record["answer"] == "not measured" and "change" not in record and "p_holm" not in record
+    assert record["secondary"]["aug_r2.mean"]["change"] == pytest.approx(-0.1)
+    assert record["line"] == "Q-aug: h head: rotation.acc was not measured — not measured"

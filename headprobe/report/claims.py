@@ -18,9 +18,18 @@ BADGE = {"yes": "buffer", "equivalent": "buffer", "no": "no-buffer", "lost": "no
 
 
 def answer_lines(results: Mapping) -> list[str]:
-    """One line per question and head, in the order recorded ("Q-aug: d2 head discards ... — yes")."""
-    return [record["line"] for claim in (results.get("claims") or {}).values() if isinstance(claim, dict)
-            for record in (claim.get("heads") or {}).values() if isinstance(record, dict) and "line" in record]
+    """One line per question and head, in the order recorded ("Q-aug: d2 head discards ... — yes"); one line for
+    a question whose primary measure the run did not measure."""
+    lines = []
+    for key, claim in (results.get("claims") or {}).items():
+        if not isinstance(claim, dict):
+            continue
+        if claim.get("not_measured"):
+            lines.append(f"{key}: not answered — {claim['not_measured']}")
+            continue
+        lines += [record["line"] for record in (claim.get("heads") or {}).values()
+                  if isinstance(record, dict) and "line" in record]
+    return lines
 
 
 def _losses(records: Sequence[dict]) -> list[tuple[int, float]]:

@@ -38,9 +38,10 @@ def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False) -> list[di
         for question, claim in claims.items():
             for head, record in (claim.get("heads") or {}).items():
                 base = {"run": label, "question": question, "head": head, "tap": record.get("tap")}
-                rows.append(base | _numbers(record) | {"measure": claim["primary"], "role": "primary",
-                                                       "answer": record.get("answer"), "p": record.get("p"),
-                                                       "p_holm": record.get("p_holm")})
+                if "change" in record:  # else the primary was not measured: the secondary measures alone
+                    rows.append(base | _numbers(record) | {"measure": claim["primary"], "role": "primary",
+                                                           "answer": record.get("answer"), "p": record.get("p"),
+                                                           "p_holm": record.get("p_holm")})
                 if secondary:
                     rows += [base | _numbers(change) | {"measure": metric, "role": "secondary", "answer": None,
                                                         "p": None, "p_holm": None}
@@ -55,7 +56,7 @@ def _numbers(record: Mapping) -> dict:
 
 
 def _value(measure: str, value: float) -> str:
-    return f"{100 * value:.1f}" if measure.endswith(".acc") else f"{value:.3g}"
+    return (f"{100 * value:.1f}" if measure.endswith(".acc") else f"{value:.3g}").replace("-", "−")
 
 
 def paper_cell(row: Mapping) -> str:
@@ -65,7 +66,8 @@ def paper_cell(row: Mapping) -> str:
     measure = row["measure"]
     ci = row.get("ci95")
     interval = f" [{in_units(measure, ci[0])}, {in_units(measure, ci[1])}]" if ci else " [no interval]"
-    n = f"{row.get('n_seeds')}×{row['n_units']}" if row.get("n_units") else f"{row.get('n_seeds')} seeds"
+    seeds = row.get("n_seeds")
+    n = f"{seeds}×{row['n_units']}" if row.get("n_units") else f"{seeds} seed{'' if seeds == 1 else 's'}"
     return (f"{_value(measure, row['backbone'])} / {_value(measure, row['head_value'])} "
             f"({in_units(measure, row['change'], signed=True)}{interval}, {n})")
 

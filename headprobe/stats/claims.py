@@ -44,6 +44,8 @@ import re
 from dataclasses import dataclass
 
 DIRECTION, EQUIVALENCE = "direction", "equivalence"
+# A head's answer where the question's primary measure was not measured (its secondary measures are still shown).
+NOT_MEASURED = "not measured"
 
 
 @dataclass(frozen=True)
@@ -185,8 +187,9 @@ def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict
                      overrides: dict | None = None, seed: int = 0) -> dict:
     """results.json["claims"]: per question its primary, margin, rules and, per head (compared: {head: the tap it
     is compared at}), the primary change with its interval, p, p_holm, the answer, its one-line sentence and the
-    secondary measures' changes. taps: results["taps"]; per_unit: {"TAP" | "TAP.seed-S": {metric: statistic}};
-    resamples: {unit: Resamples} shared by every tap; seed: the seeds' bootstrap draws."""
+    secondary measures' changes (a head without the primary: answer NOT_MEASURED and its secondary measures).
+    taps: results["taps"]; per_unit: {"TAP" | "TAP.seed-S": {metric: statistic}}; resamples: {unit: Resamples}
+    shared by every tap; seed: the seeds' bootstrap draws."""
     from ..stats import ALPHA, holm
 
     out = {}
@@ -200,16 +203,19 @@ def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict
         for head, tap in compared.items():
             if tap not in taps or "backbone" not in taps:
                 continue
+            names = [m for m in taps[tap]["metrics"] if m != question.primary]
+            secondary = {m: c.record() for m in _matching(question.secondary, names)
+                         if (c := metric_change(taps, per_unit, resamples, tap, m, seed))}
             change = metric_change(taps, per_unit, resamples, tap, question.primary, seed)
-            if change is None:
+            if change is None:  # no answer; the secondary measures are still shown
+                if secondary:
+                    heads[head] = {"tap": tap, "answer": NOT_MEASURED, "secondary": secondary}
                 continue
             answer, p = _decide(question, change)
-            heads[head] = {"tap": tap, **change.record(), "answer": answer, "p": p, "p_holm": None}
+            heads[head] = {"tap": tap, **change.record(), "answer": answer, "p": p, "p_holm": None,
+                           "secondary": secondary}
             if p is not None:
                 p_values[head] = p
-            names = [m for m in taps[tap]["metrics"] if m != question.primary]
-            heads[head]["secondary"] = {m: c.record() for m in _matching(question.secondary, names)
-                                        if (c := metric_change(taps, per_unit, resamples, tap, m, seed))}
         for head, p_holm in holm(p_values).items():
             heads[head]["p_holm"] = p_holm
             if p_holm >= ALPHA:
@@ -217,7 +223,7 @@ def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict
         for head, record in heads.items():
             record["line"] = answer_line(question, head, record)
         entry["heads"] = heads
-        if not heads:
+        if all(record["answer"] == NOT_MEASURED for record in heads.values()):
             entry["not_measured"] = (f"{question.primary} was not measured at the backbone and a head's output; "
                                      "add the probe that measures it to the recipe")
         out[question.key] = entry
@@ -236,6 +242,8 @@ def answer_line(question: Question, head: str, record: dict) -> str:
     """"Q-aug: d2 head discards augmentation information (rotation.acc): −7.4 points [−11.9, −2.1], 3 seeds × 200
     test images — yes"; a one-seed interval says it covers the test images only."""
     metric = question.primary
+    if "change" not in record:
+        return f"{question.key}: {head} head: {metric} was not measured — {record['answer']}"
     points = " points" if metric.endswith(".acc") else ""
     margin = (f", margin ±{in_units(metric, question.margin)}{points}" if question.kind == EQUIVALENCE else
               f", margin {in_units(metric, question.margin)}{points}" if question.margin else "")
