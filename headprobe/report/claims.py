@@ -52,7 +52,7 @@ def trained_line(records: Sequence[dict], train: Mapping | None = None) -> str:
         verdict = training_convergence(records)
         start, end = verdict["start"], verdict["end"]
         moved = "fell" if end < start else "rose"
-        head = "trained" if verdict["status"] == "converged" else f"trained? {verdict['status']}"
+        head = "trained" if verdict["status"] == "converged" else verdict["status"]
         return f"{head}: loss {moved} from {fmt(start)} to {fmt(end)}{which}, over {len(points)} logged steps"
     few = (f"only {len(points)} logged step{'s' if len(points) != 1 else ''} (at least {MIN_POINTS} tell whether "
            "it converged; lower train.log_every)")
