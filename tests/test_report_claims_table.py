@@ -91,3 +91,16 @@ def test_a_head_without_the_primary_gives_secondary_rows_only():
     rows = claims_rows({"r": {"claims": answer_questions(taps, {}, {}, {"h": "h"})}}, secondary=True)
     assert [(r["question"], r["measure"], r["role"]) for r in rows] == [("Q-aug", "aug_r2.mean", "secondary")]
     assert "0.5 / 0.4 (−0.1 [no interval], 1 seed)" in format_claims(rows, "md")
+
+
+@pytest.mark.parametrize("claims, words", [
+    ({"Q-aug": "yes"}, "claims.Q-aug has no primary measure or no heads"),
+    ({"Q-aug": {"primary": "rotation.acc", "heads": {"d2": {"change": None, "backbone": 0.5, "head": 0.4}}}},
+     "claims.Q-aug.heads.d2 is not an answer with numbers"),
+])
+def test_damaged_claims_are_refused_with_a_sentence(claims, words, tmp_path, capsys):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.json").write_text(json.dumps({"status": "complete", "claims": claims}))
+    assert main(["claims", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and words in " ".join(err.split())

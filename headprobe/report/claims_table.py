@@ -35,6 +35,7 @@ def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False) -> list[di
             raise ValueError(f"run {label} has no answers (results.json has no \"claims\"): it trained no head, "
                              "stopped before probing them, or was made by a headprobe older than the questions; "
                              "rerun it with this headprobe.")
+        _check_shape(label, claims)
         for question, claim in claims.items():
             for head, record in (claim.get("heads") or {}).items():
                 base = {"run": label, "question": question, "head": head, "tap": record.get("tap")}
@@ -47,6 +48,25 @@ def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False) -> list[di
                                                         "p": None, "p_holm": None}
                              for metric, change in (record.get("secondary") or {}).items()]
     return rows
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_shape(label: str, claims) -> None:
+    """ValueError with a sentence where a run's claims are not what `stats.claims.answer_questions` writes."""
+    fix = "the file was edited or damaged; rerun the study (or restore results.json)."
+    if not isinstance(claims, dict):
+        raise ValueError(f"run {label}: \"claims\" is a {type(claims).__name__}, not a mapping of questions; {fix}")
+    for question, claim in claims.items():
+        heads = claim.get("heads") if isinstance(claim, dict) else None
+        if not isinstance(heads, dict) or not isinstance(claim.get("primary"), str):
+            raise ValueError(f"run {label}: claims.{question} has no primary measure or no heads; {fix}")
+        for head, record in heads.items():
+            numbers = ("backbone", "head", "change") if isinstance(record, dict) and "change" in record else ()
+            if not isinstance(record, dict) or not all(_is_number(record.get(k)) for k in numbers):
+                raise ValueError(f"run {label}: claims.{question}.heads.{head} is not an answer with numbers; {fix}")
 
 
 def _numbers(record: Mapping) -> dict:
