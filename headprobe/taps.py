@@ -244,9 +244,8 @@ def aggregate_seeds(ctx, features, tap_name: str, write: bool = True) -> None:
 
 def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
     """Probe every tap of every head (once per seed when there are several), decide each head's verdict and answer
-    the paper's questions (`stats.claims`: results["claims"]). With
-    several processes the probes of all the head taps (and with `backbone` the backbone tap's, first) are shared
-    out among them at once (`probe_units`)."""
+    the paper's questions (`stats.claims`: results["claims"]). With several processes the probes of all the head
+    taps (and with `backbone` the backbone tap's, first) are shared out among them at once (`probe_units`)."""
     from .buffer import buffer_verdict
     from .probe_sharing import intervals_from_probes, share_intervals
     from .stats.claims import answer_questions
