@@ -1,4 +1,4 @@
-"""``headprobe run | validate | list | report | compare``.
+"""``headprobe run | validate | list | report | compare | claims | geometry``.
 
 Exit codes: 0 done; 2 bad recipe or arguments (nothing written); 1 a failure
 while running (finished work stays on disk).
@@ -169,6 +169,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_claims(args: argparse.Namespace) -> int:
+    from headprobe.record.directory import read_results
+
+    from .report.claims_table import claims_rows, format_claims
+    from .report.compare import run_labels
+
+    try:
+        labels = run_labels(args.run_dirs)
+        rows = claims_rows({label: read_results(path) for label, path in labels.items()}, args.secondary)
+    except (FileNotFoundError, ValueError) as err:
+        return _error(str(err), EXIT_USAGE)
+    text = format_claims(rows, args.format)
+    if args.out is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        Path(args.out).write_text(text, encoding="utf-8")
+    except OSError as err:
+        return _error(f"could not write {args.out}: {err.strerror or err}; choose a writable --out.", EXIT_FAILED)
+    _console().print(f"claims: {args.out} ({len(rows)} rows)", markup=False)
+    return EXIT_OK
+
+
 def cmd_geometry(args: argparse.Namespace) -> int:
     from headprobe.pipeline.analyse import analyse_run
     from headprobe.pipeline.compose import RunError
@@ -232,6 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--rows", type=int, default=None, help="training samples to evaluate on (default: the recipe's)")
     p.set_defaults(fn=cmd_geometry)
+
+    p = sub.add_parser("claims", help="the answers of one or more runs as the paper's table: z / h(z) (Δ [95% CI], n)")
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--format", choices=("md", "latex", "csv"), default="md",
+                   help="md (Markdown), latex (booktabs tabular) or csv (every number unrounded); default md")
+    p.add_argument("--out", help="file to write (default: print to the terminal)")
+    p.add_argument("--secondary", action="store_true", help="add a row per secondary measure under each answer")
+    p.set_defaults(fn=cmd_claims)
 
     p = sub.add_parser("compare", help="side-by-side table of several runs (terminal, compare.csv, compare.html)")
     p.add_argument("run_dirs", nargs="+")

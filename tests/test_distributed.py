@@ -75,6 +75,11 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
             k: verdict[k] for k in ("verdict", "support", "against", "unresolved")}, head
         assert {m: e["resolved"] for m, e in two["evidence"].items()} == {
             m: e["resolved"] for m, e in verdict["evidence"].items()}, head
+    for question, claim in runs["one"]["claims"].items():  # the answers: the same on two processes
+        for head, record in claim["heads"].items():
+            two = runs["two"]["claims"][question]["heads"][head]
+            assert (two["answer"], two["interval"]) == (record["answer"], record["interval"]), (question, head)
+            assert two["change"] == pytest.approx(record["change"], rel=1e-3, abs=1e-6), (question, head)
     # The probes were shared out: each process ran some of them, and every one ran once.
     logged = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     probed = [(r["tap"], r.get("seed"), r["probe"], r["process"]) for r in logged if r.get("stage") == "probe"]

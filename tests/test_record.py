@@ -8,7 +8,18 @@ import pytest
 
 from headprobe.record import results as record
 from headprobe.record.directory import SCHEMA_VERSION, new_results
-from headprobe.record.results import BufferVerdict, Evidence, RunRecord, TapRecord, Uncertainty, check_record, fields
+from headprobe.record.results import (
+    BufferVerdict,
+    Claim,
+    ClaimAnswer,
+    ClaimChange,
+    Evidence,
+    RunRecord,
+    TapRecord,
+    Uncertainty,
+    check_record,
+    fields,
+)
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
 
@@ -34,6 +45,12 @@ def test_design_example_uses_only_the_record_s_keys_and_documents_every_optional
         assert set(verdict) <= set(fields(BufferVerdict))
         for entry in verdict["evidence"].values():
             assert set(entry) <= set(fields(Evidence))
+    for claim in example["claims"].values():
+        assert set(claim) <= set(fields(Claim))
+        for answer in claim["heads"].values():
+            assert set(answer) <= set(fields(ClaimAnswer))
+            for change in answer["secondary"].values():
+                assert set(change) <= set(fields(ClaimChange))
 
 
 def test_new_results_holds_exactly_the_keys_every_run_has():

@@ -243,10 +243,11 @@ def aggregate_seeds(ctx, features, tap_name: str, write: bool = True) -> None:
 
 
 def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
-    """Probe every tap of every head (once per seed when there are several) and decide each head's verdict. With
-    several processes the probes of all the head taps (and with `backbone` the backbone tap's, first) are shared
-    out among them at once (`probe_units`)."""
+    """Probe every tap of every head (once per seed when there are several), decide each head's verdict and answer
+    the paper's questions (`stats.claims`: results["claims"]). With several processes the probes of all the head
+    taps (and with `backbone` the backbone tap's, first) are shared out among them at once (`probe_units`)."""
     from headprobe.pipeline.probe_sharing import intervals_from_probes, share_intervals
+    from headprobe.stats.claims import answer_questions
     from headprobe.stats.verdict import buffer_verdict
 
     several = len(trained.by_seed) > 1
@@ -275,10 +276,13 @@ def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
     share_intervals(ctx, once, lambda name: record_uncertainty(ctx, features, name, write=False))
     averaged = [tap.name for *_, taps, _ in plans for tap in taps]
     share_intervals(ctx, averaged, lambda name: aggregate_seeds(ctx, features, name, write=False), per_unit=True)
-    for spec, chosen, _, _ in plans:
-        compared = spec.name if chosen is None else chosen[-1].name
-        verdict = buffer_verdict(ctx.results["taps"], compared, ctx.per_unit, ctx.resamples)
-        ctx.results["buffer"][spec.name] = verdict | ({} if compared == spec.name else {"tap": compared})
+    compared = {spec.name: spec.name if chosen is None else chosen[-1].name for spec, chosen, _, _ in plans}
+    for head, tap in compared.items():
+        verdict = buffer_verdict(ctx.results["taps"], tap, ctx.per_unit, ctx.resamples)
+        ctx.results["buffer"][head] = verdict | ({} if tap == head else {"tap": tap})
+    # The paper's questions, each answered from its primary measure with an interval over seeds and test images.
+    ctx.results["claims"] = answer_questions(ctx.results["taps"], ctx.per_unit, ctx.resamples, compared,
+                                             ctx.recipe.claims, seed=ctx.recipe.seed)
     ctx.run_dir.write_results(ctx.results)
     if ran:
         ctx.clock("probe_s", t0)

@@ -37,6 +37,17 @@ def check_recipe(recipe: Recipe) -> None:
                           f"raise data.limit.train to at least {n_classes} (a few per class, e.g. "
                           f"{10 * n_classes}, for the probes' validation split).")
     _check_ssl_checkpoint(recipe)
+    _check_claims(recipe)
+
+
+def _check_claims(recipe: Recipe) -> None:
+    """The `claims:` overrides name known questions, a primary among each question's measures, a margin >= 0."""
+    from ..stats.claims import check_claims_section
+
+    try:
+        check_claims_section(recipe.claims)
+    except ValueError as err:
+        raise RecipeError(str(err)) from None
 
 
 def _check_ssl_checkpoint(recipe: Recipe) -> None:

@@ -346,6 +346,9 @@ class Recipe:
     augment: AugmentRecipe = field(default_factory=AugmentRecipe)
     train: TrainSpec = field(default_factory=TrainSpec)
     geometry: GeometrySpec = field(default_factory=GeometrySpec)
+    # Overrides of a question's primary measure or margin (`headprobe.stats.claims.QUESTIONS`), recorded in
+    # results.json["claims"], e.g. {Q-class: {margin: 0.03}, Q-aug: {primary: rotation.mlp.acc}}.
+    claims: dict[str, Any] = field(default_factory=dict)
     # Write report.html and plots/ at the end of the run (`headprobe report RUN_DIR` makes them later too).
     report: bool = True
     # {override key: [values]}: one run per combination, then a comparison (e.g. {heads.0.act: [relu, swish]}).

@@ -80,6 +80,48 @@ class BufferVerdict(TypedDict, total=False):
     tap: str
 
 
+class ClaimChange(TypedDict, total=False):
+    """claims[Q]["heads"][H] and its ["secondary"][M]: one metric's change head − backbone and its 95% interval
+    (`stats.retraining.Change.record`)."""
+
+    backbone: float
+    head: float
+    change: float
+    ci95: list[float] | None
+    interval: Literal["hierarchical bootstrap", "t over seeds", "test images only", "none"]
+    how: str
+    n_seeds: int
+    n_units: int | None
+    unit: str | None
+    per_seed_change: list[float]
+
+
+class ClaimAnswer(ClaimChange, total=False):
+    """claims[Q]["heads"][H]: question Q answered for head H from its primary measure."""
+
+    tap: str
+    answer: Literal["yes", "no", "equivalent", "lost", "gained", "undecided", "not measured"]
+    p: float | None
+    p_holm: float | None
+    line: str
+    secondary: dict[str, ClaimChange]
+
+
+class Claim(TypedDict, total=False):
+    """claims[Q]: one question of the paper (`stats.claims.QUESTIONS`), its rules and its answer per head."""
+
+    asks: str
+    primary: str
+    kind: Literal["direction", "equivalence"]
+    predicted: str
+    margin: float
+    interval_rule: str
+    answer_rule: str
+    override: dict[str, Any]
+    heads: dict[str, ClaimAnswer]
+    not_measured: str
+
+
 class RunRecord(TypedDict, total=False):
     """results.json. The first twelve keys exist in every run; the rest only where DESIGN.md says."""
 
@@ -96,6 +138,7 @@ class RunRecord(TypedDict, total=False):
     timing: dict[str, float]
     environment: dict[str, Any]
     # Written by some runs only.
+    claims: dict[str, Claim]
     orbits: dict[str, Any]
     timing_ratios: dict[str, Any]
     error: dict[str, Any]

@@ -1,12 +1,13 @@
 """``report.html``: one self-contained page per run (inline CSS, figures embedded as base64, no scripts, no network).
 
-Sections: every metric at every tap (protocol values such as `linear.C` in a table of their own; each name's
-meaning as a tooltip; deltas green/red by the buffer claim's predicted direction), the buffer verdicts with their
-evidence and whether each head trained, training curves, geometry, orbits, a glossary of the run's metrics,
-backbone and data with their protocol knobs, the recipe, timings. Built from ``results.json`` + ``metrics.jsonl``
-alone, so ``headprobe report RUN_DIR`` can rebuild it at any time; a run still marked "running" (killed) says where
-it stopped and shows what it recorded. A section or figure that fails to render is replaced by a note saying why;
-the page itself is always written.
+Sections: the answer to each question of the paper per head with whether each head trained (`claims`), every
+metric at every tap (protocol values such as `linear.C` in a table of their own, the per-parameter `aug_r2.*` folded
+under `aug_r2.mean`; each name's meaning as a tooltip; deltas green/red by the buffer claim's predicted direction),
+training curves, the older one-vote buffer verdicts with their evidence, geometry, orbits, a glossary of the run's
+metrics, backbone and data with their protocol knobs, the recipe, timings. Built from ``results.json`` +
+``metrics.jsonl`` alone, so ``headprobe report RUN_DIR`` can rebuild it at any time; a run still marked "running"
+(killed) says where it stopped and shows what it recorded. A section or figure that fails to render is replaced by a
+note saying why; the page itself is always written.
 
 >>> write_report("runs/quickstart-20250101-120000")  # doctest: +SKIP
 PosixPath('runs/quickstart-20250101-120000/report.html')
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from .claims import answer_lines, answers_section
 from .glossary import describe_metric, glossary_table, is_protocol_value, tooltip
 from .markup import esc, figure, flatten, fmt, kv_table, page
 from .plots import Plot, metric_names, read_records, render_plots, train_history
@@ -27,7 +29,8 @@ from .verdicts import buffer_section
 __all__ = ["fmt", "render_report", "write_report"]
 
 # Reading order: the numbers first, then how they were obtained.
-SECTIONS = (("metrics", "Metrics at every tap"), ("buffer", "Buffer verdicts"), ("training", "Training"),
+SECTIONS = (("answers", "Answers to the paper's questions"), ("metrics", "Metrics at every tap"),
+            ("training", "Training"), ("buffer", "Buffer verdicts"),
             ("geometry", "Geometry"), ("orbits", "Orbits"), ("glossary", "What the metrics mean"),
             ("setup", "Backbone, data and protocol"),
             ("recipe", "Recipe"), ("timing", "Timings"))
@@ -36,8 +39,7 @@ SECTIONS = (("metrics", "Metrics at every tap"), ("buffer", "Buffer verdicts"), 
 def _header(results: dict) -> str:
     recipe, bb, data = results.get("recipe", {}), results.get("backbone", {}), results.get("data", {})
     status = results.get("status", "unknown")
-    verdicts = " ".join(f"{esc(h)} <span class='badge {esc(v.get('verdict', ''))}'>{esc(v.get('verdict', '?'))}"
-                        f"</span>" for h, v in results.get("buffer", {}).items() if isinstance(v, dict))
+    answers = "".join(f"<li>{esc(line)}</li>" for line in answer_lines(results))
     error = results.get("error")
     nav = "".join(f"<a href='#{key}'>{esc(title)}</a>" for key, title in SECTIONS)
     return (f"<h1>headprobe report: {esc(recipe.get('name', 'run'))}</h1>"
@@ -45,7 +47,7 @@ def _header(results: dict) -> str:
             f" · status <span class='badge {esc(status)}'>{esc(status)}</span>"
             f" · headprobe {esc(results.get('headprobe_version', '?'))}</p>"
             + f"<p class='sub'>{esc(_context(results))}</p>"
-            + (f"<p class='sub'>buffer verdicts: {verdicts}</p>" if verdicts else "")
+            + (f"<ul class='answers'>{answers}</ul>" if answers else "")
             + (f"<p class='error'>failed while {esc(error.get('stage', '?'))}: {esc(error.get('message', ''))}</p>"
                if isinstance(error, dict) else "")
             + (f"<p class='note'>{esc(note)}</p>" if (note := stopped_note(results, results.get("history", {})))
@@ -146,9 +148,15 @@ def _metrics(results: dict, plots: list[Plot]) -> str:
                   for t in order)
     base = taps.get("backbone", {}).get("metrics", {})
     names = metric_names(taps)
-    rows = [f"<tr><th>{_metric_label(m, results)}</th>"
-            + "".join(_cell(m, taps[t].get("metrics", {}).get(m), taps[t], kinds[t], base.get(m)) for t in order)
-            + "</tr>" for m in names if not is_protocol_value(m)]
+
+    def row(m: str) -> str:
+        return (f"<tr><th>{_metric_label(m, results)}</th>"
+                + "".join(_cell(m, taps[t].get("metrics", {}).get(m), taps[t], kinds[t], base.get(m)) for t in order)
+                + "</tr>")
+
+    # The per-parameter augmentation R² rows (13 for simclr) fold under their mean.
+    per_parameter = [m for m in names if m.startswith("aug_r2.") and m != "aug_r2.mean" and not is_protocol_value(m)]
+    rows = [row(m) for m in names if not is_protocol_value(m) and m not in per_parameter]
     legend = ("<p class='legend'>Grey column: backbone features (before the head). Blue columns: head outputs "
               "(after). Other columns: hidden layers (inside). Small numbers: difference from the backbone, green "
               "where it goes the way the buffer claim predicts for that metric, red where against it, uncoloured "
@@ -157,6 +165,10 @@ def _metrics(results: dict, plots: list[Plot]) -> str:
               "meaning, or see “What the metrics mean”.</p>")
     body = (f"<table class='metrics'><thead><tr><th rowspan='2'>metric</th>{top}</tr><tr>{sub}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
+    if per_parameter:
+        body += (f"<details><summary>aug_r2 per augmentation parameter ({len(per_parameter)}; their mean is "
+                 f"aug_r2.mean above)</summary><table class='metrics'><thead><tr><th>metric</th>{sub}</tr></thead>"
+                 f"<tbody>{''.join(row(m) for m in per_parameter)}</tbody></table></details>")
     knobs = [m for m in names if is_protocol_value(m)]
     protocol = ""
     if knobs:
@@ -198,8 +210,14 @@ def _delta(metric: str, value, base) -> str:
     return f"<span class='delta{cls}'>{'+' if diff > 0 else ''}{esc(fmt(float(diff)))}</span>"
 
 
+def _answers(results: dict, plots: list[Plot]) -> str:
+    return answers_section(results, results.get("history", {}))
+
+
 def _buffer(results: dict, plots: list[Plot]) -> str:
-    return buffer_section(results, plots, results.get("history", {}))
+    return ("<p class='legend'>The older verdict: one vote over every metric that the claim predicts a direction for "
+            "(class, augmentation and invariance together), kept for comparison with earlier runs. The answers at the "
+            "top of the page replace it.</p>" + buffer_section(results, plots, results.get("history", {})))
 
 
 def _training(results: dict, plots: list[Plot]) -> str:
@@ -261,7 +279,8 @@ def _timing(results: dict, plots: list[Plot]) -> str:
 
 
 BUILDERS: dict[str, Callable[[dict, list[Plot]], str]] = {
-    "recipe": _recipe, "setup": _setup, "metrics": _metrics, "buffer": _buffer, "training": _training,
+    "answers": _answers, "recipe": _recipe, "setup": _setup, "metrics": _metrics, "buffer": _buffer,
+    "training": _training,
     "geometry": _geometry, "orbits": _orbits, "glossary": _glossary, "timing": _timing,
 }
 

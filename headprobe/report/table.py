@@ -7,6 +7,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .claims import answer_lines
+
 
 def _fmt(value) -> str:
     if isinstance(value, float):
@@ -77,6 +79,12 @@ def print_summary(results: dict, run_dir: Path | None = None, console: Console |
 
         needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
         console.width = max(console.width, needed)
+    answers = answer_lines(results)
+    if answers:  # the answers open the summary; the table and the older one-vote verdicts follow
+        console.print("answers to the paper's questions (head − backbone, 95% interval; docs/claims.md):",
+                      markup=False, soft_wrap=True)
+        for line in answers:
+            console.print(f"  {line}", markup=False, soft_wrap=True)
     console.print(table)
     verdicts = results.get("buffer", {})
     if verdicts:

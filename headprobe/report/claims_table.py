@@ -1,0 +1,132 @@
+"""`headprobe claims RUN [RUN ...]`: the answers of one or more runs (results.json["claims"]) as the paper lays
+them out, one row per run, question and head with the cell ``z / h(z) (Δ [95% CI], n)``: the primary measure at
+the backbone and at the head, the change and its 95% interval, n = seeds × images. Accuracies are in percent and
+their changes in points, as the paper writes them; other measures in their own units.
+
+Markdown and LaTeX (booktabs) are for pasting into a paper; CSV keeps every number unrounded (as results.json
+holds it), with the interval rule and the Holm-adjusted p-value.
+
+>>> row = {"measure": "rotation.acc", "backbone": 0.5227, "head_value": 0.3755, "change": -0.1472,
+...        "ci95": [-0.19, -0.10], "n_seeds": 3, "n_units": 200}
+>>> paper_cell(row)
+'52.3 / 37.5 (−14.7 [−19.0, −10.0], 3×200)'
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping
+
+__all__ = ["FORMATS", "claims_rows", "format_claims", "paper_cell"]
+
+FORMATS = ("md", "latex", "csv")
+CSV_COLUMNS = ("run", "question", "measure", "role", "head", "tap", "backbone", "head_value", "change", "ci_low",
+               "ci_high", "n_seeds", "n_units", "unit", "interval", "answer", "p", "p_holm")
+
+
+def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False) -> list[dict]:
+    """One row per run, question and head (and with `secondary` one per secondary measure after it), from each
+    run's results["claims"]; ValueError naming the run when it has none."""
+    rows = []
+    for label, results in runs.items():
+        claims = results.get("claims") or {}
+        if not claims:
+            raise ValueError(f"run {label} has no answers (results.json has no \"claims\"): it trained no head, "
+                             "stopped before probing them, or was made by a headprobe older than the questions; "
+                             "rerun it with this headprobe.")
+        _check_shape(label, claims)
+        for question, claim in claims.items():
+            for head, record in (claim.get("heads") or {}).items():
+                base = {"run": label, "question": question, "head": head, "tap": record.get("tap")}
+                if "change" in record:  # else the primary was not measured: the secondary measures alone
+                    rows.append(base | _numbers(record) | {"measure": claim["primary"], "role": "primary",
+                                                           "answer": record.get("answer"), "p": record.get("p"),
+                                                           "p_holm": record.get("p_holm")})
+                if secondary:
+                    rows += [base | _numbers(change) | {"measure": metric, "role": "secondary", "answer": None,
+                                                        "p": None, "p_holm": None}
+                             for metric, change in (record.get("secondary") or {}).items()]
+    return rows
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_shape(label: str, claims) -> None:
+    """ValueError with a sentence where a run's claims are not what `stats.claims.answer_questions` writes."""
+    fix = "the file was edited or damaged; rerun the study (or restore results.json)."
+    if not isinstance(claims, dict):
+        raise ValueError(f"run {label}: \"claims\" is a {type(claims).__name__}, not a mapping of questions; {fix}")
+    for question, claim in claims.items():
+        heads = claim.get("heads") if isinstance(claim, dict) else None
+        if not isinstance(heads, dict) or not isinstance(claim.get("primary"), str):
+            raise ValueError(f"run {label}: claims.{question} has no primary measure or no heads; {fix}")
+        for head, record in heads.items():
+            numbers = ("backbone", "head", "change") if isinstance(record, dict) and "change" in record else ()
+            if not isinstance(record, dict) or not all(_is_number(record.get(k)) for k in numbers):
+                raise ValueError(f"run {label}: claims.{question}.heads.{head} is not an answer with numbers; {fix}")
+
+
+def _numbers(record: Mapping) -> dict:
+    """The change record's numbers; the head's value as "head_value" ("head" names the head)."""
+    return {k: record.get(k) for k in ("backbone", "change", "ci95", "n_seeds", "n_units", "unit", "interval")} | {
+        "head_value": record.get("head")}
+
+
+def _value(measure: str, value: float) -> str:
+    return (f"{100 * value:.1f}" if measure.endswith(".acc") else f"{value:.3g}").replace("-", "−")
+
+
+def paper_cell(row: Mapping) -> str:
+    """``z / h(z) (Δ [95% CI], n)`` of one row; accuracies in percent, changes in points."""
+    from ..stats.claims import in_units
+
+    measure = row["measure"]
+    ci = row.get("ci95")
+    interval = f" [{in_units(measure, ci[0])}, {in_units(measure, ci[1])}]" if ci else " [no interval]"
+    seeds = row.get("n_seeds")
+    n = f"{seeds}×{row['n_units']}" if row.get("n_units") else f"{seeds} seed{'' if seeds == 1 else 's'}"
+    return (f"{_value(measure, row['backbone'])} / {_value(measure, row['head_value'])} "
+            f"({in_units(measure, row['change'], signed=True)}{interval}, {n})")
+
+
+HEADER = ("question", "measure", "run", "head", "z / h(z) (Δ [95% CI], n)", "answer")
+
+
+def _cells(row: Mapping) -> list[str]:
+    return [row["question"], row["measure"], row["run"], row["head"], paper_cell(row), row.get("answer") or "—"]
+
+
+LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
+         "$": r"\$", "−": "$-$", "×": r"$\times$", "Δ": r"$\Delta$", "—": "---"}
+
+
+def _latex(text: str) -> str:
+    """Text with LaTeX's special characters escaped, one character at a time (an escape is never escaped again)."""
+    return "".join(LATEX.get(char, char) for char in text)
+
+
+def format_claims(rows: list[dict], fmt: str) -> str:
+    """The rows as a Markdown table, a LaTeX booktabs tabular, or CSV (every number as results.json holds it)."""
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        for row in rows:
+            ci = row.get("ci95") or [None, None]
+            values = row | {"ci_low": ci[0], "ci_high": ci[1]}
+            writer.writerow(["" if values.get(c) is None else repr(values[c]) if isinstance(values[c], float)
+                             else values[c] for c in CSV_COLUMNS])
+        return out.getvalue()
+    if fmt == "md":
+        lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in _cells(row)) + " |" for row in rows]
+        return "\n".join(lines) + "\n"
+    if fmt == "latex":
+        lines = [r"\begin{tabular}{llllll}", r"\toprule", " & ".join(_latex(h) for h in HEADER) + r" \\",
+                 r"\midrule"]
+        lines += [" & ".join(_latex(cell) for cell in _cells(row)) + r" \\" for row in rows]
+        return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+    raise ValueError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}.")

@@ -1,0 +1,259 @@
+"""The questions the paper asks of a head, each answered on its own from one pre-declared primary measure.
+
+The buffer claim (PAPER.md, claim 5) is three questions, not one vote over every metric:
+
+- **Q-aug** "Does the head discard augmentation information the backbone keeps?" Primary: `rotation.acc`, the
+  linear rotation probe (the paper's own measure), predicted lower at the head. Secondary: `rotation.mlp.acc`,
+  `aug_r2.mean` and every per-parameter `aug_r2.*`.
+- **Q-inv** "Is the head more invariant, scale-free?" Primary: `view_spread_rel`, predicted lower. Secondary:
+  every `<sweep>.orbit.spread_rel`.
+- **Q-class** "Does the head keep the class information?" An equivalence question on `linear.acc` with a stated
+  margin (default ±0.02 accuracy): equivalent / lost / gained / undecided. Secondary: the k-NN accuracies,
+  `mi.label`, `align`, `uniform`, `rankme` — descriptions (k-NN reads neighbourhood geometry, which a more
+  invariant head improves; it is not information).
+
+Each question's change is head − backbone at the head's output tap, with the 95% interval of
+`stats.retraining.change_interval` (seeds and test images together with several seeds; test images only with
+one, said so). Answers are read at two-sided α = 0.05 after Holm's correction across the heads of one question
+(never across questions or metrics):
+
+- direction questions (margin m ≥ 0, predicted sign d): "yes" when d·change > m is resolved (the test of
+  "change = d·m" rejects on the predicted side), "no" when d·change < −m is resolved (the head goes the other way),
+  "undecided" otherwise;
+- the equivalence question (margin m): "equivalent" when both "change = −m" and "change = +m" are rejected with
+  the change between them (the 95% interval lies inside ±m), "lost" when the change is resolved below −m,
+  "gained" above +m, "undecided" otherwise.
+
+A recipe may override a question's primary measure (among the question's own measures) or margin:
+``claims: {Q-class: {margin: 0.03}, Q-aug: {primary: rotation.mlp.acc}}``; the override is recorded. Another
+question (e.g. one across runs) is one more `Question` in `QUESTIONS` with the same record.
+
+>>> QUESTIONS["Q-class"].margin, QUESTIONS["Q-aug"].primary
+(0.02, 'rotation.acc')
+>>> check_claims_section({"Q-class": {"margin": -1}})  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+ValueError: claims.Q-class.margin = -1 is out of range; it must be a number >= 0 (in the primary ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+
+DIRECTION, EQUIVALENCE = "direction", "equivalence"
+# A head's answer where the question's primary measure was not measured (its secondary measures are still shown).
+NOT_MEASURED = "not measured"
+
+
+@dataclass(frozen=True)
+class Question:
+    """key: "Q-aug"; asks: the question; finding: what a "yes" says of a head ("discards augmentation
+    information"); primary: the measure answering it; kind: DIRECTION or EQUIVALENCE; predicted: the sign of
+    head − backbone the buffer claim predicts (−1 lower, +1 higher; 0 for an equivalence); margin: the smallest
+    change that counts (direction) or the equivalence bound, in the primary's units; primaries: the measures
+    (regular expressions) a recipe may choose as primary; secondary: the measures shown with it."""
+
+    key: str
+    asks: str
+    finding: str
+    primary: str
+    kind: str
+    predicted: int
+    margin: float
+    primaries: tuple[str, ...]
+    secondary: tuple[str, ...]
+
+
+QUESTIONS: dict[str, Question] = {q.key: q for q in (
+    Question("Q-aug", "Does the head discard augmentation information the backbone keeps?",
+             "discards augmentation information", "rotation.acc", DIRECTION, -1, 0.0,
+             primaries=(r"rotation\.acc", r"rotation\.mlp\.acc", r"aug_r2\.mean"),
+             secondary=(r"rotation\.acc", r"rotation\.mlp\.acc", r"aug_r2\.mean", r"aug_r2\..+")),
+    Question("Q-inv", "Is the head more invariant, scale-free?", "is more invariant", "view_spread_rel",
+             DIRECTION, -1, 0.0, primaries=(r"view_spread_rel", r"(.+\.)?orbit\.spread_rel"),
+             secondary=(r"view_spread_rel", r"(.+\.)?orbit\.spread_rel")),
+    Question("Q-class", "Does the head keep the class information?", "keeps the class information", "linear.acc",
+             EQUIVALENCE, 0, 0.02, primaries=(r"linear\.acc", r"knn\.k\d+\.acc", r"mi\.label"),
+             secondary=(r"linear\.acc", r"knn\.k\d+\.acc", r"mi\.label", r"align", r"uniform", r"rankme")),
+)}
+OVERRIDABLE = ("primary", "margin")
+
+
+def check_claims_section(section) -> None:
+    """Raise ValueError with a sentence for a recipe's `claims:` section that is not {question: {primary?,
+    margin?}} with known questions, a primary among the question's measures and a margin >= 0."""
+    if not isinstance(section, dict):
+        raise ValueError(f"claims must map questions ({', '.join(QUESTIONS)}) to overrides, e.g. "
+                         f"claims: {{Q-class: {{margin: 0.03}}}}; got {section!r}.")
+    for key, override in section.items():
+        if key not in QUESTIONS:
+            raise ValueError(f"claims.{key} is not a question; the questions are {', '.join(QUESTIONS)}.")
+        if not isinstance(override, dict):
+            raise ValueError(f"claims.{key} must map {' and/or '.join(OVERRIDABLE)} to a value, got {override!r}.")
+        unknown = [k for k in override if k not in OVERRIDABLE]
+        if unknown:
+            raise ValueError(f"claims.{key}.{unknown[0]} cannot be set; a recipe may set {', '.join(OVERRIDABLE)}.")
+        question = QUESTIONS[key]
+        if "primary" in override and not (isinstance(override["primary"], str) and any(
+                re.fullmatch(p, override["primary"]) for p in question.primaries)):
+            allowed = ", ".join(p.replace("\\", "") for p in question.primaries)
+            raise ValueError(f"claims.{key}.primary = {override['primary']!r} does not answer {key}; choose among "
+                             f"{allowed}.")
+        margin = override.get("margin", 0.0)
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) \
+                or margin < 0:
+            raise ValueError(f"claims.{key}.margin = {margin!r} is out of range; it must be a number >= 0 (in the "
+                             "primary measure's units, e.g. 0.02 accuracy).")
+
+
+def questions(overrides: dict | None = None) -> list[Question]:
+    """The questions with a recipe's `claims:` overrides applied (checked by `check_claims_section`)."""
+    overrides = overrides or {}
+    check_claims_section(overrides)
+    return [dataclasses.replace(q, **overrides.get(key, {})) for key, q in QUESTIONS.items()]
+
+
+def interval_rule() -> str:
+    return ("change = head − backbone at the head's output tap; 95% interval: with several seeds the wider of a "
+            "hierarchical bootstrap (seeds drawn with replacement and test images resampled together, the "
+            "backbone on the same images) and a t interval over the per-seed changes; with one seed a paired "
+            "bootstrap over test images only (it does not cover retraining); without per-image values the t "
+            "interval over seeds, else none")
+
+
+def answer_rule(question: Question) -> str:
+    m = question.margin
+    if question.kind == EQUIVALENCE:
+        return (f"equivalent: the 95% interval lies inside ±{m:g}; lost: below −{m:g}; gained: above +{m:g} "
+                "(each resolved at α = 0.05 after Holm across this question's heads); undecided otherwise")
+    side = "lower" if question.predicted < 0 else "higher"
+    beyond = f" by more than {m:g}" if m else ""
+    return (f"yes: the head reads {side}{beyond}, resolved (95% interval, α = 0.05 after Holm across this "
+            "question's heads); no: resolved the other way; undecided otherwise")
+
+
+def _decide(question: Question, change) -> tuple[str, float | None]:
+    """(the answer this head's interval points to, its p-value), before the Holm correction."""
+    c, m = change.change, question.margin
+    if change.p_value() is None:
+        return "undecided", None
+    if question.kind == EQUIVALENCE:
+        if c < -m:
+            return "lost", change.p_value(-m)
+        if c > m:
+            return "gained", change.p_value(m)
+        return "equivalent", max(change.p_value(-m), change.p_value(m))
+    d = question.predicted
+    if d * c > m:
+        return "yes", change.p_value(d * m)
+    if d * c < -m:
+        return "no", change.p_value(-d * m)
+    return "undecided", 1.0
+
+
+def _matching(patterns: tuple[str, ...], names: list[str]) -> list[str]:
+    out: list[str] = []
+    for pattern in patterns:
+        out += [n for n in names if re.fullmatch(pattern, n) and n not in out]
+    return out
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric: str, seed: int = 0):
+    """`retraining.Change` of `metric` from the backbone to `tap`, or None when either tap lacks it. A tap probed
+    per seed (taps[tap]["seeds"]) uses each seed's value and per-unit statistic (per_unit["TAP.seed-S"])."""
+    from .retraining import change_interval
+
+    b, record = taps["backbone"]["metrics"].get(metric), taps[tap]
+    if not _finite(b) or not _finite(record["metrics"].get(metric)):
+        return None
+    seeds = record.get("seeds") or {}
+    values = [seeds[s]["metrics"].get(metric) for s in seeds]
+    if len(seeds) > 1 and all(_finite(v) for v in values):
+        stats = [per_unit.get(f"{tap}.seed-{s}", {}).get(metric) for s in seeds]
+    else:
+        values, stats = [record["metrics"][metric]], [per_unit.get(tap, {}).get(metric)]
+    return change_interval(b, values, per_unit.get("backbone", {}).get(metric),
+                           stats if all(x is not None for x in stats) else None, resamples, seed)
+
+
+def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict[str, str],
+                     overrides: dict | None = None, seed: int = 0) -> dict:
+    """results.json["claims"]: per question its primary, margin, rules and, per head (compared: {head: the tap it
+    is compared at}), the primary change with its interval, p, p_holm, the answer, its one-line sentence and the
+    secondary measures' changes (a head without the primary: answer NOT_MEASURED and its secondary measures).
+    taps: results["taps"]; per_unit: {"TAP" | "TAP.seed-S": {metric: statistic}}; resamples: {unit: Resamples}
+    shared by every tap; seed: the seeds' bootstrap draws."""
+    from headprobe.stats.bootstrap import ALPHA, holm
+
+    out = {}
+    for question in questions(overrides):
+        entry = {"asks": question.asks, "primary": question.primary, "kind": question.kind,
+                 "predicted": {-1: "lower at the head", 1: "higher at the head", 0: "no change"}[question.predicted],
+                 "margin": question.margin, "interval_rule": interval_rule(), "answer_rule": answer_rule(question)}
+        if (overrides or {}).get(question.key):
+            entry["override"] = dict(overrides[question.key])
+        heads, p_values = {}, {}
+        for head, tap in compared.items():
+            if tap not in taps or "backbone" not in taps:
+                continue
+            names = [m for m in taps[tap]["metrics"] if m != question.primary]
+            secondary = {m: c.record() for m in _matching(question.secondary, names)
+                         if (c := metric_change(taps, per_unit, resamples, tap, m, seed))}
+            change = metric_change(taps, per_unit, resamples, tap, question.primary, seed)
+            if change is None:  # no answer; the secondary measures are still shown
+                if secondary:
+                    heads[head] = {"tap": tap, "answer": NOT_MEASURED, "secondary": secondary}
+                continue
+            answer, p = _decide(question, change)
+            heads[head] = {"tap": tap, **change.record(), "answer": answer, "p": p, "p_holm": None,
+                           "secondary": secondary}
+            if p is not None:
+                p_values[head] = p
+        for head, p_holm in holm(p_values).items():
+            heads[head]["p_holm"] = p_holm
+            if p_holm >= ALPHA:
+                heads[head]["answer"] = "undecided"
+        for head, record in heads.items():
+            record["line"] = answer_line(question, head, record)
+        entry["heads"] = heads
+        if all(record["answer"] == NOT_MEASURED for record in heads.values()):
+            entry["not_measured"] = (f"{question.primary} was not measured at the backbone and a head's output; "
+                                     "add the probe that measures it to the recipe")
+        out[question.key] = entry
+    return out
+
+
+def in_units(metric: str, value: float, signed: bool = False) -> str:
+    """An accuracy change in points (0.074 → "7.4"), any other change as a number; a true minus, and with
+    `signed` a plus on a positive value."""
+    sign = "+" if signed else ""
+    text = f"{100 * value:{sign}.1f}" if metric.endswith(".acc") else f"{value:{sign}.3g}"
+    return text.replace("-", "−")
+
+
+def answer_line(question: Question, head: str, record: dict) -> str:
+    """"Q-aug: d2 head discards augmentation information (rotation.acc): −7.4 points [−11.9, −2.1], 3 seeds × 200
+    test images — yes"; a one-seed interval says it covers the test images only."""
+    metric = question.primary
+    if "change" not in record:
+        return f"{question.key}: {head} head: {metric} was not measured — {record['answer']}"
+    points = " points" if metric.endswith(".acc") else ""
+    margin = (f", margin ±{in_units(metric, question.margin)}{points}" if question.kind == EQUIVALENCE else
+              f", margin {in_units(metric, question.margin)}{points}" if question.margin else "")
+    ci = record.get("ci95")
+    interval = f" [{in_units(metric, ci[0])}, {in_units(metric, ci[1])}]" if ci else " (no interval)"
+    n_seeds = record.get("n_seeds", 1)
+    size = f"{n_seeds} seed{'s' if n_seeds != 1 else ''}"
+    if record.get("n_units"):
+        size += f" × {record['n_units']} {record.get('unit') or 'units'}"
+    if record.get("interval") == "test images only":
+        size += " (interval over the test images only)"
+    return (f"{question.key}: {head} head {question.finding} ({metric}{margin}): "
+            f"{in_units(metric, record['change'], signed=True)}{points}{interval}, {size} — {record['answer']}")

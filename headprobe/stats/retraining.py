@@ -1,0 +1,157 @@
+"""The 95% interval of a head's change (head − backbone) that includes retraining the head.
+
+A head is a trained object: "what this kind of head does" varies with the training run as well as with the test
+images it is scored on. With S ≥ 2 seeds (heads retrained on the same backbone features) `change_interval` takes
+the wider of two intervals and names it:
+
+- the hierarchical bootstrap: each replicate draws S seeds with replacement and one resample of the test images
+  (the resamples `stats.bootstrap_resamples` shares with every tap), and its change is the mean over the drawn
+  seeds of the head's statistic on those images minus the backbone's statistic on the *same* images (paired);
+  it covers image-to-image variation, including effects that differ between images but repeat in every seed;
+- the t interval over the S per-seed changes (Student, S − 1 degrees of freedom): resampling 3 seeds with
+  replacement shrinks their spread by (S − 1)/S and a percentile interval over so few draws is too short, so
+  where retraining dominates the t interval is the wider and the right one.
+
+With one seed the interval is the paired bootstrap over test images alone, and its record says plainly that it
+does not cover retraining. A statistic without per-unit values (`aug_r2.mean`) gets the t interval over seeds,
+or none. tests/test_stats_retraining.py checks the coverage by simulation: ~95% for the wider interval with a
+known effect, seed variance and image noise, and under-coverage of the image-only one when seeds vary.
+
+>>> from headprobe.stats.bootstrap import PerUnit, bootstrap_resamples
+>>> import torch
+>>> b = PerUnit(torch.tensor([1.0, 0.0, 1.0, 1.0]), "test images")
+>>> h = [PerUnit(torch.tensor([1.0, 0.0, 0.0, 1.0]), "test images")]
+>>> change_interval(0.75, [0.5], b, h, {"test images": bootstrap_resamples(4, n_boot=200)}).kind
+'test images only'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from headprobe.stats.bootstrap import ALPHA, Resamples, n_units, percentile_interval
+
+HIERARCHICAL, T_SEEDS, IMAGES_ONLY, NONE = "hierarchical bootstrap", "t over seeds", "test images only", "none"
+
+
+@dataclass
+class Change:
+    """backbone, head (the seed mean) and change = head − backbone; ci95 the 95% interval of the change (None when
+    there is none, `how` says why); kind one of HIERARCHICAL, T_SEEDS, IMAGES_ONLY, NONE; per_seed the per-seed
+    changes; boot the bootstrap replicates of the change (kinds HIERARCHICAL and IMAGES_ONLY), t = (se, df)."""
+
+    backbone: float
+    head: float
+    change: float
+    ci95: list[float] | None
+    kind: str
+    how: str
+    n_seeds: int
+    n_units: int | None = None
+    unit: str | None = None
+    per_seed: list[float] = field(default_factory=list)
+    boot: torch.Tensor | None = None
+    t: tuple[float, int] | None = None
+
+    def p_value(self, at: float = 0.0) -> float | None:
+        """Two-sided p-value of "the change is `at`", by the interval's own rule (None without an interval): the
+        bootstrap's tail mass on either side of `at` (+1 corrected), or Student's t over seeds."""
+        if self.kind == T_SEEDS and self.t is not None:
+            from scipy.stats import t as student
+
+            se, df = self.t
+            return float(min(1.0, 2 * student.sf(abs(self.change - at) / se, df)))
+        if self.boot is not None:
+            n = self.boot.numel()
+            below, above = int((self.boot <= at).sum()), int((self.boot >= at).sum())
+            return min(1.0, 2 * (min(below, above) + 1) / (n + 1))
+        return None
+
+    def record(self) -> dict:
+        """The JSON record: backbone, head, change, ci95, interval (kind), how, n_seeds, n_units, unit, per_seed."""
+        out = {"backbone": self.backbone, "head": self.head, "change": self.change, "ci95": self.ci95,
+               "interval": self.kind, "how": self.how, "n_seeds": self.n_seeds, "n_units": self.n_units,
+               "unit": self.unit}
+        return out | ({"per_seed_change": self.per_seed} if self.n_seeds > 1 else {})
+
+
+def _t_interval(changes: list[float]) -> tuple[list[float], float, int] | None:
+    """(ci95, se, df) of the mean of per-seed changes by Student's t; None with fewer than 2 seeds or no spread."""
+    from scipy.stats import t as student
+
+    s = len(changes)
+    if s < 2:
+        return None
+    values = torch.tensor(changes, dtype=torch.float64)
+    se = float(values.std()) / math.sqrt(s)
+    if se == 0.0:
+        return None
+    half = float(student.ppf(1 - ALPHA / 2, s - 1)) * se
+    mean = float(values.mean())
+    return [mean - half, mean + half], se, s - 1
+
+
+def hierarchical_replicates(backbone: torch.Tensor, heads: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """backbone: (n_boot,) the backbone's statistic on each image resample; heads: (S, n_boot) each seed's head
+    statistic on the same resamples -> (n_boot,) replicates of the change: per resample, the mean over S seeds
+    drawn with replacement minus the backbone on those images. With S = 1 the paired image bootstrap."""
+    s, n_boot = heads.shape
+    if s == 1:
+        return heads[0] - backbone
+    gen = torch.Generator().manual_seed(seed)
+    drawn = torch.randint(s, (n_boot, s), generator=gen)
+    return heads.T.gather(1, drawn).mean(1) - backbone
+
+
+def change_interval(backbone_value: float, head_values: list[float], backbone_stat=None,
+                    head_stats: list | None = None, resamples: dict[str, Resamples] | None = None,
+                    seed: int = 0) -> Change:
+    """The change head − backbone of one metric and its 95% interval including retraining (module docstring).
+
+    head_values: the metric at each seed's head (one value for one seed); backbone_stat, head_stats: the per-unit
+    statistics (`PerUnit`, `SpreadRatio`, `Recomputed`, ...) of the backbone and of each seed's head, or None;
+    resamples: {unit: Resamples} shared by every tap; seed: the seeds' draws."""
+    s = len(head_values)
+    if s < 1:
+        raise ValueError("change_interval needs the head's value at one seed at least.")
+    head = sum(head_values) / s
+    change = head - backbone_value
+    per_seed = [v - backbone_value for v in head_values]
+    base = {"backbone": backbone_value, "head": head, "change": change, "n_seeds": s, "per_seed": per_seed}
+    t = _t_interval(per_seed)
+    resamples = resamples or {}
+    stats = [backbone_stat, *(head_stats or [])]
+    paired = (len(stats) == s + 1 and all(x is not None for x in stats)
+              and len({x.unit for x in stats}) == 1 and backbone_stat.unit in resamples)
+    if paired:
+        shared = resamples[backbone_stat.unit]
+        boot = hierarchical_replicates(shared.replicates_of(backbone_stat),
+                                       torch.stack([shared.replicates_of(x) for x in head_stats]), seed)
+        ci = percentile_interval(boot)
+        if any(getattr(x, "reflect", False) for x in stats):  # the basic interval, as `stats.interval` gives them
+            boot = 2 * change - boot
+            ci = percentile_interval(boot)
+        n, unit = n_units(backbone_stat), backbone_stat.unit
+        units = {"n_units": n, "unit": unit}
+        if s == 1:
+            return Change(**base, ci95=ci, kind=IMAGES_ONLY, boot=boot, **units,
+                          how=f"paired bootstrap over {n} {unit} of one training run: covers the {unit}, not "
+                              "retraining the head (add seeds: [0, 1, 2] for that)")
+        if t is not None and t[0][1] - t[0][0] > ci[1] - ci[0]:
+            return Change(**base, ci95=t[0], kind=T_SEEDS, t=t[1:], **units,
+                          how=f"t interval over {s} seeds (wider than the hierarchical bootstrap over seeds and "
+                              f"{unit}, {ci[0]:.4g} to {ci[1]:.4g})")
+        return Change(**base, ci95=ci, kind=HIERARCHICAL, boot=boot, **units,
+                      how=f"hierarchical bootstrap: {s} seeds drawn with replacement and {n} {unit} resampled "
+                          f"together, the backbone on the same images (wider than the t interval over seeds)")
+    if t is not None:
+        return Change(**base, ci95=t[0], kind=T_SEEDS, t=t[1:],
+                      how=f"t interval over {s} seeds (no per-image values: covers retraining, not the test images "
+                          "alone)")
+    why = ("no per-image values and one seed" if s == 1 else
+           f"no per-image values and the {s} seeds agree exactly (no spread to estimate from)")
+    return Change(**base, ci95=None, kind=NONE, how=f"no interval: {why}; add seeds: [0, 1, 2] for one over "
+                                                     "retraining")

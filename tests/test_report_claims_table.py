@@ -1,0 +1,106 @@
+"""`headprobe claims` (headprobe/report/claims_table.py, cli.py): the paper's layout z / h(z) (Δ [95% CI], n) in
+Markdown, LaTeX and CSV, with the numbers of results.json."""
+
+import csv
+import io
+import json
+import re
+
+import pytest
+
+from headprobe import run
+from headprobe.cli import main
+from headprobe.report.claims_table import claims_rows, format_claims, paper_cell
+from headprobe.stats.claims import answer_questions
+
+
+def _results() -> dict:
+    taps = {"backbone": {"metrics": {"rotation.acc": 0.85, "linear.acc": 0.97, "knn.k20.acc": 0.9}}}
+    seeds = {str(i): {"metrics": {"rotation.acc": 0.85 + c, "linear.acc": 0.97 + c / 10, "knn.k20.acc": 0.9 - c}}
+             for i, c in enumerate((-0.07, -0.05, -0.09))}
+    taps["d2"] = {"head": "d2", "seeds": seeds,
+                  "metrics": {m: sum(s["metrics"][m] for s in seeds.values()) / 3 for m in seeds["0"]["metrics"]}}
+    return {"claims": answer_questions(taps, {}, {}, {"d2": "d2"})}
+
+
+def test_csv_holds_the_numbers_of_results_json_unrounded():
+    results = _results()
+    rows = list(csv.DictReader(io.StringIO(format_claims(claims_rows({"r": results}, secondary=True), "csv"))))
+    primary = [r for r in rows if r["role"] == "primary"]
+    assert [(r["question"], r["measure"]) for r in primary] == [("Q-aug", "rotation.acc"), ("Q-class", "linear.acc")]
+    for row in primary:
+        record = results["claims"][row["question"]]["heads"]["d2"]
+        assert float(row["backbone"]) == record["backbone"] and float(row["head_value"]) == record["head"]
+        assert float(row["change"]) == record["change"]
+        assert [float(row["ci_low"]), float(row["ci_high"])] == record["ci95"]
+        assert float(row["p_holm"]) == record["p_holm"] and row["answer"] == record["answer"]
+        assert (int(row["n_seeds"]), row["interval"]) == (3, "t over seeds")
+    secondary = [r for r in rows if r["role"] == "secondary"]
+    assert [(r["question"], r["measure"], r["answer"]) for r in secondary] == [("Q-class", "knn.k20.acc", "")]
+    knn = results["claims"]["Q-class"]["heads"]["d2"]["secondary"]["knn.k20.acc"]
+    assert float(secondary[0]["change"]) == knn["change"] and float(secondary[0]["ci_high"]) == knn["ci95"][1]
+
+
+def test_markdown_and_latex_cells_are_the_paper_layout():
+    results = _results()
+    record = results["claims"]["Q-aug"]["heads"]["d2"]
+    lo, hi = (f"{100 * v:.1f}".replace("-", "−") for v in record["ci95"])
+    cell = f"85.0 / 78.0 (−7.0 [{lo}, {hi}], 3 seeds)"
+    md = format_claims(claims_rows({"r": results}), "md")
+    assert f"| Q-aug | rotation.acc | r | d2 | {cell} | {record['answer']} |" in md.splitlines()
+    latex = format_claims(claims_rows({"run_1": results}), "latex")
+    assert "run\\_1" in latex and "$-$7.0" in latex and "$\\Delta$ [95\\% CI]" in latex
+    assert latex.startswith("\\begin{tabular}") and latex.rstrip().endswith("\\end{tabular}")
+    assert paper_cell({"measure": "view_spread_rel", "backbone": 0.21, "head_value": 0.15, "change": -0.06,
+                       "ci95": [-0.09, -0.03], "n_seeds": 1, "n_units": 200}) == (
+        "0.21 / 0.15 (−0.06 [−0.09, −0.03], 1×200)")
+
+
+def test_a_run_without_answers_is_refused_with_a_sentence(tmp_path, capsys):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "results.json").write_text(json.dumps({"status": "complete", "taps": {}}))
+    assert main(["claims", str(tmp_path / "old")]) == 2
+    assert "has no answers" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--format 'html' is not one of md, latex, csv"):
+        format_claims([], "html")
+
+
+@pytest.mark.slow
+def test_the_claims_command_writes_the_numbers_of_a_real_run(tiny_recipe, tmp_path, capsys):
+    recipe = {**tiny_recipe, "heads": [{"name": "relu", "act": "relu", "width": 16, "out_dim": 4}],
+              "augment": {"preset": "crop-flip", "views": 2}, "train": {"epochs": 1, "batch_size": 50},
+              "probes": {"linear": {"C_grid": [0.1, 1.0]}, "invariance": {}}}
+    results = run(recipe, out=tmp_path / "r", quiet=True).data
+    assert main(["claims", str(tmp_path / "r"), "--format", "csv", "--out", str(tmp_path / "t.csv")]) == 0
+    rows = list(csv.DictReader((tmp_path / "t.csv").open()))
+    assert {(r["question"], r["head"]) for r in rows} == {("Q-inv", "relu"), ("Q-class", "relu")}
+    for row in rows:
+        record = results["claims"][row["question"]]["heads"]["relu"]
+        assert float(row["change"]) == record["change"] and row["interval"] == "test images only"
+        assert [float(row["ci_low"]), float(row["ci_high"])] == record["ci95"]
+    assert main(["claims", str(tmp_path / "r")]) == 0
+    md = capsys.readouterr().out
+    record = results["claims"]["Q-class"]["heads"]["relu"]
+    shown = re.search(r"\| Q-class \| linear\.acc \| r \| relu \| ([\d.]+) / ([\d.]+) \(", md)
+    assert [float(v) for v in shown.groups()] == [round(100 * record["backbone"], 1), round(100 * record["head"], 1)]
+
+
+def test_a_head_without_the_primary_gives_secondary_rows_only():
+    taps = {"backbone": {"metrics": {"aug_r2.mean": 0.5}},
+            "h": {"head": "h", "metrics": {"aug_r2.mean": 0.4}}}
+    rows = claims_rows({"r": {"claims": answer_questions(taps, {}, {}, {"h": "h"})}}, secondary=True)
+    assert [(r["question"], r["measure"], r["role"]) for r in rows] == [("Q-aug", "aug_r2.mean", "secondary")]
+    assert "0.5 / 0.4 (−0.1 [no interval], 1 seed)" in format_claims(rows, "md")
+
+
+@pytest.mark.parametrize("claims, words", [
+    ({"Q-aug": "yes"}, "claims.Q-aug has no primary measure or no heads"),
+    ({"Q-aug": {"primary": "rotation.acc", "heads": {"d2": {"change": None, "backbone": 0.5, "head": 0.4}}}},
+     "claims.Q-aug.heads.d2 is not an answer with numbers"),
+])
+def test_damaged_claims_are_refused_with_a_sentence(claims, words, tmp_path, capsys):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.json").write_text(json.dumps({"status": "complete", "claims": claims}))
+    assert main(["claims", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and words in " ".join(err.split())
