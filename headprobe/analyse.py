@@ -11,9 +11,20 @@ from pathlib import Path
 
 
 def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = False) -> dict:
-    """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results."""
-    from . import stages
+    """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results. The run
+    folder is locked meanwhile (`run.lock`: a run, resume or report writing there at the same time is refused)."""
     from .distributed import process_state
+    from .run.lock import folder_lock
+
+    state = process_state()
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a folder; pass a run directory written by `headprobe run`.")
+    with folder_lock(run_dir, "geometry", state):
+        return _analyse_locked(run_dir, rows, quiet, state)
+
+
+def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -> dict:
+    from . import stages
     from .recipe import load_recipe
     from .runs import RunDir, read_results
     from .train import CheckpointError, build_head, latest_checkpoint, load_checkpoint
@@ -41,7 +52,7 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
         raise stages.RunError("reading the heads' checkpoint", err, None) from None
     if rows is not None:
         recipe.geometry.rows = rows
-    ctx = stages.RunContext(recipe, run, results, process_state(), show=not quiet)
+    ctx = stages.RunContext(recipe, run, results, state, show=not quiet)
     # This analysis's own loading and extraction are not the run's: clock them apart, so results["timing"] keeps
     # what the run measured.
     ctx.timing = {}

@@ -127,6 +127,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report.html import write_report
     from .report.table import print_summary
+    from .run.lock import RunFolderLocked, RunLock
     from .runs import read_results
 
     try:
@@ -136,7 +137,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     console = _console()
     print_summary(results, Path(args.run_dir), console=console)
     try:
-        path = write_report(args.run_dir)
+        with RunLock(args.run_dir, "report"):  # not while a run, resume or geometry writes there
+            path = write_report(args.run_dir)
+    except RunFolderLocked as err:
+        return _error(str(err), EXIT_USAGE)
     except OSError as err:
         return _error(f"could not write the report into {args.run_dir}: {err}", EXIT_FAILED)
     console.print(f"report: {path} (figures in {path.parent / 'plots'})", markup=False)

@@ -15,6 +15,7 @@ import torch
 
 from . import stages, taps
 from .recipe import Recipe, RecipeError, dump_recipe, load_recipe
+from .run.lock import folder_lock
 from .runs import RunDir, check_out_folder, default_run_dir, metrics_from_json, new_results
 from .stages import RunContext, RunError
 
@@ -98,8 +99,6 @@ def run(
     >>> results = run("recipes/quickstart.yaml", data__limit__train=256, train__epochs=1)  # doctest: +SKIP
     >>> results.metrics()["linear.acc"]  # doctest: +SKIP
     """
-    from accelerate.utils import set_seed
-
     from .distributed import process_state
 
     if isinstance(recipe_or_path, Recipe):
@@ -110,9 +109,17 @@ def run(
         recipe = load_recipe(recipe_or_path, overrides, _overrides_from_keywords(values))
 
     state = process_state()
-    main = state.is_main_process
     path = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(path)
+    with folder_lock(path, "resume" if resume else "run", state):
+        return _run_locked(recipe, path, out, state, resume, quiet)
+
+
+def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resume: bool, quiet: bool) -> Results:
+    """`run` with the run folder locked (`folder_lock`): from the resume checks to the summary."""
+    from accelerate.utils import set_seed
+
+    main = state.is_main_process
     results = new_results(recipe.to_dict())
     if resume:
         if not (path / "results.json").is_file():

@@ -1,0 +1,1 @@
+"""A run: its folder, its context and its stages."""
