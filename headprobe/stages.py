@@ -101,6 +101,7 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
     tuned: the backbone has been tuned with the heads (they need views again only for their final geometry)."""
     from .data.augment import augment_spec
     from .data.loader import pipeline_record
+    from .feature_cache import UnchangedCache
     from .features import extract, extract_views
     from .orbit_features import extract_orbits
 
@@ -162,6 +163,10 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
         "pooling": recipe.backbone.pooling, "layer": recipe.backbone.layer, "layers": recipe.backbone.layers,
         "resolution": backbone.preprocess.crop, "precision": f.precision, "cache": cache,
         "memory_map": f.memory_map, "input_pipeline": pipeline_record(f.num_workers, ctx.state.device)}
+    # From here on, results are written only while the memory-mapped cache files read are the bytes verified.
+    read = [t for part in (out.train, out.test, out.views, out.probe_views) if part is not None
+            for t in vars(part).values() if isinstance(t, torch.Tensor)]
+    ctx.run_dir.guard = UnchangedCache(read).check
     return out
 
 
