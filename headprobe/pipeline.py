@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from . import stages, taps
+from .parallel.peers import exchange_peers
 from .recipe import Recipe, RecipeError, dump_recipe, load_recipe
 from .run.lock import folder_lock
 from .runs import RunDir, check_out_folder, default_run_dir, metrics_from_json, new_results
@@ -152,7 +153,8 @@ def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resum
     results["environment"] = _environment(state)
     set_seed(recipe.seed)
 
-    ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume)
+    ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume,
+                     peers=exchange_peers(state))
     with ctx.recording_stops():
         inputs = stages.load_inputs(ctx)
         features = stages.extract_features(ctx, inputs)

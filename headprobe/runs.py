@@ -155,11 +155,17 @@ class RunDir:
         error = {"stage": "checking the cached features before writing results",
                  "message": f"{type(err).__name__}: {err}"}
         results["status"], results["error"] = "failed", error
+        self.mark_stopped("failed", error)
+
+    def mark_stopped(self, status: str, error: dict) -> None:
+        """The results last written, with `status` and `error`: what a process records when its own results may
+        not be written (they failed the guard), or when it is not the main process and the main one was lost.
+        Nothing when there are none (or they cannot be read)."""
         try:
             last = read_results(self.path)
         except (FileNotFoundError, ValueError):
             return
-        atomic_write_text(self.results_path, json.dumps(_jsonable({**last, "status": "failed", "error": error}),
+        atomic_write_text(self.results_path, json.dumps(_jsonable({**last, "status": status, "error": error}),
                                                         indent=2) + "\n")
 
     def log_metrics(self, record: dict) -> None:

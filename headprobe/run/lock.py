@@ -23,6 +23,7 @@ import time
 import warnings
 from pathlib import Path
 
+from ..parallel.peers import process_runs
 from ..recipe import RecipeError
 
 __all__ = ["HEARTBEAT_S", "LOCK_NAME", "RunFolderLocked", "RunLock", "folder_lock", "stale_after_s"]
@@ -47,20 +48,6 @@ def stale_after_s() -> float:
     if not seconds > 0:
         raise RecipeError(f"HEADPROBE_LOCK_TIMEOUT = {value!r} must be > 0 seconds (e.g. 300).")
     return seconds
-
-
-def _pid_runs(pid: int) -> bool:
-    """Whether process `pid` runs on this host (a zombie, dead and not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    with contextlib.suppress(OSError, IndexError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rpartition(")")[2].split()[0] != "Z"
-    return True
 
 
 class RunLock:
@@ -144,7 +131,7 @@ class RunLock:
 
     def _stale(self, holder: dict) -> bool:
         if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
-            return not _pid_runs(holder["pid"])
+            return not process_runs(holder["pid"])
         return self._age_s() > stale_after_s()
 
     def _take_over(self, holder: dict | None) -> None:

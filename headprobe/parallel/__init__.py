@@ -1,0 +1,1 @@
+"""Several processes: how they share the work and what they exchange."""
