@@ -76,6 +76,26 @@ def _check_out(path: Path) -> None:
     check_out_folder(path)  # not a foreign non-empty folder, and writable (runs.check_out_folder)
 
 
+def check_arguments(recipe_or_path: Any, out: Any, overrides: Any) -> None:
+    """TypeError, naming the argument, what it got and what it takes, for arguments of the wrong type (a string
+    `overrides` would otherwise be read one character at a time)."""
+    def got(value: Any) -> str:
+        return f"{type(value).__name__} {value!r}"[:120]
+
+    if not isinstance(recipe_or_path, (Recipe, str, Path, dict)):
+        raise TypeError(f"recipe_or_path takes a Recipe, a YAML file's path (str or Path) or a dict; got "
+                        f"{got(recipe_or_path)}.")
+    if out is not None and not isinstance(out, (str, Path)):
+        raise TypeError(f"out takes a folder's path (str or Path) or None; got {got(out)}.")
+    if isinstance(overrides, str):
+        raise TypeError(f"overrides takes a list of 'KEY=VALUE' strings; got the string {overrides!r}: write "
+                        f"overrides=[{overrides!r}].")
+    if overrides is not None and (not isinstance(overrides, (list, tuple))
+                                  or not all(isinstance(o, str) for o in overrides)):
+        raise TypeError(f"overrides takes a list of 'KEY=VALUE' strings, e.g. ['train.epochs=1']; got "
+                        f"{got(overrides)}.")
+
+
 def _overrides_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
     """``train__epochs=1`` and ``**{"train.epochs": 1}`` → {"train.epochs": 1} (values stay Python objects)."""
     return {key.replace("__", "."): value for key, value in keywords.items()}
@@ -102,6 +122,7 @@ def run(
     """
     from .distributed import process_state
 
+    check_arguments(recipe_or_path, out, overrides)
     if isinstance(recipe_or_path, Recipe):
         if overrides or values:
             raise RecipeError("overrides apply to a recipe file or dict; edit the Recipe object directly.")
@@ -204,6 +225,7 @@ def run_sweep(
     """
     from .recipe import expand_sweep, resolve_recipe_data
 
+    check_arguments(recipe_path, out, overrides)
     if values:  # fold every override into the recipe's data once; each combination then starts from it
         recipe_path, overrides = resolve_recipe_data(recipe_path, overrides, _overrides_from_keywords(values)), None
 
