@@ -41,7 +41,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         recipe = load_recipe(args.recipe, args.set)
     except RecipeError as err:
-        return _error(str(err), EXIT_USAGE)
+        # Every process of a launch reads the same recipe: the main one says what is wrong, once.
+        return _error(str(err), EXIT_USAGE) if _is_main_process() else EXIT_USAGE
     _warn_about_launch()
     try:
         if recipe.sweep:
