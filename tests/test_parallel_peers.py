@@ -126,3 +126,46 @@ def test_a_killed_process_is_recorded_by_the_survivor_and_resume_finishes(tiny_r
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = json.loads((out / "results.json").read_text())
     assert resumed["status"] == "complete" and set(resumed["taps"]) == {"backbone", "relu@1", "relu"}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="torchrun missing")
+def test_a_stopped_process_fails_the_run_after_the_collective_timeout(tiny_recipe, tmp_path):
+    """SIGSTOP on process 1 at the probe stage: process 0 waits in its next collective for HEADPROBE_COLLECTIVE_TIMEOUT
+    (60 s here, far above any wait of this run), then records "failed" with the sentence, not "running" forever."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    recipe = {**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 101, "test": 37}},
+              "heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 2},
+              "train": {"epochs": 1, "batch_size": 32}, "probes": {"linear": {"C_grid": [0.1, 1.0]}}}
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2"]
+    env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
+           "HEADPROBE_COLLECTIVE_TIMEOUT": "60"}
+    out, signals = tmp_path / "run", tmp_path / "signals"
+    signals.mkdir()
+    job = subprocess.Popen([*torchrun, str(script), json.dumps(recipe), str(out), str(signals)], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 600
+        while not all((signals / f"pid-{rank}").exists() for rank in (0, 1)):
+            assert job.poll() is None, job.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the run never reached the probe stage"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        stopped = int((signals / "pid-1").read_text())
+        os.kill(stopped, signal.SIGSTOP)
+        (signals / "go").touch()  # process 0 goes on to the probes' first exchange and waits there
+        deadline = time.monotonic() + 900
+        while json.loads((out / "results.json").read_text())["status"] == "running":
+            assert time.monotonic() < deadline, "the stopped process was waited for forever"
+            time.sleep(0.5)
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGKILL)
+        job.communicate(timeout=600)
+    failed = json.loads((out / "results.json").read_text())
+    assert failed["status"] == "failed"
+    assert failed["error"]["message"].startswith(
+        "a process of 2 did not answer within 60 s (HEADPROBE_COLLECTIVE_TIMEOUT)"), failed["error"]
