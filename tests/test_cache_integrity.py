@@ -44,6 +44,7 @@ def test_flipped_bytes_inside_the_tensor_data_are_detected(setup):
     header = 8 + int.from_bytes(raw[:8], "little")
     end = min(len(raw), header + 20_000)
     raw[header:end] = bytes(b ^ 0xFF for b in raw[header:end])  # still a valid safetensors file
+    good.path.chmod(0o644)  # cache files are read-only (root writes them anyway)
     good.path.write_bytes(bytes(raw))
     _recomputed(bb, data, good, "checksum of its 'features' tensor does not match")
 
@@ -121,6 +122,7 @@ def test_corrupted_caches_are_detected_when_mapped_too(setup, monkeypatch):
     with pytest.warns(UserWarning, match="checksum of its '(features|labels)' tensor does not match"):
         again = _extract(bb, data, mapped=True)
     assert not again.cached and torch.equal(again.features, good.features)
+    good.path.chmod(0o644)
     good.path.write_bytes(good.path.read_bytes()[:-100])
     with pytest.warns(UserWarning, match=r"unusable \(its tensor .* \(truncated\)\)"):
         assert not _extract(bb, data, mapped=True).cached
