@@ -42,7 +42,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         recipe = load_recipe(args.recipe, args.set)
     except RecipeError as err:
-        return _error(str(err), EXIT_USAGE)
+        # Every process of a launch reads the same recipe: the main one says what is wrong, once.
+        return _error(str(err), EXIT_USAGE) if _is_main_process() else EXIT_USAGE
     _warn_about_launch()
     try:
         if recipe.sweep:
@@ -127,6 +128,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from headprobe.record.directory import read_results
+    from headprobe.record.lock import RunFolderLocked, RunLock
 
     from .report.html import write_report
     from .report.table import print_summary
@@ -138,7 +140,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     console = _console()
     print_summary(results, Path(args.run_dir), console=console)
     try:
-        path = write_report(args.run_dir)
+        with RunLock(args.run_dir, "report"):  # not while a run, resume or geometry writes there
+            path = write_report(args.run_dir)
+    except RunFolderLocked as err:
+        return _error(str(err), EXIT_USAGE)
     except OSError as err:
         return _error(f"could not write the report into {args.run_dir}: {err}", EXIT_FAILED)
     console.print(f"report: {path} (figures in {path.parent / 'plots'})", markup=False)

@@ -44,6 +44,7 @@ def test_flipped_bytes_inside_the_tensor_data_are_detected(setup):
     header = 8 + int.from_bytes(raw[:8], "little")
     end = min(len(raw), header + 20_000)
     raw[header:end] = bytes(b ^ 0xFF for b in raw[header:end])  # still a valid safetensors file
+    good.path.chmod(0o644)  # cache files are read-only (root writes them anyway)
     good.path.write_bytes(bytes(raw))
     _recomputed(bb, data, good, "checksum of its 'features' tensor does not match")
 
@@ -121,6 +122,7 @@ def test_corrupted_caches_are_detected_when_mapped_too(setup, monkeypatch):
     with pytest.warns(UserWarning, match="checksum of its '(features|labels)' tensor does not match"):
         again = _extract(bb, data, mapped=True)
     assert not again.cached and torch.equal(again.features, good.features)
+    good.path.chmod(0o644)
     good.path.write_bytes(good.path.read_bytes()[:-100])
     with pytest.warns(UserWarning, match=r"unusable \(its tensor .* \(truncated\)\)"):
         assert not _extract(bb, data, mapped=True).cached
@@ -142,3 +144,127 @@ def test_a_streamed_cache_file_loads_like_a_saved_one(tmp_path):
         assert load_cached(path, "key", 51) is None
     with pytest.raises(ValueError, match="a cache file holds 'features' and 'params', got \\['features'\\]"):
         save_cached_streamed(path, "key", {}, {"features": parts["features"]})
+
+
+def test_cache_files_are_written_read_only(setup):
+    bb, data = setup
+    good = _extract(bb, data)
+    assert good.path.stat().st_mode & 0o777 == 0o444
+
+
+def test_an_empty_headprobe_cache_is_unset_not_the_current_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HEADPROBE_CACHE", "")
+    assert feature_cache.cache_root() == tmp_path / "home" / ".cache" / "headprobe"
+    monkeypatch.setenv("HEADPROBE_CACHE", str(tmp_path / "mine"))
+    assert feature_cache.cache_root() == tmp_path / "mine"
+
+
+def _overwrite_in_place(path):
+    """What `cp other path` or `rsync --inplace` does: new bytes into the same inode (root writes a 0444 file; others
+    would have to chmod it first)."""
+    raw = bytearray(path.read_bytes())
+    header = 8 + int.from_bytes(raw[:8], "little")
+    raw[header:] = bytes(b ^ 0x5A for b in raw[header:])
+    path.chmod(0o644)
+    with open(path, "r+b") as f:
+        f.write(raw)
+
+
+def test_a_mapped_file_written_in_place_is_caught_and_a_renamed_one_is_not(setup, monkeypatch):
+    from headprobe.features import tensor_file
+    from headprobe.features.cache import CacheChangedError, UnchangedCache
+
+    bb, data = setup
+    good = _extract(bb, data)
+    hit = _extract(bb, data, mapped=True)
+    guard = UnchangedCache([hit.features, hit.labels, torch.zeros(3)])  # the ordinary tensor is not checked
+    guard.check(final=True)
+    fresh = good.path.with_name("fresh")
+    fresh.write_bytes(good.path.read_bytes())
+    fresh.replace(good.path)  # a new version by rename: the mapping keeps its inode, nothing changed under the run
+    guard.check(final=True)
+    hit = _extract(bb, data, mapped=True)  # the new file, mapped
+    guard = UnchangedCache([hit.features, hit.labels])
+    _overwrite_in_place(good.path)
+    assert not torch.equal(hit.features, good.features)  # the mapping sees the new bytes
+    with pytest.raises(CacheChangedError, match=r"changed on disk while this run was reading it \(.*written in place"):
+        guard.check()
+    # A rewrite that leaves every identity field as it was is caught by the checksums, verified again at the end.
+    with pytest.warns(UserWarning, match="does not match"):
+        assert not _extract(bb, data).cached  # the damaged file recomputed and written again
+    monkeypatch.setattr(tensor_file, "_identity", lambda fd: (0,))
+    again = _extract(bb, data, mapped=True)
+    guard = UnchangedCache([again.features])
+    guard.check()
+    _overwrite_in_place(good.path)
+    with pytest.raises(CacheChangedError, match="the checksum of its 'features' tensor no longer matches"):
+        guard.check(final=True)
+
+
+def test_the_full_check_is_spaced_by_its_cost_but_always_made_at_the_end(setup, monkeypatch):
+    from headprobe.features.cache import FULL_CHECK_SHARE, UnchangedCache
+
+    bb, data = setup
+    _extract(bb, data)
+    hit = _extract(bb, data, mapped=True)
+    calls = []
+    real = feature_cache.changed_mappings
+    monkeypatch.setattr(feature_cache, "changed_mappings", lambda t, checksums: calls.append(checksums) or real(
+        t, checksums))
+    guard = UnchangedCache([hit.features])
+    guard.check()
+    guard.check_s = 1e6  # a full check that took "forever": the next ones check identity only
+    guard.check()
+    guard.check(final=True)
+    assert calls == [True, False, True] and FULL_CHECK_SHARE >= 50
+
+
+# --- a cache file written in place while a run reads it ----------------------------------------------------------
+
+RUN = {"heads": [{"name": "relu", "act": "relu", "width": 16, "out_dim": 8}], "objective": {"name": "vicreg"},
+       "augment": {"preset": "crop-flip", "views": 2}, "train": {"epochs": 2, "batch_size": 50},
+       "probes": {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5]}}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["in place", "by rename"])
+def test_a_cache_file_changed_during_a_run_fails_it_and_resume_recovers(tiny_recipe, tmp_path, monkeypatch, how):
+    """Overwritten in place while the heads train (the train features are mapped and probed after): the run fails
+    with the sentence, records no number computed from the new bytes, and --resume gives the reference numbers.
+    Replaced by a rename instead, the run goes on with the bytes it verified."""
+    from headprobe.pipeline import RunError, run, stages
+
+    recipe = {**tiny_recipe, **RUN}
+    reference = run(recipe, out=tmp_path / "reference", quiet=True)
+    train_file = feature_cache.cache_root() / "features" / (
+        reference["protocol"]["features"]["cache"]["train"]["key"] + ".safetensors")
+    train_heads = stages.train_heads
+
+    def changing(ctx, features):
+        if how == "in place":
+            _overwrite_in_place(train_file)
+        else:
+            other = train_file.with_name("other")
+            other.write_bytes(b"not features at all")
+            other.replace(train_file)
+        return train_heads(ctx, features)
+
+    monkeypatch.setattr(stages, "train_heads", changing)
+    out = tmp_path / "run"
+    if how == "by rename":
+        assert run(recipe, out=out, quiet=True)["taps"]["relu"]["metrics"] == reference["taps"]["relu"]["metrics"]
+        return
+    with pytest.raises(RunError, match="CacheChangedError: a feature cache file changed on disk while this run was "
+                                       f"reading it \\({train_file}: its"):
+        run(recipe, out=out, quiet=True)
+    failed = json.loads((out / "results.json").read_text())
+    assert failed["status"] == "failed" and "--resume" in failed["error"]["message"]
+    assert set(failed["taps"]) == {"backbone"}  # probed before the change; no head tap was probed on the new bytes
+    assert failed["taps"]["backbone"]["metrics"] == reference["taps"]["backbone"]["metrics"]
+    monkeypatch.setattr(stages, "train_heads", train_heads)
+    with pytest.warns(UserWarning, match="checksum of its 'features' tensor does not match"):  # found and recomputed
+        resumed = run(recipe, out=out, resume=True, quiet=True)
+    assert resumed["status"] == "complete"
+    for name, tap in reference["taps"].items():
+        assert resumed["taps"][name]["metrics"] == tap["metrics"], name

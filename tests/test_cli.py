@@ -206,3 +206,33 @@ def test_geometry_bad_rows_and_failures_leave_the_run_status_alone(tmp_path, cap
     after, recorded = json.loads(results.read_text()), json.loads(before)
     assert after["status"] == "complete" and "error" not in after
     assert after["heads"] == recorded["heads"] and after["taps"] == recorded["taps"]
+
+
+def test_a_bad_recipe_is_reported_by_the_main_process_only(tmp_path, capsys, monkeypatch):
+    path = _write(tmp_path, _tiny())
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert main(["run", str(path), "--set", "backbone.pooling=maen"]) == 2
+    assert capsys.readouterr().err == ""  # the main process says it
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert main(["run", str(path), "--set", "backbone.pooling=maen"]) == 2
+    assert capsys.readouterr().err.count("backbone.pooling") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_bad_recipe_under_torchrun_is_printed_once(tmp_path):
+    import os
+    import shutil
+
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.skip("torchrun missing")
+    path = _write(tmp_path, _tiny())
+    done = subprocess.run([torchrun, "--nproc_per_node", "2", "-m", "headprobe", "run", str(path), "--out",
+                           str(tmp_path / "never"), "--set", "backbone.pooling=maen"],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    assert done.stderr.count("error: backbone.pooling") == 1, done.stderr[-3000:]
+    assert not (tmp_path / "never").exists()

@@ -55,6 +55,7 @@ def test_key_changes_with_everything_that_changes_content(setup, tiny_dinov2):
 def test_corrupt_and_partial_files_are_misses(setup):
     bb, data = setup
     good = _extract(bb, data)
+    good.path.chmod(0o644)  # cache files are read-only (root writes them anyway)
     good.path.write_bytes(good.path.read_bytes()[:100])
     with pytest.warns(UserWarning, match="unusable"):
         again = _extract(bb, data)

@@ -81,6 +81,7 @@ def test_a_corrupt_file_is_recomputed_and_no_data_info_caches_nothing(setup):
     record = {}
     first = _orbits(bb, data, sweeps=["blur"], record=record)
     path = cache_root() / "orbits" / f"{record['orbits-blur']['key']}.safetensors"
+    path.chmod(0o644)  # cache files are read-only (root writes them anyway)
     path.write_bytes(path.read_bytes()[:-8] + b"\x00" * 8)  # the last feature bytes overwritten
     with pytest.warns(UserWarning, match="unusable"):
         again = _orbits(bb, data, sweeps=["blur"], record=record)

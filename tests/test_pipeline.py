@@ -267,3 +267,18 @@ def test_run_sweep_takes_keyword_overrides(tmp_path):
         assert r["recipe"]["probes"]["knn"]["ks"] == [3] and r["recipe"]["data"]["limit"]["test"] == 40
         assert "knn.k3.acc" in r.metrics()
     assert (tmp_path / "sw" / "compare.csv").is_file()
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: run(42), r"recipe_or_path takes a Recipe, a YAML file's path \(str or Path\) or a dict; got int 42\."),
+    (lambda: run(None), "recipe_or_path takes a Recipe, .* got NoneType None."),
+    (lambda: run({}, out=123), r"out takes a folder's path \(str or Path\) or None; got int 123."),
+    (lambda: run({}, overrides="train.epochs=1"), r"got the string 'train.epochs=1': write overrides=\['train"),
+    (lambda: run({}, overrides=["a=1", 2]), "overrides takes a list of 'KEY=VALUE' strings"),
+    (lambda: run_sweep({}, overrides="x=1"), "overrides takes a list of 'KEY=VALUE' strings; got the string"),
+])
+def test_arguments_of_the_wrong_type_are_named_with_what_they_take(call, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=message):
+        call()
+    assert not any(tmp_path.iterdir())  # refused before anything was written

@@ -68,3 +68,21 @@ def test_known_block_counts_and_patch_sizes_match_the_models():
     assert declared_shape("hf:facebook/dinov2-small") == {}
     with pytest.raises(ValueError, match="layer 3 is out of range; this model has 3 blocks"):
         load_backbone("scratch:vit-tiny", pooling="cls", layer=3)
+
+
+def test_options_are_checked_without_heads_and_head_settings_without_heads_warn():
+    import warnings
+
+    with pytest.raises(RecipeError, match="objective.options.foo"):
+        load_recipe({"heads": []}, ["objective.options.foo=1"])
+    with pytest.raises(RecipeError, match="augment: "):
+        load_recipe({"heads": []}, ["augment.options.nonsense=1"])
+    with pytest.warns(UserWarning, match=r"geometry.final and train.checkpoint_every have no effect without heads"):
+        load_recipe({"heads": []}, ["geometry.final=true", "train.checkpoint_every=2"])
+    with pytest.warns(UserWarning, match=r"^train.checkpoint_every has no effect without heads"):
+        load_recipe({"heads": []}, ["train.checkpoint_every=2"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_recipe({"heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 2}},
+                    ["geometry.final=true", "train.checkpoint_every=2"])
+        load_recipe({"heads": []})

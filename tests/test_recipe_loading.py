@@ -168,3 +168,28 @@ def test_a_yaml_exponent_read_as_text_gets_the_spelling_yaml_reads_as_a_number()
     assert yaml.safe_load("1.0e-3") == 0.001 and yaml.safe_load("1e-3") == "1e-3"  # why the hint is right
     with pytest.raises(RecipeError, match=r"expected a number\.$"):
         load_recipe({"train": {"lr": "fast"}})
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: " + "{a: " * 100_000 + "1" + "}" * 100_000 + "\n", r"nests deeper than 64 levels \(at line 1\)"),
+    ("probes: " + "[" * 100_000 + "]" * 100_000 + "\n", "nests deeper than 64 levels"),
+    ("on: 1\n", r"the key `on` at line 1 is read by YAML as a boolean; quote it \('on':\)"),
+    ("probes:\n  linear: {}\n  no: {}\n", "the key `no` at line 3 is read by YAML as a boolean"),
+])
+def test_recipes_too_deep_or_with_boolean_keys_are_refused_with_a_sentence(tmp_path, text, message):
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(path)
+
+
+def test_a_path_that_is_not_a_regular_file_is_named_so(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", "/dev/urandom", str(fifo), str(tmp_path)):
+        with pytest.raises(RecipeError, match="is not a regular file"):
+            load_recipe(path)
+    with pytest.raises(RecipeError, match="does not exist"):
+        load_recipe(tmp_path / "missing.yaml")

@@ -8,16 +8,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
-from headprobe.features.tensor_file import checksum_hasher, file_checksum, map_tensors, read_header, write_streamed
+from headprobe.features.tensor_file import changed_mappings, checksum_hasher, map_tensors, read_header, write_streamed
 
-__all__ = ["FORMAT_VERSION", "cache_root", "checksum_algorithm", "load_cached", "save_cached", "save_cached_streamed",
-           "tensor_checksum"]
+__all__ = ["FORMAT_VERSION", "CacheChangedError", "UnchangedCache", "cache_root", "checksum_algorithm", "load_cached",
+           "save_cached", "save_cached_streamed", "tensor_checksum"]
 
 FORMAT_VERSION = 2  # 2: per-tensor checksums in the metadata
 
@@ -41,7 +42,9 @@ def tensor_checksum(tensor: torch.Tensor, algorithm: str | None = None) -> str:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("HEADPROBE_CACHE", Path.home() / ".cache" / "headprobe")).expanduser()
+    """`HEADPROBE_CACHE`, else ~/.cache/headprobe (an empty `HEADPROBE_CACHE=` counts as unset, not as the current
+    folder)."""
+    return Path(os.environ.get("HEADPROBE_CACHE") or Path.home() / ".cache" / "headprobe").expanduser()
 
 
 def load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None, mapped: bool = False
@@ -64,12 +67,12 @@ def load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None
         if not isinstance(checksums, dict):
             raise ValueError("it records no checksums of its tensors")
         for name in ("features", second):
-            recorded = checksums.get(name)
-            if not isinstance(recorded, str) or file_checksum(path, entries[name],
-                                                              recorded.partition(":")[0]) != recorded:
+            if not isinstance(checksums.get(name), str):
                 raise ValueError(f"the checksum of its {name!r} tensor does not match its content (corrupted "
                                  "or edited)")
-        tensors = map_tensors(path, {name: entries[name] for name in ("features", second)})
+        # Verified through the file that is mapped: a rename onto `path` meanwhile cannot slip other bytes in.
+        tensors = map_tensors(path, {name: entries[name] for name in ("features", second)},
+                              {name: checksums[name] for name in ("features", second)})
         feats, stored = tensors["features"], tensors[second]
         if not mapped:
             feats, stored = feats.clone(), stored.clone()
@@ -119,6 +122,9 @@ def _write_atomically(path: Path, write) -> bool:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
+        # Written once, then read-only: a new version comes by rename, never by writing into this file, so a run's
+        # mapping of it keeps its bytes (UnchangedCache checks that nobody wrote into it anyway).
+        os.chmod(tmp, 0o444)
         os.replace(tmp, path)
     except Exception as err:  # OSError, or safetensors' own error wrapping one (read-only, disk full)
         with contextlib.suppress(OSError):
@@ -131,3 +137,47 @@ def _write_atomically(path: Path, write) -> bool:
                           "features.cache: false).", stacklevel=4)
         return False
     return True
+
+
+class CacheChangedError(RuntimeError):
+    """A memory-mapped cache file a run reads changed under it; nothing computed since its last check is recorded."""
+
+
+# A full re-checksum costs at most 1/FULL_CHECK_SHARE of the time between two of them (the identity check, a few
+# system calls, runs before every write).
+FULL_CHECK_SHARE = 100
+
+
+class UnchangedCache:
+    """Proof that the memory-mapped cache files a run reads are the bytes it verified when it opened them, taken
+    before its results are written (`check`): each file's identity (inode, size, modification time, from the
+    open file) every time, and its checksums again at the end of the run and otherwise as often as
+    costs at most 1/`FULL_CHECK_SHARE` of the run's time. A file replaced by a rename is not a change (the mapping
+    keeps the old inode); a file written in place is. Tensors that are not mapped (loaded whole, or just extracted)
+    cannot change and are not checked."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
+        from headprobe.features.tensor_file import is_mapped
+
+        self.tensors = [t for t in tensors if t is not None and is_mapped(t)]
+        self.checked_at, self.check_s = float("-inf"), 0.0
+
+    def check(self, final: bool = False) -> None:
+        """Raise `CacheChangedError` (a sentence naming each changed file and what to do) when one changed;
+        final: the results about to be written are the run's last, so the checksums are verified whatever the
+        cost."""
+        if not self.tensors:
+            return
+        start = time.perf_counter()
+        full = final or start - self.checked_at >= FULL_CHECK_SHARE * self.check_s
+        changed = changed_mappings(self.tensors, checksums=full)
+        if full:
+            self.checked_at = time.perf_counter()
+            self.check_s = self.checked_at - start
+        if changed:
+            raise CacheChangedError(
+                "a feature cache file changed on disk while this run was reading it (" + "; ".join(changed) + "), "
+                "so what was computed from it since the last write of results.json is not recorded. Cache files "
+                "are replaced only by renaming a new file onto them; nothing should write into one. `headprobe run "
+                "RECIPE --resume --out RUN_DIR` goes on from the last results written (a damaged cache file is "
+                "detected and recomputed).")

@@ -13,7 +13,8 @@ may keep it; the next read faults it back in).
 Writing into a mapped tensor changes this process's copy only, never the file, and `release_pages` discards such
 writes: treat mapped tensors as read-only. A file replaced by a rename (how the feature cache writes) leaves existing
 mappings on the old file; a file edited in place changes them, and truncating it makes their reads fail (SIGBUS), so
-never edit a cache file in place while a run uses it.
+never edit a cache file in place while a run uses it: `changed_mappings` tells (the run checks it before writing
+results, `feature_cache.UnchangedCache`).
 
 >>> entries, meta = read_header(path)  # doctest: +SKIP
 >>> views = map_tensors(path, entries)["features"]  # doctest: +SKIP
@@ -35,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["CHUNK_BYTES", "TensorEntry", "checksum_hasher", "file_checksum", "gather_rows", "is_mapped", "map_tensors",
-           "mean_over_rows", "read_header", "release_pages", "write_streamed"]
+__all__ = ["CHUNK_BYTES", "TensorEntry", "changed_mappings", "checksum_hasher", "file_checksum", "gather_rows",
+           "is_mapped", "map_tensors", "mean_over_rows", "read_header", "release_pages", "write_streamed"]
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -100,47 +101,74 @@ def checksum_hasher(algorithm: str):
     raise ValueError(f"its checksum algorithm {algorithm!r} is unknown")
 
 
-def file_checksum(path: Path | str, entry: TensorEntry, algorithm: str) -> str:
-    """``"<algorithm>:<hex digest>"`` of one tensor's bytes read from the file in `CHUNK_BYTES` pieces (ordinary
-    reads into one reused buffer, not a mapping, so the resident set stays bounded); equals
-    `feature_cache.tensor_checksum` of the loaded tensor."""
+def file_checksum(path: Path | str | int, entry: TensorEntry, algorithm: str) -> str:
+    """``"<algorithm>:<hex digest>"`` of one tensor's bytes read from the file (a path, or the descriptor of an open
+    one) in `CHUNK_BYTES` pieces (ordinary reads into one reused buffer, not a mapping, so the resident set stays
+    bounded); equals `feature_cache.tensor_checksum` of the loaded tensor."""
+    if not isinstance(path, int):
+        with Path(path).open("rb", buffering=0) as f:
+            return file_checksum(f.fileno(), entry, algorithm)
     hasher = checksum_hasher(algorithm)
     buffer = memoryview(bytearray(max(1, min(CHUNK_BYTES, entry.nbytes))))
-    with Path(path).open("rb", buffering=0) as f:
-        f.seek(entry.start)
-        left = entry.nbytes
-        while left:
-            got = f.readinto(buffer[: min(left, len(buffer))])
-            if not got:
-                raise ValueError("it ends inside its tensor data (truncated)")
-            hasher.update(buffer[:got])
-            left -= got
+    offset, left = entry.start, entry.nbytes
+    while left:
+        got = os.preadv(path, [buffer[: min(left, len(buffer))]], offset)
+        if not got:
+            raise ValueError("it ends inside its tensor data (truncated)")
+        hasher.update(buffer[:got])
+        offset, left = offset + got, left - got
     return f"{algorithm}:{hasher.hexdigest()}"
 
 
 @dataclass(frozen=True)
 class _Mapping:
-    """A live mapping of a whole file: the mmap (weakly: mapped tensors keep it alive), its length, and the open file
-    (closed with the mmap) that `gather_rows` reads from."""
+    """A live mapping of a whole file: the mmap (weakly: mapped tensors keep it alive), its length, the open file
+    (closed with the mmap) that `gather_rows` reads from, its path, its identity when it was mapped (`_identity`)
+    and the checksums verified through it ({name: (entry, checksum)})."""
 
     mm: weakref.ref
     length: int
     file: object
+    path: str
+    identity: tuple[int, ...]
+    verified: dict
 
 
 _MAPPINGS: dict[int, _Mapping] = {}  # by base address
 
 
-def map_tensors(path: Path | str, entries: dict[str, TensorEntry]) -> dict[str, torch.Tensor]:
-    """{name: CPU tensor over a private mapping of the file}: nothing is read until it is indexed."""
+def _identity(fd: int) -> tuple[int, ...]:
+    """What changes when a file is written: device, inode, size, modification time (ns). Not the status-change
+    time: a rename onto the file's name changes it too (the old inode loses its link), which changes no byte. A
+    same-size rewrite that sets the modification time back (``rsync --inplace --times``) shows only in the checksums."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def map_tensors(path: Path | str, entries: dict[str, TensorEntry], checksums: dict[str, str] | None = None
+                ) -> dict[str, torch.Tensor]:
+    """{name: CPU tensor over a private mapping of the file}: nothing is read until it is indexed. `checksums`
+    ({name: "<algorithm>:<hex>"}) are verified first through the very file that is mapped (ValueError when one
+    does not match), and kept with the mapping so `changed_mappings` can verify them again."""
     f = Path(path).open("rb", buffering=0)
-    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # writable for torch, never written back
+    try:
+        identity = _identity(f.fileno())
+        verified = {}
+        for name, recorded in (checksums or {}).items():
+            if file_checksum(f.fileno(), entries[name], recorded.partition(":")[0]) != recorded:
+                raise ValueError(f"the checksum of its {name!r} tensor does not match its content (corrupted or "
+                                 "edited)")
+            verified[name] = (entries[name], recorded)
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # writable for torch, never written back
+    except BaseException:
+        f.close()
+        raise
     weakref.finalize(mm, f.close)
     whole = np.frombuffer(mm, dtype=np.uint8)
     for base, mapping in list(_MAPPINGS.items()):
         if mapping.mm() is None:
             del _MAPPINGS[base]
-    _MAPPINGS[whole.ctypes.data] = _Mapping(weakref.ref(mm), len(mm), f)
+    _MAPPINGS[whole.ctypes.data] = _Mapping(weakref.ref(mm), len(mm), f, str(path), identity, verified)
     out = {}
     for name, entry in entries.items():
         raw = torch.from_numpy(whole[entry.start : entry.start + entry.nbytes])
@@ -158,6 +186,35 @@ def _mapping_of(tensor: torch.Tensor) -> tuple[int, _Mapping] | None:
         if base <= ptr < base + mapping.length and mapping.mm() is not None:
             return base, mapping
     return None
+
+
+def changed_mappings(tensors: Iterable[torch.Tensor], checksums: bool = True) -> list[str]:
+    """"<path>: <what changed>" for each file that one of `tensors` is mapped from (ordinary tensors are skipped)
+    and that changed since it was mapped: its identity (`_identity`, read from the open file, so a file replaced by
+    a rename, whose old inode the mapping keeps, has not changed) or, with `checksums`, the checksums verified when
+    it was mapped, computed again from the file."""
+    seen, changed = set(), []
+    for tensor in tensors:
+        found = _mapping_of(tensor)
+        if found is None or found[0] in seen:
+            continue
+        seen.add(found[0])
+        mapping = found[1]
+        fd = mapping.file.fileno()
+        now = _identity(fd)
+        if now != mapping.identity:
+            what = "size" if now[2] != mapping.identity[2] else "modification time"
+            changed.append(f"{mapping.path}: its {what} changed (written in place)")
+            continue
+        for name, (entry, recorded) in mapping.verified.items() if checksums else ():
+            try:
+                again = file_checksum(fd, entry, recorded.partition(":")[0])
+            except ValueError as err:
+                again = str(err)
+            if again != recorded:
+                changed.append(f"{mapping.path}: the checksum of its {name!r} tensor no longer matches")
+                break
+    return changed
 
 
 def is_mapped(tensor: torch.Tensor) -> bool:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import math
+import os
+import warnings
+from datetime import timedelta
 
 _CLEANUP_REGISTERED = False
+COLLECTIVE_TIMEOUT_S = 7200.0
 
 
 def process_state():
@@ -19,10 +24,27 @@ def process_state():
     from accelerate import PartialState
 
     started_before = dist.is_available() and dist.is_initialized()
-    state = PartialState(cpu=not torch.cuda.is_available())
+    state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(seconds=collective_timeout_s()))
     if not started_before and dist.is_available() and dist.is_initialized():
         _register_cleanup()
     return state
+
+
+def collective_timeout_s() -> float:
+    """How long a process waits in one collective for the others before the run fails, in seconds:
+    `HEADPROBE_COLLECTIVE_TIMEOUT`, else `COLLECTIVE_TIMEOUT_S` (2 h: one process may work alone that long at GPU scale,
+    on its share of a large k-NN bank or the longest probe, while the others wait at the next exchange). Applies to
+    the process group headprobe starts; an unusable value warns and the default applies."""
+    value = os.environ.get("HEADPROBE_COLLECTIVE_TIMEOUT", "").strip()
+    try:
+        seconds = float(value) if value else COLLECTIVE_TIMEOUT_S
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        warnings.warn(f"HEADPROBE_COLLECTIVE_TIMEOUT = {value!r} is not a positive number of seconds; using "
+                      f"{COLLECTIVE_TIMEOUT_S:.0f}.", stacklevel=2)
+        return COLLECTIVE_TIMEOUT_S
+    return seconds
 
 
 def _register_cleanup() -> None:

@@ -11,8 +11,19 @@ from pathlib import Path
 
 
 def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = False) -> dict:
-    """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results."""
+    """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results. The run
+    folder is locked meanwhile (`record.lock`: a run, resume or report writing there at the same time is refused)."""
     from headprobe.parallel.distributed import process_state
+    from headprobe.record.lock import folder_lock
+
+    state = process_state()
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a folder; pass a run directory written by `headprobe run`.")
+    with folder_lock(run_dir, "geometry", state):
+        return _analyse_locked(run_dir, rows, quiet, state)
+
+
+def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -> dict:
     from headprobe.pipeline import stages
     from headprobe.recipe import load_recipe
     from headprobe.record.directory import RunDir, read_results
@@ -41,7 +52,7 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
         raise stages.RunError("reading the heads' checkpoint", err, None) from None
     if rows is not None:
         recipe.geometry.rows = rows
-    ctx = stages.RunContext(recipe, run, results, process_state(), show=not quiet)
+    ctx = stages.RunContext(recipe, run, results, state, show=not quiet)
     # This analysis's own loading and extraction are not the run's: clock them apart, so results["timing"] keeps
     # what the run measured.
     ctx.timing = {}

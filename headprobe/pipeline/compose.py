@@ -13,10 +13,12 @@ from typing import Any
 
 import torch
 
+from headprobe.parallel.peers import exchange_peers
 from headprobe.pipeline import stages, taps
 from headprobe.pipeline.stages import RunContext, RunError
 from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
 from headprobe.record.directory import RunDir, check_out_folder, default_run_dir, metrics_from_json, new_results
+from headprobe.record.lock import folder_lock
 
 __all__ = ["Results", "RunError", "run", "run_sweep"]
 
@@ -74,6 +76,26 @@ def _check_out(path: Path) -> None:
     check_out_folder(path)  # not a foreign non-empty folder, and writable (runs.check_out_folder)
 
 
+def check_arguments(recipe_or_path: Any, out: Any, overrides: Any) -> None:
+    """TypeError, naming the argument, what it got and what it takes, for arguments of the wrong type (a string
+    `overrides` would otherwise be read one character at a time)."""
+    def got(value: Any) -> str:
+        return f"{type(value).__name__} {value!r}"[:120]
+
+    if not isinstance(recipe_or_path, (Recipe, str, Path, dict)):
+        raise TypeError(f"recipe_or_path takes a Recipe, a YAML file's path (str or Path) or a dict; got "
+                        f"{got(recipe_or_path)}.")
+    if out is not None and not isinstance(out, (str, Path)):
+        raise TypeError(f"out takes a folder's path (str or Path) or None; got {got(out)}.")
+    if isinstance(overrides, str):
+        raise TypeError(f"overrides takes a list of 'KEY=VALUE' strings; got the string {overrides!r}: write "
+                        f"overrides=[{overrides!r}].")
+    if overrides is not None and (not isinstance(overrides, (list, tuple))
+                                  or not all(isinstance(o, str) for o in overrides)):
+        raise TypeError(f"overrides takes a list of 'KEY=VALUE' strings, e.g. ['train.epochs=1']; got "
+                        f"{got(overrides)}.")
+
+
 def _overrides_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
     """``train__epochs=1`` and ``**{"train.epochs": 1}`` → {"train.epochs": 1} (values stay Python objects)."""
     return {key.replace("__", "."): value for key, value in keywords.items()}
@@ -98,10 +120,9 @@ def run(
     >>> results = run("recipes/quickstart.yaml", data__limit__train=256, train__epochs=1)  # doctest: +SKIP
     >>> results.metrics()["linear.acc"]  # doctest: +SKIP
     """
-    from accelerate.utils import set_seed
-
     from headprobe.parallel.distributed import process_state
 
+    check_arguments(recipe_or_path, out, overrides)
     if isinstance(recipe_or_path, Recipe):
         if overrides or values:
             raise RecipeError("overrides apply to a recipe file or dict; edit the Recipe object directly.")
@@ -110,9 +131,17 @@ def run(
         recipe = load_recipe(recipe_or_path, overrides, _overrides_from_keywords(values))
 
     state = process_state()
-    main = state.is_main_process
     path = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(path)
+    with folder_lock(path, "resume" if resume else "run", state):
+        return _run_locked(recipe, path, out, state, resume, quiet)
+
+
+def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resume: bool, quiet: bool) -> Results:
+    """`run` with the run folder locked (`folder_lock`): from the resume checks to the summary."""
+    from accelerate.utils import set_seed
+
+    main = state.is_main_process
     results = new_results(recipe.to_dict())
     if resume:
         if not (path / "results.json").is_file():
@@ -145,7 +174,8 @@ def run(
     results["environment"] = _environment(state)
     set_seed(recipe.seed)
 
-    ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume)
+    ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume,
+                     peers=exchange_peers(state))
     with ctx.recording_stops():
         inputs = stages.load_inputs(ctx)
         features = stages.extract_features(ctx, inputs)
@@ -195,6 +225,7 @@ def run_sweep(
     """
     from headprobe.recipe import expand_sweep, resolve_recipe_data
 
+    check_arguments(recipe_path, out, overrides)
     if values:  # fold every override into the recipe's data once; each combination then starts from it
         recipe_path, overrides = resolve_recipe_data(recipe_path, overrides, _overrides_from_keywords(values)), None
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headprobe.parallel.peers import lost_peers, lost_sentence, timed_out, timeout_sentence
 from headprobe.recipe import Recipe, RecipeError
 from headprobe.record.directory import RunDir
 
@@ -44,6 +45,7 @@ class RunContext:
     probe_intervals: dict = field(default_factory=dict)
     first_probe_s: float | None = None
     last_stage: str = "starting the run"
+    peers: list = field(default_factory=list)  # a multi-process run's processes (`parallel.peers.exchange_peers`)
 
     def __post_init__(self) -> None:
         self.timing: dict = self.results["timing"]
@@ -95,8 +97,19 @@ class RunContext:
         of a recorded run (`headprobe geometry`) that fails leaves that run's status, error and report alone."""
         if self.results.get("status") != "running":
             return
+        lost = lost_peers(self.peers, self.state.process_index) if self.peers else []
+        if lost:  # the run stopped because a process was lost (killed, out of memory): say so, whatever came here
+            status = "failed"
+            message = (f"{lost_sentence(lost, len(self.peers), stage)} ({message}); finished stages are kept: "
+                       f"`headprobe run RECIPE --resume --out {self.run_dir.path}`")
+        elif self.peers and timed_out(message):
+            status, message = "failed", f"{timeout_sentence(len(self.peers), stage)} ({message})"
         self.results["status"] = status
         self.results["error"] = {"stage": stage, "message": message}
+        survivors = [p.rank for p in self.peers if p not in lost]
+        if any(p.rank == 0 for p in lost) and survivors and self.state.process_index == survivors[0]:
+            self.run_dir.mark_stopped(status, self.results["error"])  # the main process, which writes, is gone
+            return
         self.run_dir.write_results(self.results)
         if report:
             write_report(self.run_dir)

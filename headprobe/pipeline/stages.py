@@ -100,6 +100,7 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
     tuned: the backbone has been tuned with the heads (they need views again only for their final geometry)."""
     from headprobe.data.augment import augment_spec
     from headprobe.data.loader import pipeline_record
+    from headprobe.features.cache import UnchangedCache
     from headprobe.features.extract import extract, extract_views
     from headprobe.features.orbits import extract_orbits
 
@@ -161,6 +162,10 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
         "pooling": recipe.backbone.pooling, "layer": recipe.backbone.layer, "layers": recipe.backbone.layers,
         "resolution": backbone.preprocess.crop, "precision": f.precision, "cache": cache,
         "memory_map": f.memory_map, "input_pipeline": pipeline_record(f.num_workers, ctx.state.device)}
+    # From here on, results are written only while the memory-mapped cache files read are the bytes verified.
+    read = [t for part in (out.train, out.test, out.views, out.probe_views) if part is not None
+            for t in vars(part).values() if isinstance(t, torch.Tensor)]
+    ctx.run_dir.guard = UnchangedCache(read).check
     return out
 
 

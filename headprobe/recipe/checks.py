@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import warnings
 
 from ..registry import BACKBONES, DATA_SOURCES, OBJECTIVES, OFFLINE_MODELS, ORBIT_SWEEPS, SCRATCH_MODELS, Registry
 from .schema import NAME_PATTERN, BackboneSpec, DataSpec, LoraSpec, Recipe, RecipeError, not_allowed, unknown_name
@@ -273,7 +274,7 @@ def _check_heads(recipe: Recipe) -> None:
             raise RecipeError(f"heads[{i}] ({head.name}) has no predictor, which objective simsiam needs; "
                               f"set heads[{i}].predictor to a width, e.g. 512.")
     objective = recipe.objective
-    if recipe.heads and objective.options:
+    if objective.options:  # checked whether or not heads use them: a typo is a typo
         params = [p for p in inspect.signature(OBJECTIVES.get(objective.name)).parameters][2:]
         # gather_distributed is the run's to decide (per step source), not the recipe's
         params = [p for p in params if p not in ("p1", "p2", "z1", "z2", "gather_distributed")]
@@ -283,13 +284,17 @@ def _check_heads(recipe: Recipe) -> None:
     for section, options in (("objective.options", objective.options), ("augment.options", recipe.augment.options)):
         for key, value in options.items():
             _check_finite(f"{section}.{key}", value)
-    if recipe.heads:
-        from ..data.augment import augment_spec
+    from ..data.augment import augment_spec
 
-        try:
-            augment_spec(recipe.augment.preset, **recipe.augment.options)
-        except (ValueError, TypeError) as err:
-            raise RecipeError(f"augment: {err}") from None
+    try:
+        augment_spec(recipe.augment.preset, **recipe.augment.options)
+    except (ValueError, TypeError) as err:
+        raise RecipeError(f"augment: {err}") from None
+    inert = [key for key, given in (("geometry.final", recipe.geometry.final),
+                                    ("train.checkpoint_every", recipe.train.checkpoint_every is not None)) if given]
+    if inert and not recipe.heads:
+        warnings.warn(f"{' and '.join(inert)} {'has' if len(inert) == 1 else 'have'} no effect without heads "
+                      "(heads: []); remove it, or add a head.", stacklevel=2)
     train, limit = recipe.train, recipe.data.limit.train
     if recipe.heads and limit is not None and limit < train.batch_size:
         # The rule training applies (train.train_heads / train_tuned): every batch is train.batch_size images

@@ -64,9 +64,31 @@ class _DuplicateKey(Exception):
         self.key, self.first, self.line = key, first, line
 
 
+class _RecipeShape(Exception):
+    """A recipe file nested deeper than `MAX_DEPTH`, or with a key YAML reads as a boolean."""
+
+
+# A recipe is a few levels deep (section, entry, option, list); far deeper is a mistake or an attack on the parser.
+MAX_DEPTH = 64
+MAX_RECIPE_BYTES = 10 * 2**20
+
+
 class _RecipeLoader(BoundedAliasLoader):
-    """`yaml.SafeLoader` that refuses a key given twice in one mapping (PyYAML keeps the last silently) and
-    aliases that expand past `safe_yaml.MAX_ALIAS_NODES` nodes (`safe_yaml.BoundedAliasLoader`)."""
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (PyYAML keeps the last silently), aliases
+    that expand past `safe_yaml.MAX_ALIAS_NODES` nodes (`safe_yaml.BoundedAliasLoader`), nesting past `MAX_DEPTH`
+    (before Python's recursion limit would) and keys YAML 1.1 reads as booleans (``on:``, ``no:``)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise _RecipeShape(f"it nests deeper than {MAX_DEPTH} levels (at line {line}); a recipe needs a few")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -74,6 +96,9 @@ class _RecipeLoader(BoundedAliasLoader):
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
+                if key_node.tag == "tag:yaml.org,2002:bool":
+                    raise _RecipeShape(f"the key `{key_node.value}` at line {key_node.start_mark.line + 1} is read "
+                                       f"by YAML as a boolean; quote it ('{key_node.value}':)")
                 key = self.construct_object(key_node, deep=True)
                 try:
                     hash(key)
@@ -96,8 +121,14 @@ def resolve_recipe_data(source: str | Path | dict, overrides: list[str] | None, 
         data, default_name = copy.deepcopy(source), "run"
     else:
         path = Path(source)
-        if not path.is_file():
+        if not path.exists():
             raise RecipeError(f"recipe file {str(path)!r} does not exist; pass the path to a .yaml recipe.")
+        if not path.is_file():
+            raise RecipeError(f"recipe {str(path)!r} is not a regular file (a folder, device or FIFO); pass the path "
+                              "to a .yaml recipe file.")
+        if path.stat().st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(f"recipe {str(path)!r} has {path.stat().st_size:,} bytes; a recipe is a few KB of "
+                              "YAML, so this is not one.")
         try:
             data = _yaml_load(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as err:
@@ -106,7 +137,7 @@ def resolve_recipe_data(source: str | Path | dict, overrides: list[str] | None, 
         except OSError as err:
             raise RecipeError(f"recipe {str(path)!r} cannot be read ({err.strerror or err}); check that it is "
                               "a readable file.") from None
-        except (_DuplicateKey, AliasLimitError) as err:
+        except (_DuplicateKey, AliasLimitError, _RecipeShape) as err:
             raise RecipeError(f"recipe {str(path)!r}: {err}.") from None
         except yaml.YAMLError as err:
             raise RecipeError(f"recipe {str(path)!r} is not valid YAML: {err}") from None

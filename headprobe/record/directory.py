@@ -11,6 +11,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ def default_run_dir(name: str, root: str | Path = "runs") -> Path:
 
 # What `headprobe run` (and a sweep) writes into a run folder: a folder holding only these is headprobe's own.
 RUN_ENTRIES = frozenset({"results.json", "config.yaml", "metrics.jsonl", "report.html", "plots", "checkpoints",
-                         "per_unit", "compare.csv", "compare.html"})
+                         "per_unit", "compare.csv", "compare.html", "headprobe.lock"})
 
 
 def check_out_folder(path: str | Path) -> None:
@@ -108,6 +109,9 @@ class RunDir:
     def __init__(self, path: str | Path, writable: bool = True) -> None:
         self.path = Path(path)
         self.writable = writable
+        # Called (final: bool) before results are written; raises when they were computed from data that changed
+        # under the run (`feature_cache.UnchangedCache.check`, set by `stages.extract_features`).
+        self.guard: Callable[[bool], None] | None = None
 
     @classmethod
     def create(cls, path: str | Path, writable: bool = True) -> RunDir:
@@ -130,6 +134,12 @@ class RunDir:
         failure in the smaller compact form, so the folder does not say "running" forever; the error is raised."""
         if not self.writable:
             return
+        if self.guard is not None and results.get("status") in ("running", "complete"):
+            try:
+                self.guard(results["status"] == "complete")
+            except Exception as err:
+                self._refuse(results, err)
+                raise
         try:
             atomic_write_text(self.results_path, json.dumps(_jsonable(results), indent=2) + "\n")
         except OSError as err:
@@ -139,6 +149,25 @@ class RunDir:
                 with contextlib.suppress(OSError):
                     atomic_write_text(self.results_path, json.dumps(_jsonable(failed), separators=(",", ":")))
             raise
+
+    def _refuse(self, results: dict, err: Exception) -> None:
+        """`results` failed the guard: results.json keeps the last results written (every one passed it), marked
+        failed with why, and `results` is marked the same so that nothing records it afterwards."""
+        error = {"stage": "checking the cached features before writing results",
+                 "message": f"{type(err).__name__}: {err}"}
+        results["status"], results["error"] = "failed", error
+        self.mark_stopped("failed", error)
+
+    def mark_stopped(self, status: str, error: dict) -> None:
+        """The results last written, with `status` and `error`: what a process records when its own results may
+        not be written (they failed the guard), or when it is not the main process and the main one was lost.
+        Nothing when there are none (or they cannot be read)."""
+        try:
+            last = read_results(self.path)
+        except (FileNotFoundError, ValueError):
+            return
+        atomic_write_text(self.results_path, json.dumps(_jsonable({**last, "status": status, "error": error}),
+                                                        indent=2) + "\n")
 
     def log_metrics(self, record: dict) -> None:
         if self.writable:

@@ -1,0 +1,185 @@
+"""The run-folder lock: one headprobe command at a time writes into a run folder.
+
+`headprobe run` (and `--resume`), `headprobe geometry` and `headprobe report` hold ``RUN/headprobe.lock`` while they
+write there; a second command finds it and stops at once (exit 2) with a sentence naming the holder. The lock is a
+file made by exclusive create (``O_CREAT | O_EXCL``, atomic on local and NFS file systems, unlike ``flock`` on many
+NFS set-ups) holding who made it (pid, host, start time); a thread touches it every `HEARTBEAT_S` seconds while it is
+held. A lock whose holder is gone is taken over with a warning: on this host, when its pid no longer runs; made on
+another host (a shared file system), when its heartbeat is older than `stale_after_s` (`HEADPROBE_LOCK_TIMEOUT`).
+Only the main process of a multi-process run holds it.
+
+>>> with RunLock(run_dir, "run"):  # doctest: +SKIP
+...     ...  # write into run_dir
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import warnings
+from pathlib import Path
+
+from ..parallel.peers import process_runs
+from ..recipe import RecipeError
+
+__all__ = ["HEARTBEAT_S", "LOCK_NAME", "RunFolderLocked", "RunLock", "folder_lock", "stale_after_s"]
+
+LOCK_NAME = "headprobe.lock"
+HEARTBEAT_S = 10.0
+STALE_AFTER_S = 120.0  # a foreign host's lock untouched this long is taken to be left by a dead process
+
+
+class RunFolderLocked(RecipeError):
+    """Another headprobe command holds the run folder (exit 2: nothing was written)."""
+
+
+def stale_after_s() -> float:
+    """Seconds without a heartbeat after which another host's lock is stale: `HEADPROBE_LOCK_TIMEOUT`, else 120."""
+    value = os.environ.get("HEADPROBE_LOCK_TIMEOUT", "")
+    try:
+        seconds = float(value) if value.strip() else STALE_AFTER_S
+    except ValueError:
+        raise RecipeError(f"HEADPROBE_LOCK_TIMEOUT = {value!r} is not a number of seconds; unset it or give e.g. "
+                          "HEADPROBE_LOCK_TIMEOUT=300.") from None
+    if not seconds > 0:
+        raise RecipeError(f"HEADPROBE_LOCK_TIMEOUT = {value!r} must be > 0 seconds (e.g. 300).")
+    return seconds
+
+
+class RunLock:
+    """The lock of one run folder for one command (`purpose`: "run", "resume", "geometry", "report")."""
+
+    def __init__(self, folder: str | Path, purpose: str) -> None:
+        self.folder, self.purpose = Path(folder), purpose
+        self.path = self.folder / LOCK_NAME
+        self.owner: dict | None = None
+        self._made: list[Path] = []  # the folders `acquire` created, the deepest first: removed again if left empty
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        """Take the lock, or raise `RunFolderLocked` naming its live holder; a stale lock is taken over (warning)."""
+        self._made = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
+                 "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "token": os.urandom(8).hex()}
+        for _ in range(50):  # a stale lock removed, or a lock being written by its maker: look again
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._read()
+                if holder is not None and not self._stale(holder):
+                    raise RunFolderLocked(self._held_sentence(holder)) from None
+                self._take_over(holder)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(owner, f)
+            self.owner = owner
+            self._beat = threading.Thread(target=self._heartbeat, name="headprobe-lock-heartbeat", daemon=True)
+            self._beat.start()
+            return
+        raise RunFolderLocked(f"{self.path} keeps being created by other commands; wait for them or use another "
+                              "run folder.")
+
+    def release(self) -> None:
+        """Stop the heartbeat and remove the lock file, if it is still this command's."""
+        if self.owner is None:
+            return
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        if (self._read() or {}).get("token") == self.owner["token"]:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        self.owner = None
+        for folder in self._made:  # a command that stopped before writing anything leaves no empty folder
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+
+    def _read(self) -> dict | None:
+        """The holder recorded in the lock file; None when it is gone or unreadable (half written by a process
+        that died between creating and writing it)."""
+        try:
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return holder if isinstance(holder, dict) else None
+
+    def _age_s(self) -> float:
+        try:
+            return time.time() - self.path.stat().st_mtime
+        except OSError:
+            return float("inf")
+
+    def _stale(self, holder: dict) -> bool:
+        if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+            return not process_runs(holder["pid"])
+        return self._age_s() > stale_after_s()
+
+    def _take_over(self, holder: dict | None) -> None:
+        """Remove a stale (or unreadable and old) lock file, with a warning; a fresh unreadable one is being
+        written by its maker: wait for it."""
+        if holder is None and self._age_s() < 5.0:
+            time.sleep(0.2)
+            return
+        if self._read() != holder:  # replaced since it was judged: judge again
+            return
+        why = ("its process no longer runs" if holder and holder.get("host") == socket.gethostname()
+               else f"it has had no heartbeat for {self._age_s():.0f} s")
+        warnings.warn(f"taking over the lock of {self.folder} left by {self._describe(holder)}: {why}.",
+                      stacklevel=3)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    @staticmethod
+    def _describe(holder: dict | None) -> str:
+        if not holder:
+            return "an unknown process"
+        return (f"headprobe {holder.get('purpose', '?')} (pid {holder.get('pid', '?')} on host "
+                f"{holder.get('host', '?')}, started {holder.get('started', '?')})")
+
+    def _held_sentence(self, holder: dict) -> str:
+        return (f"{self.folder} is in use by {self._describe(holder)}; wait for it to finish, or write into "
+                f"another folder (--out). If that process is gone, delete {self.path} and try again.")
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path, purpose: str, state=None):
+    """Hold `folder`'s lock for the block. With several processes (`state`: accelerate's) only the main one takes it
+    and tells the others whether it could: every process raises the same `RunFolderLocked`, or none does."""
+    from headprobe.parallel.collectives import all_objects
+
+    world = state.num_processes if state is not None else 1
+    lock = RunLock(folder, purpose) if state is None or state.is_main_process else None
+    refusal = None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except RunFolderLocked as err:
+            refusal = str(err)
+    refusal = all_objects(refusal, world)[0]
+    if refusal is not None:
+        raise RunFolderLocked(refusal)
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()
