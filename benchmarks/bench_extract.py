@@ -71,8 +71,8 @@ def png_folder(n: int) -> tuple[Path, str]:
     from PIL import Image
 
     from headprobe.data import load_data
+    from headprobe.data.cache_dir import cache_root
     from headprobe.data.sources import FASHION_MNIST_DIR
-    from headprobe.features.cache import cache_root
     from headprobe.recipe import DataSpec, LimitSpec
 
     source = "fashion-mnist" if FASHION_MNIST_DIR.exists() else "sklearn-digits"

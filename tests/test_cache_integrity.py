@@ -10,6 +10,7 @@ import torch
 
 from headprobe.backbones import load_backbone
 from headprobe.data import load_data
+from headprobe.data.cache_dir import cache_root
 from headprobe.features import cache as feature_cache
 from headprobe.features.cache import tensor_checksum
 from headprobe.features.extract import extract
@@ -155,9 +156,9 @@ def test_cache_files_are_written_read_only(setup):
 def test_an_empty_headprobe_cache_is_unset_not_the_current_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HEADPROBE_CACHE", "")
-    assert feature_cache.cache_root() == tmp_path / "home" / ".cache" / "headprobe"
+    assert cache_root() == tmp_path / "home" / ".cache" / "headprobe"
     monkeypatch.setenv("HEADPROBE_CACHE", str(tmp_path / "mine"))
-    assert feature_cache.cache_root() == tmp_path / "mine"
+    assert cache_root() == tmp_path / "mine"
 
 
 def _overwrite_in_place(path):
@@ -237,7 +238,7 @@ def test_a_cache_file_changed_during_a_run_fails_it_and_resume_recovers(tiny_rec
 
     recipe = {**tiny_recipe, **RUN}
     reference = run(recipe, out=tmp_path / "reference", quiet=True)
-    train_file = feature_cache.cache_root() / "features" / (
+    train_file = cache_root() / "features" / (
         reference["protocol"]["features"]["cache"]["train"]["key"] + ".safetensors")
     train_heads = stages.train_heads
 

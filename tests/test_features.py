@@ -9,7 +9,8 @@ from torch.utils._pytree import tree_leaves
 from headprobe.backbones import load_backbone
 from headprobe.backbones.base import IMAGENET_MEAN, IMAGENET_STD, Backbone, Preprocess
 from headprobe.data import load_data
-from headprobe.features.extract import cache_root, extract
+from headprobe.data.cache_dir import cache_root
+from headprobe.features.extract import extract
 from headprobe.recipe import DataSpec, LimitSpec
 
 

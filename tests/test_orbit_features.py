@@ -8,8 +8,8 @@ import torch
 
 from headprobe.backbones import load_backbone
 from headprobe.data import load_data
+from headprobe.data.cache_dir import cache_root
 from headprobe.data.orbits import ORBIT_SWEEPS, orbit_images
-from headprobe.features.cache import cache_root
 from headprobe.features.extract import normalise_only
 from headprobe.features.orbits import extract_orbits, orbit_key
 from headprobe.recipe import DataSpec, LimitSpec

@@ -129,7 +129,7 @@ def load_fashion_mnist(ref: str = "", revision: str | None = None):
         return ds, fingerprint
     stamp = [(p.name, p.stat().st_size) for pair in files.values() for p in pair]
     fingerprint = _sha("fashion-mnist", stamp)
-    from headprobe.features.extract import cache_root
+    from headprobe.data.cache_dir import cache_root
 
     target = cache_root() / "data" / f"fashion-mnist-{fingerprint}"
     if target.exists():

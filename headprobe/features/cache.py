@@ -17,7 +17,7 @@ import torch
 
 from headprobe.features.tensor_file import changed_mappings, checksum_hasher, map_tensors, read_header, write_streamed
 
-__all__ = ["FORMAT_VERSION", "CacheChangedError", "UnchangedCache", "cache_root", "checksum_algorithm", "load_cached",
+__all__ = ["FORMAT_VERSION", "CacheChangedError", "UnchangedCache", "checksum_algorithm", "load_cached",
            "save_cached", "save_cached_streamed", "tensor_checksum"]
 
 FORMAT_VERSION = 2  # 2: per-tensor checksums in the metadata
@@ -39,12 +39,6 @@ def tensor_checksum(tensor: torch.Tensor, algorithm: str | None = None) -> str:
     hasher = checksum_hasher(algorithm)
     hasher.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
     return f"{algorithm}:{hasher.hexdigest()}"
-
-
-def cache_root() -> Path:
-    """`HEADPROBE_CACHE`, else ~/.cache/headprobe (an empty `HEADPROBE_CACHE=` counts as unset, not as the current
-    folder)."""
-    return Path(os.environ.get("HEADPROBE_CACHE") or Path.home() / ".cache" / "headprobe").expanduser()
 
 
 def load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None, mapped: bool = False

@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
+from headprobe.data.cache_dir import cache_root
 from headprobe.data.loader import ImageDecodeError, loader_options
-from headprobe.features.cache import FORMAT_VERSION, cache_root, load_cached, save_cached
+from headprobe.features.cache import FORMAT_VERSION, load_cached, save_cached
 
 
 @dataclass

@@ -21,8 +21,9 @@ import json
 
 import torch
 
+from headprobe.data.cache_dir import cache_root
 from headprobe.data.orbits import ORBIT_SWEEPS, orbit_images, sweep_values
-from headprobe.features.cache import cache_root, load_cached, save_cached
+from headprobe.features.cache import load_cached, save_cached
 from headprobe.features.extract import (
     effective_precision,
     feature_key,
