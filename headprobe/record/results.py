@@ -1,4 +1,4 @@
-"""The run record: the typed layout of `results.json` (schema_version 2), one class per level.
+"""The run record: the typed layout of `results.json` (schema_version 3: 2 plus `claims`), one class per level.
 
 `results.json` stays plain JSON (a researcher reads it with `json.load`), so the record is a set of
 `TypedDict`s rather than objects: `runs.new_results` builds a `RunRecord`, `runs.read_results` checks a file
@@ -12,7 +12,7 @@ from __future__ import annotations
 import typing
 from typing import Any, Literal, TypedDict
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 Verdict = Literal["buffer", "no-buffer", "mixed", "inconclusive"]
 Resolved = Literal["for", "against", "unresolved"]
