@@ -57,8 +57,8 @@ def default_run_dir(name: str, root: str | Path = "runs") -> Path:
 
 
 # What `headprobe run` (and a sweep) writes into a run folder: a folder holding only these is headprobe's own.
-RUN_ENTRIES = frozenset({"results.json", "config.yaml", "metrics.jsonl", "report.html", "plots", "checkpoints",
-                         "per_unit", "compare.csv", "compare.html"})
+RUN_ENTRIES = frozenset({"results.json", "results.csv", "config.yaml", "metrics.jsonl", "report.html", "plots",
+                         "checkpoints", "per_unit", "compare.csv", "compare.html"})
 
 
 def check_out_folder(path: str | Path) -> None:
@@ -125,12 +125,17 @@ class RunDir:
             atomic_write_text(self.path / "config.yaml", text)
 
     def write_results(self, results: dict) -> None:
-        """Rewrite results.json atomically. When that fails (a full disk) during a run, one more try records the
-        failure in the smaller compact form, so the folder does not say "running" forever; the error is raised."""
+        """Rewrite results.json atomically, and results.csv from it (`report.tidy`: one row per metric). When that
+        fails (a full disk) during a run, one more try records the failure in the smaller compact form, so the folder
+        does not say "running" forever; the error is raised."""
         if not self.writable:
             return
+        from .report.tidy import results_csv  # the module alone: the report package imports matplotlib
+
         try:
-            atomic_write_text(self.results_path, json.dumps(_jsonable(results), indent=2) + "\n")
+            plain = _jsonable(results)
+            atomic_write_text(self.results_path, json.dumps(plain, indent=2) + "\n")
+            atomic_write_text(self.path / "results.csv", results_csv(plain))
         except OSError as err:
             if results.get("status") == "running":
                 failed = {**results, "status": "failed",
