@@ -23,6 +23,9 @@ _LAZY = {
     "load_data": "headprobe.data:load_data",
     "extract": "headprobe.features:extract",
     "ProjectionHead": "headprobe.heads:ProjectionHead",
+    "load_heads": "headprobe.saved_heads:load_heads",
+    "load_heads_by_seed": "headprobe.saved_heads:load_heads_by_seed",
+    "export_heads": "headprobe.saved_heads:export_heads",
 }
 _SUBMODULES = {"probes", "backbones", "data", "features", "recipe", "registry", "runs", "pipeline"}
 
@@ -31,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .heads import ProjectionHead  # noqa: F401
     from .pipeline import Results, run  # noqa: F401
     from .recipe import Recipe, RecipeError, load_recipe  # noqa: F401
+    from .saved_heads import export_heads, load_heads, load_heads_by_seed  # noqa: F401
 
 
 def __getattr__(name: str):

@@ -1,4 +1,4 @@
-"""``headprobe run | validate | list | report | compare``.
+"""``headprobe run | validate | list | report | compare | geometry | export-heads``.
 
 Exit codes: 0 done; 2 bad recipe or arguments (nothing written); 1 a failure
 while running (finished work stays on disk).
@@ -166,6 +166,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export_heads(args: argparse.Namespace) -> int:
+    from .saved_heads import SavedHeadsError, export_heads
+    from .train import CheckpointError
+
+    try:
+        path = export_heads(args.run_dir, args.out)
+    except (SavedHeadsError, CheckpointError, ValueError) as err:
+        return _error(str(err), EXIT_USAGE)
+    except OSError as err:
+        return _error(f"could not write the heads: {err}", EXIT_FAILED)
+    _console().print(f"heads: {path} (headprobe.load_heads({str(path)!r}) rebuilds them)", markup=False,
+                     soft_wrap=True)
+    return EXIT_OK
+
+
 def cmd_geometry(args: argparse.Namespace) -> int:
     from .analyse import analyse_run
     from .pipeline import RunError
@@ -229,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--rows", type=int, default=None, help="training samples to evaluate on (default: the recipe's)")
     p.set_defaults(fn=cmd_geometry)
+
+    p = sub.add_parser("export-heads", help="write a finished run's trained heads into one safetensors file")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="the file to write (default RUN_DIR/heads.safetensors)")
+    p.set_defaults(fn=cmd_export_heads)
 
     p = sub.add_parser("compare", help="side-by-side table of several runs (terminal, compare.csv, compare.html)")
     p.add_argument("run_dirs", nargs="+")

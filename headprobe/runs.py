@@ -58,7 +58,7 @@ def default_run_dir(name: str, root: str | Path = "runs") -> Path:
 
 # What `headprobe run` (and a sweep) writes into a run folder: a folder holding only these is headprobe's own.
 RUN_ENTRIES = frozenset({"results.json", "results.csv", "config.yaml", "metrics.jsonl", "report.html", "plots",
-                         "checkpoints", "per_unit", "compare.csv", "compare.html"})
+                         "checkpoints", "per_unit", "compare.csv", "compare.html", "heads.safetensors"})
 
 
 def check_out_folder(path: str | Path) -> None:
