@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,23 @@ def _overrides_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
     return {key.replace("__", "."): value for key, value in keywords.items()}
 
 
+def _own_backbone(obj: torch.nn.Module, recipe: Recipe, show: bool) -> tuple[Any, Recipe]:
+    """(the `Backbone` of a module passed to `run`, the recipe recording it as backbone.id: module:<class>)."""
+    import copy
+
+    from .backbones import Backbone, as_backbone
+    from .distributed import process_state
+
+    backbone = as_backbone(obj, recipe.backbone.resolution)
+    if show and not isinstance(obj, Backbone) and process_state().is_main_process:
+        print(f"backbone: {backbone.id} gets {backbone.preprocess.crop}-px centre crops normalised with the ImageNet "
+              "mean and std (a bare module's contract); pass headprobe.load_backbone(module=..., preprocess=..., "
+              "dim=...) to choose another preprocessing.", file=sys.stderr)
+    recipe = copy.deepcopy(recipe)
+    recipe.backbone.id = backbone.id
+    return backbone, recipe
+
+
 def run(
     recipe_or_path: Recipe | str | Path | dict,
     *,
@@ -86,9 +104,16 @@ def run(
     overrides: list[str] | None = None,
     resume: bool = False,
     quiet: bool = False,
+    backbone: torch.nn.Module | Mapping[str, Any] | None = None,
     **values: Any,
 ) -> Results:
     """Run a recipe (object, YAML path or dict) end to end; returns `Results`.
+
+    `backbone`: your own network instead of ``recipe.backbone.id``: a `Backbone` (``load_backbone(module=net,
+    preprocess=Preprocess(...), dim=D)``) as it is, or a bare ``torch.nn.Module`` under the contract of
+    `backbones.own_module` (ImageNet mean/std, ``backbone.resolution`` px, default 224; ``(B, 3, H, W) -> (B, D)``).
+    The run records it as ``backbone.id: module:<its class>``. A mapping is an override of the recipe's
+    ``backbone:`` section, as the other keywords are.
 
     Overrides: ``overrides=["train.epochs=1"]`` (YAML-typed strings, as ``--set``) and/or keywords whose values are
     Python objects, ``run("r.yaml", **{"train.epochs": 1})`` or ``run("r.yaml", train__epochs=1)`` (``__`` is a
@@ -102,12 +127,17 @@ def run(
 
     from .distributed import process_state
 
+    if isinstance(backbone, Mapping):
+        values, backbone = {"backbone": backbone, **values}, None
     if isinstance(recipe_or_path, Recipe):
         if overrides or values:
             raise RecipeError("overrides apply to a recipe file or dict; edit the Recipe object directly.")
         recipe = recipe_or_path
     else:
         recipe = load_recipe(recipe_or_path, overrides, _overrides_from_keywords(values))
+    given = None
+    if backbone is not None:
+        given, recipe = _own_backbone(backbone, recipe, show=not quiet)
 
     state = process_state()
     main = state.is_main_process
@@ -147,7 +177,7 @@ def run(
 
     ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume)
     with ctx.recording_stops():
-        inputs = stages.load_inputs(ctx)
+        inputs = stages.load_inputs(ctx, backbone=given)
         features = stages.extract_features(ctx, inputs)
         if recipe.backbone.tune != "frozen":
             # Score the untuned backbone, tune it with the heads on views made on the fly, then extract every

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from .checkpoint import latest_checkpoint, load_checkpoint, load_module
-from .heads import ProjectionHead
 
 EXPORT_NAME = "heads.safetensors"
 EXPORT_FORMAT = 1
@@ -62,11 +61,12 @@ def _record(run_dir: Path) -> dict[str, Any]:
             "tuned": recipe.get("backbone", {}).get("tune", "frozen") != "frozen"}
 
 
-def _build(config: dict, in_dim: int) -> ProjectionHead:
-    return ProjectionHead(in_dim, kind=config["type"], depth=config["depth"], width=config["width"],
-                          out_dim=config.get("out_dim"), act=config.get("act", "relu"),
-                          bn_hidden=config.get("bn_hidden", True), bn_out=config.get("bn_out", False),
-                          l2_out=config.get("l2_out", False))
+def _build(config: dict, in_dim: int) -> torch.nn.Module:
+    """The head a config of results.json describes (a plug-in head type by its factory), weights not yet loaded."""
+    from .engine import build_head
+    from .recipe import HeadSpec
+
+    return build_head(HeadSpec(**config), in_dim, seed=0)[0]
 
 
 def _from_checkpoints(run_dir: Path, record: dict) -> dict[int, dict[str, dict[str, torch.Tensor]]]:
@@ -121,7 +121,7 @@ def _source(path: str | Path) -> tuple[dict, dict[int, dict[str, dict[str, torch
     return record, _from_checkpoints(path, record)
 
 
-def load_heads_by_seed(source: str | Path) -> dict[int, dict[str, ProjectionHead]]:
+def load_heads_by_seed(source: str | Path) -> dict[int, dict[str, torch.nn.Module]]:
     """{seed: {head name: head}} of a run directory (or an exported .safetensors file): every seed's trained heads,
     in eval mode, loaded strictly."""
     record, states = _source(source)
@@ -135,7 +135,7 @@ def load_heads_by_seed(source: str | Path) -> dict[int, dict[str, ProjectionHead
     return out
 
 
-def load_heads(source: str | Path, seed: int | None = None) -> dict[str, ProjectionHead]:
+def load_heads(source: str | Path, seed: int | None = None) -> dict[str, torch.nn.Module]:
     """{head name: head} of a run directory (or an exported .safetensors file): the heads trained with `seed`
     (default: the run's first seed, the one its geometry analyses), in eval mode. ``head(x)``: (N, in_dim) →
     (N, out_dim); ``head.taps(x)`` every layer's output (taps ``HEAD@i`` and ``HEAD``)."""

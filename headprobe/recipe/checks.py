@@ -20,6 +20,11 @@ def check_recipe(recipe: Recipe) -> None:
         raise RecipeError(f"name = {recipe.name!r} is not allowed: it names the run's folder, so it must match "
                           f"{NAME_PATTERN} (letters, digits, '.', '_', '-'; no '/', no leading dot), "
                           "e.g. name: my_study.")
+    if recipe.backbone.id.startswith("module:") and "module" not in BACKBONES:
+        raise RecipeError(f"backbone.id = {recipe.backbone.id!r} names a network that was passed from Python "
+                          "(headprobe.run(recipe, backbone=net)); pass it that way again, or make it a plug-in "
+                          "(an entry point in the group headprobe.backbones, see headprobe/plugins.py) so that "
+                          "`headprobe run` can load it by name.")
     _check_prefixed("backbone.id", recipe.backbone.id, BACKBONES)
     _check_backbone(recipe.backbone, has_heads=bool(recipe.heads))
     _check_prefixed("data.source", recipe.data.source, DATA_SOURCES)
