@@ -28,7 +28,7 @@ package; a name already taken is refused the same way.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from typing import Any
 
@@ -44,17 +44,17 @@ def _origin(entry_point: metadata.EntryPoint) -> str:
     return f"{dist.name} {dist.version}" if dist is not None else entry_point.value
 
 
-def _entry_points(group: str) -> Iterable[metadata.EntryPoint]:
-    return metadata.entry_points(group=group)
-
-
-def load_plugins(families: Mapping[str, Any], entry_points=_entry_points) -> list[str]:
+def load_plugins(families: Mapping[str, Any],
+                 entry_points: Callable[[str], Iterable[metadata.EntryPoint]] | None = None) -> list[str]:
     """Register every installed plug-in into `families` ({family: Registry}); returns "family:name" (or the
-    register function's package) of each one taken. `entry_points(group)` lists a group's entry points."""
+    register function's package) of each one taken. `entry_points(group=...)` lists a group's entry points (default:
+    the installed packages', read once)."""
+    if entry_points is None:
+        entry_points = metadata.entry_points().select  # one scan of the installed packages, for every group
     taken = []
     for group, family in FAMILY_GROUPS.items():
         registry = families[family]
-        for ep in entry_points(group):
+        for ep in entry_points(group=group):
             usage = _PREFIXED.get(family, "{name}").format(name=ep.name)
             try:
                 registry.add(ep.name, ep.value, f"plug-in from {_origin(ep)}", usage)
@@ -63,7 +63,7 @@ def load_plugins(families: Mapping[str, Any], entry_points=_entry_points) -> lis
                               f"{err} Rename it in that package's entry points.", stacklevel=2)
                 continue
             taken.append(f"{family}:{ep.name}")
-    for ep in entry_points(PLUGIN_GROUP):
+    for ep in entry_points(group=PLUGIN_GROUP):
         try:
             register = ep.load()
             register(families)
