@@ -31,6 +31,7 @@ def check_recipe(recipe: Recipe) -> None:
     src_prefix, src_rest = recipe.data.source.partition(":")[::2]
     if src_prefix in ("imagefolder", "hf") and not src_rest:
         raise RecipeError(f"data.source = {recipe.data.source!r} needs a path or id after ':'.")
+    _check_hub_options(recipe.data, src_prefix)
     _check_seeds(recipe)
     _check_heads(recipe)
     _check_probes(recipe, known_train_size(recipe.data)[0])
@@ -42,6 +43,20 @@ def check_recipe(recipe: Recipe) -> None:
                           f"raise data.limit.train to at least {n_classes} (a few per class, e.g. "
                           f"{10 * n_classes}, for the probes' validation split).")
     _check_ssl_checkpoint(recipe)
+
+
+def _check_hub_options(data: DataSpec, prefix: str) -> None:
+    """data.config, data.streaming and data.revision belong to hf: sources (fashion-mnist's hub fallback takes a
+    revision too); streaming reads the first limit.train / limit.test examples, so it needs both."""
+    hub = prefix == "hf"
+    for key, value in (("config", data.config), ("streaming", data.streaming),
+                       ("revision", data.revision if prefix != "fashion-mnist" else None)):
+        if value and not hub:
+            raise RecipeError(f"data.{key} = {value!r} applies to hf: sources (datasets.load_dataset), not to "
+                              f"data.source = {data.source!r}; remove it.")
+    if data.streaming and (data.limit.train is None or data.limit.test is None):
+        raise RecipeError("data.streaming: true reads only the first data.limit.train and data.limit.test examples "
+                          "of the dataset; set both (e.g. data.limit: {train: 5000, test: 1000}) or stream nothing.")
 
 
 def _check_ssl_checkpoint(recipe: Recipe) -> None:

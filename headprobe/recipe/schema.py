@@ -132,6 +132,12 @@ class DataSpec:
     test_fraction: float = field(default=0.25, metadata=FRACTION)
     split_seed: int = field(default=0, metadata=SEED)
     limit: LimitSpec = field(default_factory=LimitSpec)
+    # hf: sources only. The dataset's configuration name (datasets.load_dataset(id, name=...)), a hub branch, tag or
+    # commit, and streaming: read only the first limit.train / limit.test examples (both limits needed) instead of
+    # downloading the whole dataset first.
+    config: str | None = None
+    revision: str | None = None
+    streaming: bool = False
     # Part of train held out to choose hyper-parameters (never the test split); 1 would leave none to fit on.
     val_fraction: float = field(default=0.2, metadata=FRACTION)
 
