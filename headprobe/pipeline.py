@@ -126,6 +126,7 @@ def run(
     from accelerate.utils import set_seed
 
     from .distributed import process_state
+    from .report.trackers import tracking
 
     if isinstance(backbone, Mapping):
         values, backbone = {"backbone": backbone, **values}, None
@@ -176,7 +177,7 @@ def run(
     set_seed(recipe.seed)
 
     ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume)
-    with ctx.recording_stops():
+    with ctx.recording_stops(), tracking(recipe, run_dir) as trackers:
         inputs = stages.load_inputs(ctx, backbone=given)
         features = stages.extract_features(ctx, inputs)
         if recipe.backbone.tune != "frozen":
@@ -205,6 +206,7 @@ def run(
         results["orbits"] = _orbit_coordinates(results["taps"])
         results["status"] = "complete"
         run_dir.write_results(results)
+        trackers.log_results(results)
         if recipe.report:
             stages.write_report(run_dir)
     if main and not quiet:

@@ -58,7 +58,8 @@ def default_run_dir(name: str, root: str | Path = "runs") -> Path:
 
 # What `headprobe run` (and a sweep) writes into a run folder: a folder holding only these is headprobe's own.
 RUN_ENTRIES = frozenset({"results.json", "results.csv", "config.yaml", "metrics.jsonl", "report.html", "plots",
-                         "checkpoints", "per_unit", "compare.csv", "compare.html", "heads.safetensors"})
+                         "checkpoints", "per_unit", "compare.csv", "compare.html", "heads.safetensors", "tensorboard",
+                         "wandb"})
 
 
 def check_out_folder(path: str | Path) -> None:
@@ -107,6 +108,8 @@ class RunDir:
     def __init__(self, path: str | Path, writable: bool = True) -> None:
         self.path = Path(path)
         self.writable = writable
+        # Called with every record `log_metrics` writes (the experiment trackers: `report.trackers`).
+        self.sinks: list = []
 
     @classmethod
     def create(cls, path: str | Path, writable: bool = True) -> RunDir:
@@ -148,6 +151,8 @@ class RunDir:
         if self.writable:
             with open(self.path / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(_jsonable({"time": round(time.time(), 3), **record})) + "\n")
+            for sink in self.sinks:
+                sink(_jsonable(record))
 
     def read_results(self) -> dict:
         return read_results(self.path)

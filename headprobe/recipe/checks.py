@@ -43,6 +43,21 @@ def check_recipe(recipe: Recipe) -> None:
                           f"raise data.limit.train to at least {n_classes} (a few per class, e.g. "
                           f"{10 * n_classes}, for the probes' validation split).")
     _check_ssl_checkpoint(recipe)
+    _check_trackers(recipe)
+
+
+def _check_trackers(recipe: Recipe) -> None:
+    """Every tracker of report_to is installed (they are optional packages); said before anything runs."""
+    if not recipe.report_to:
+        return
+    from ..report.trackers import missing_packages
+
+    if len(set(recipe.report_to)) != len(recipe.report_to):
+        raise RecipeError(f"report_to = {recipe.report_to} names a tracker twice; list each once.")
+    missing = missing_packages(recipe.report_to)
+    if missing:
+        raise RecipeError(f"report_to = {recipe.report_to} needs {', '.join(missing)}, which is not installed; "
+                          f"`pip install {' '.join(missing)}`, or remove it from report_to.")
 
 
 def _check_hub_options(data: DataSpec, prefix: str) -> None:

@@ -357,6 +357,9 @@ class Recipe:
     geometry: GeometrySpec = field(default_factory=GeometrySpec)
     # Write report.html and plots/ at the end of the run (`headprobe report RUN_DIR` makes them later too).
     report: bool = True
+    # Experiment trackers that get the training curves and every tap's final metrics with intervals
+    # (`report.trackers`; Accelerate's log_with names; each an optional package).
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=list)
     # {override key: [values]}: one run per combination, then a comparison (e.g. {heads.0.act: [relu, swish]}).
     sweep: dict[str, list[Any]] = field(default_factory=dict)
 
