@@ -44,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(str(err), EXIT_USAGE)
     _warn_about_launch()
     try:
-        if recipe.sweep:
+        if recipe.sweep or recipe.sweep_zip:
             if args.resume:
                 return _error("--resume continues one run; resume each run of a sweep by its own --out.", EXIT_USAGE)
             run_sweep(args.recipe, out=args.out, overrides=args.set, quiet=not _is_main_process())
@@ -81,8 +81,6 @@ def _os_error_sentence(err: OSError, out: str | None) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    import math
-
     from rich.markup import escape
 
     from .recipe import RecipeError, load_recipe
@@ -93,7 +91,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _error(str(err), EXIT_USAGE)
     probes = ", ".join(recipe.probes)
     # load_recipe has validated every combination of the sweep, as `run` will make them.
-    runs = f"; sweep: {math.prod(len(v) for v in recipe.sweep.values())} runs" if recipe.sweep else ""
+    from .recipe.sweeps import sweep_size
+
+    size = sweep_size(recipe.sweep, recipe.sweep_zip)
+    runs = f"; sweep: {size} runs" if size else ""
     _console().print(
         "[green]ok[/] "
         + escape(f"{args.recipe}: {recipe.backbone.id} ({recipe.backbone.pooling}) on {recipe.data.source}; "

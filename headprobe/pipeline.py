@@ -105,6 +105,7 @@ def run(
     resume: bool = False,
     quiet: bool = False,
     backbone: torch.nn.Module | Mapping[str, Any] | None = None,
+    reuse_backbone: str | Path | None = None,
     **values: Any,
 ) -> Results:
     """Run a recipe (object, YAML path or dict) end to end; returns `Results`.
@@ -114,6 +115,8 @@ def run(
     `backbones.own_module` (ImageNet mean/std, ``backbone.resolution`` px, default 224; ``(B, 3, H, W) -> (B, D)``).
     The run records it as ``backbone.id: module:<its class>``. A mapping is an override of the recipe's
     ``backbone:`` section, as the other keywords are.
+    `reuse_backbone`: a finished run with the same `BACKBONE_TAP_INPUTS` whose backbone tap is taken instead of
+    probed again (`taps.reuse_tap`; a sweep passes its first such run); ignored for a tuned backbone.
 
     Overrides: ``overrides=["train.epochs=1"]`` (YAML-typed strings, as ``--set``) and/or keywords whose values are
     Python objects, ``run("r.yaml", **{"train.epochs": 1})`` or ``run("r.yaml", train__epochs=1)`` (``__`` is a
@@ -189,6 +192,8 @@ def run(
         # With several processes and frozen-backbone heads, the backbone tap is probed with the head taps, so that
         # its probes are shared out with theirs (alone, its one linear probe is the whole stage's critical path).
         with_heads = bool(recipe.heads) and recipe.backbone.tune == "frozen" and state.num_processes > 1
+        if reuse_backbone is not None and recipe.backbone.tune == "frozen" and "backbone" not in results["taps"]:
+            taps.reuse_tap(ctx, Path(reuse_backbone))
         if not with_heads:
             taps.probe_tap(ctx, features, taps.Tap("backbone"))
         if recipe.heads:
@@ -216,12 +221,26 @@ def run(
     return Results(results, run_dir.path)
 
 
+# The recipe sections that decide the backbone tap's numbers: runs of a sweep equal in these probe it once.
+BACKBONE_TAP_INPUTS = ("seed", "backbone", "data", "features", "augment", "probes")
+
+
+def backbone_tap_inputs(recipe: Recipe) -> str:
+    """The recipe's `BACKBONE_TAP_INPUTS` as one comparable text."""
+    import json
+
+    plain = recipe.to_dict()
+    return json.dumps({key: plain[key] for key in BACKBONE_TAP_INPUTS}, sort_keys=True, default=str)
+
+
 def run_sweep(
     recipe_path: str | Path | dict, *, out: str | Path | None = None, overrides: list[str] | None = None,
-    quiet: bool = False, **values: Any,
+    quiet: bool = False, backbone: torch.nn.Module | None = None, **values: Any,
 ) -> list[Results]:
-    """Run every combination of the recipe's `sweep:` into OUT/<label>/ and compare them (OUT/compare.csv/.html).
-    Overrides as in `run`: ``overrides=["k=v"]`` and/or keywords with Python values (``train__epochs=1``).
+    """Run every combination of the recipe's `sweep:` (and `sweep_zip:`) into OUT/<label>/ and compare them
+    (OUT/compare.csv/.html). Overrides as in `run`: ``overrides=["k=v"]`` and/or keywords with Python values
+    (``train__epochs=1``); `backbone` as in `run`, for every run. Runs whose `BACKBONE_TAP_INPUTS` equal an earlier
+    run's take its backbone tap (``taps.backbone.reused_from``) instead of probing the same features again.
 
     >>> run_sweep("recipes/paper_depth_ablation.yaml", train__epochs=5)  # doctest: +SKIP
     """
@@ -234,7 +253,12 @@ def run_sweep(
     recipe = load_recipe(recipe_path, overrides)
     root = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(root)
-    results = [run(recipe_path, out=root / label, overrides=items, quiet=quiet) for label, items in combos]
+    results, probed = [], {}  # probed: the first run of each backbone-tap input, whose backbone tap the others take
+    for label, items in combos:
+        inputs = backbone_tap_inputs(load_recipe(recipe_path, items))
+        results.append(run(recipe_path, out=root / label, overrides=items, quiet=quiet, backbone=backbone,
+                           reuse_backbone=probed.get(inputs)))
+        probed.setdefault(inputs, root / label)
     from .distributed import process_state
 
     if process_state().is_main_process:

@@ -360,8 +360,14 @@ class Recipe:
     # Experiment trackers that get the training curves and every tap's final metrics with intervals
     # (`report.trackers`; Accelerate's log_with names; each an optional package).
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=list)
-    # {override key: [values]}: one run per combination, then a comparison (e.g. {heads.0.act: [relu, swish]}).
-    sweep: dict[str, list[Any]] = field(default_factory=dict)
+    # {override key: [values]}: one run per combination, then a comparison (e.g. {heads.0.act: [relu, swish]});
+    # a key may be nested ({backbone: {id: [...]}}) and a value a whole block ({backbone: [{...}, {...}]}).
+    sweep: dict[str, Any] = field(default_factory=dict)
+    # {override key: [values]} taken together, the i-th value of each key in one run (lists equally long); with
+    # `sweep` too, every zipped run is combined with every combination of `sweep` (`recipe.sweeps`).
+    sweep_zip: dict[str, Any] = field(default_factory=dict)
+    # Names of the sweep's runs (their folders and compare labels), one per run in order; null: derived from values.
+    sweep_labels: list[str] | None = None
 
     def to_dict(self) -> dict:
         return to_plain(self)
