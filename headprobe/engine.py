@@ -29,7 +29,7 @@ from torch import nn
 
 from .checkpoint import load_trainable_state, restore_checkpoint, save_checkpoint, trainable_state
 from .collectives import all_finite, all_rows, mean_over_ranks
-from .heads import HEAD_TYPES, Predictor, ProjectionHead
+from .heads import HEAD_TYPES, Predictor, ProjectionHead, plug_in_head
 from .objectives import local_batch
 from .training_stats import collapse_stats, update_stats  # noqa: F401  (train.py re-exports collapse_stats)
 
@@ -98,21 +98,9 @@ def build_head(spec, in_dim: int, seed: int) -> tuple[ProjectionHead, Predictor 
                 bn_hidden=spec.bn_hidden, bn_out=spec.bn_out, l2_out=spec.l2_out, init_scale=spec.init_scale,
             )
         else:
-            head = _plug_in_head(spec, in_dim)
+            head = plug_in_head(spec, in_dim)
         predictor = Predictor(head.out_dim, spec.predictor) if spec.predictor else None
     return head, predictor
-
-
-def _plug_in_head(spec, in_dim: int) -> nn.Module:
-    from .registry import HEADS
-
-    head = HEADS.get(spec.type)(in_dim, spec)
-    lacking = [a for a in ("taps", "depth", "out_dim") if not hasattr(head, a)]
-    if not isinstance(head, nn.Module) or lacking:
-        raise TypeError(f"head type {spec.type!r} (a plug-in) built {type(head).__name__}, which lacks "
-                        f"{', '.join(lacking) or 'torch.nn.Module'}; its factory must return a torch.nn.Module with "
-                        "taps(x) (every layer's output), depth and out_dim, as headprobe.ProjectionHead has.")
-    return head
 
 
 @dataclass
