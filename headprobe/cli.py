@@ -128,7 +128,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report.html import write_report
     from .report.table import print_summary
-    from .runs import read_results
+    from .report.tidy import results_csv
+    from .runs import atomic_write_text, read_results
 
     try:
         results = read_results(args.run_dir)
@@ -138,6 +139,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     print_summary(results, Path(args.run_dir), console=console)
     try:
         path = write_report(args.run_dir)
+        atomic_write_text(Path(args.run_dir) / "results.csv", results_csv(results))  # for runs made before it
     except OSError as err:
         return _error(f"could not write the report into {args.run_dir}: {err}", EXIT_FAILED)
     console.print(f"report: {path} (figures in {path.parent / 'plots'})", markup=False)
