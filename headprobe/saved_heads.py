@@ -105,7 +105,8 @@ def _read_export(path: Path) -> tuple[dict, dict[int, dict[str, dict[str, torch.
                               "`headprobe export-heads`.") from None
     states: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
     for key, tensor in tensors.items():
-        seed, name, param = key.split("/", 2)
+        seed, rest = key.split("/", 1)
+        name, _, param = rest.rpartition("/")  # a state-dict key has no '/'; a head's name might
         states.setdefault(int(seed.removeprefix("seed-")), {}).setdefault(name, {})[param] = tensor
     return record, states
 
