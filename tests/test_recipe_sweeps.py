@@ -109,3 +109,40 @@ def test_the_backbone_is_probed_once_where_it_is_the_same(tiny_recipe, tmp_path)
     assert alone["taps"]["backbone"]["metrics"] == reused["taps"]["backbone"]["metrics"]
     assert alone["taps"]["backbone"]["uncertainty"] == reused["taps"]["backbone"]["uncertainty"]
     assert alone["buffer"] == reused["buffer"]  # the same verdicts as probing the backbone again
+
+
+SWEEP_SCRIPT = """
+import json, sys
+from headprobe.pipeline import run_sweep
+run_sweep(json.loads(sys.argv[1]), out=sys.argv[2], quiet=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_processes_take_the_backbone_tap_alike(tiny_recipe, tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if shutil.which("torchrun", path=str(torchrun.parent)) is None:
+        pytest.skip("torchrun missing")
+    script = tmp_path / "job.py"
+    script.write_text(SWEEP_SCRIPT)
+    recipe = {**tiny_recipe, "augment": {"preset": "crop-flip", "views": 2},
+              "heads": [{"name": "h", "type": "mlp", "width": 16}], "train": {"epochs": 1, "batch_size": 64},
+              "probes": {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5]}},
+              "sweep": {"heads.0.act": ["relu", "swish"]}}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script), json.dumps(recipe),
+                           str(tmp_path / "sw")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = (json.loads((tmp_path / "sw" / f"act={a}" / "results.json").read_text()) for a in ("relu", "swish"))
+    assert second["environment"]["num_processes"] == 2
+    assert second["taps"]["backbone"]["reused_from"] == "../act=relu"
+    assert second["taps"]["backbone"]["metrics"] == first["taps"]["backbone"]["metrics"]
+    assert second["taps"]["backbone"]["uncertainty"] == first["taps"]["backbone"]["uncertainty"]
+    assert second["buffer"]["h"]["evidence"]
