@@ -75,9 +75,56 @@ def test_wandb_gets_the_config_the_curves_and_the_final_numbers(tmp_path, monkey
     assert calls[0] == ("init", {"project": "study", "name": "run-1", "dir": str(tmp_path / "run-1")})
     assert calls[1][0] == "config" and calls[1][1]["train.lr"] == 0.01 and calls[1][1]["name"] == "study"
     assert calls[2] == ("log", {"train/mlp/loss": 3.0}, 10)  # the probe record is not a curve
-    assert calls[3][0] == "log" and calls[3][1] == final_values(results_dict()) and calls[3][2] == 0
+    assert calls[3][0] == "log" and calls[3][1] == final_values(results_dict())
+    assert calls[3][2] == 10  # at the last training step: W&B drops a step before its last one
     assert calls[4] == ("finish",) and len(calls) == 5
     assert run_dir.sinks == []  # detached when the run ends
+
+
+def _wandb_records(path):
+    """The protobuf records of an offline W&B run file (`run-*.wandb`): a 7-byte ':W&B' header, then LevelDB-style
+    32 KiB blocks of chunks (crc32 4, length 2, type 1: full 1, first 2, middle 3, last 4)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, pending = path.read_bytes(), 7, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pending, pos = pending + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def test_wandb_offline_run_holds_the_curves_and_the_final_numbers(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    recipe = load_recipe({"name": "study", "report_to": ["wandb"], "train": {"lr": 0.01}})
+    run_dir = RunDir.create(tmp_path / "run-1")
+    with tracking(recipe, run_dir) as trackers:
+        for step in (10, 20):
+            run_dir.log_metrics({"stage": "train", "head": "mlp", "step": step, "epoch": 0, "loss": 3.0 / step})
+        trackers.log_results(results_dict())
+    wandb.teardown()  # the W&B service writes the run file on its own; this waits until it has
+    (path,) = (tmp_path / "run-1" / "wandb").glob("offline-run-*/run-*.wandb")
+    rows, config = [], {}
+    for record in _wandb_records(path):
+        if record.WhichOneof("record_type") == "history":
+            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+        elif record.WhichOneof("record_type") == "config":
+            config |= {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.config.update}
+    assert config["train.lr"] == 0.01 and config["name"] == "study"
+    assert [(r["_step"], r.get("train/mlp/loss")) for r in rows] == [(10, 0.3), (20, 0.15)]
+    final = rows[-1]  # the last step's row holds the final numbers too
+    for key, value in final_values(results_dict()).items():
+        assert final[key] == value, key
 
 
 @pytest.mark.slow

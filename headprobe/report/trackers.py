@@ -6,8 +6,9 @@ What each receives:
 - the resolved recipe as the run's configuration (dotted keys: ``train.lr``);
 - training curves: every ``"stage": "train"`` and ``"geometry"`` record of metrics.jsonl, as
   ``train/HEAD/<field>`` (``train/HEAD/seed-S/<field>`` with several seeds) at the record's step;
-- at the end, every tap's final metrics with their 95% intervals, ``taps/TAP/<metric>`` and ``.../<metric>/low``,
-  ``.../<metric>/high`` (a hidden layer ``HEAD@i`` is ``HEAD/layer<i>``); each head's verdict as text
+- at the end (at the last training step), every tap's final metrics with their 95% intervals,
+  ``taps/TAP/<metric>``, ``.../<metric>/low`` and ``.../<metric>/high`` (a hidden layer ``HEAD@i`` is
+  ``HEAD/layer<i>``); each head's verdict as text
   ``buffer/HEAD`` with its ``support``/``against``/``unresolved`` counts; and the numbers and texts of
   ``results["claims"]`` where the run has them (``claims/<path>``).
 
@@ -116,20 +117,23 @@ class Trackers:
 
     def __init__(self, trackers: list) -> None:
         self.trackers = trackers
+        self.last_step = 0
 
     def log_record(self, record: dict) -> None:
         curve = curve_values(record)
         if curve is not None and curve[0]:
+            self.last_step = max(self.last_step, curve[1])
             for tracker in self.trackers:
                 tracker.log(curve[0], step=curve[1])
 
     def log_results(self, results: Mapping[str, Any]) -> None:
+        """The final values at the last training step: W&B drops anything logged at a step before its last one."""
         values = final_values(results)
         for tracker in self.trackers:
             if tracker.name == "mlflow":  # MLflow takes numbers only; its texts would be refused one by one
-                tracker.log({k: v for k, v in values.items() if not isinstance(v, str)}, step=0)
+                tracker.log({k: v for k, v in values.items() if not isinstance(v, str)}, step=self.last_step)
             else:
-                tracker.log(values, step=0)
+                tracker.log(values, step=self.last_step)
 
     def close(self) -> None:
         for tracker in self.trackers:
