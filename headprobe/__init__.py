@@ -23,10 +23,13 @@ _LAZY = {
     "load_data": "headprobe.data:load_data",
     "extract": "headprobe.features.extract:extract",
     "ProjectionHead": "headprobe.train.heads:ProjectionHead",
+    "load_heads": "headprobe.record.saved_heads:load_heads",
+    "load_heads_by_seed": "headprobe.record.saved_heads:load_heads_by_seed",
+    "export_heads": "headprobe.record.saved_heads:export_heads",
 }
 _PACKAGES = ("recipe", "registry", "parallel", "data", "backbones", "ssl", "features", "probes", "stats", "geometry",
              "train", "record", "report", "pipeline")
-# Sub-packages and the public modules reached as attributes (`headprobe.objectives.vicreg`): name -> module.
+# Sub-packages and the public modules reached as attributes (`headprobe.train.objectives.vicreg`): name -> module.
 _SUBMODULES = {
     **{name: f"headprobe.{name}" for name in _PACKAGES},
     "objectives": "headprobe.train.objectives",
@@ -36,6 +39,7 @@ _SUBMODULES = {
 if TYPE_CHECKING:  # pragma: no cover
     from headprobe.pipeline.compose import Results, run  # noqa: F401
     from headprobe.train.heads import ProjectionHead  # noqa: F401
+    from headprobe.record.saved_heads import export_heads, load_heads, load_heads_by_seed  # noqa: F401
 
     from .backbones import Backbone, Preprocess, load_backbone  # noqa: F401
     from .recipe import Recipe, RecipeError, load_recipe  # noqa: F401

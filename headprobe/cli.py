@@ -1,4 +1,4 @@
-"""``headprobe run | validate | list | report | compare | claims | geometry``.
+"""``headprobe run | validate | list | report | compare | claims | geometry | export-heads``.
 
 Exit codes: 0 done; 2 bad recipe or arguments (nothing written); 1 a failure
 while running (finished work stays on disk).
@@ -46,7 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(str(err), EXIT_USAGE) if _is_main_process() else EXIT_USAGE
     _warn_about_launch()
     try:
-        if recipe.sweep:
+        if recipe.sweep or recipe.sweep_zip:
             if args.resume:
                 return _error("--resume continues one run; resume each run of a sweep by its own --out.", EXIT_USAGE)
             run_sweep(args.recipe, out=args.out, overrides=args.set, quiet=not _is_main_process())
@@ -83,8 +83,6 @@ def _os_error_sentence(err: OSError, out: str | None) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    import math
-
     from rich.markup import escape
 
     from .recipe import RecipeError, load_recipe
@@ -95,7 +93,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _error(str(err), EXIT_USAGE)
     probes = ", ".join(recipe.probes)
     # load_recipe has validated every combination of the sweep, as `run` will make them.
-    runs = f"; sweep: {math.prod(len(v) for v in recipe.sweep.values())} runs" if recipe.sweep else ""
+    from .recipe.sweeps import sweep_size
+
+    size = sweep_size(recipe.sweep, recipe.sweep_zip)
+    runs = f"; sweep: {size} runs" if size else ""
     _console().print(
         "[green]ok[/] "
         + escape(f"{args.recipe}: {recipe.backbone.id} ({recipe.backbone.pooling}) on {recipe.data.source}; "
@@ -127,9 +128,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from headprobe.record.directory import read_results
+    from headprobe.record.directory import atomic_write_text, read_results
     from headprobe.record.lock import RunFolderLocked, RunLock
 
+    from .record.tidy import results_csv
     from .report.html import write_report
     from .report.table import print_summary
 
@@ -142,6 +144,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         with RunLock(args.run_dir, "report"):  # not while a run, resume or geometry writes there
             path = write_report(args.run_dir)
+            atomic_write_text(Path(args.run_dir) / "results.csv", results_csv(results))  # for runs made before it
     except RunFolderLocked as err:
         return _error(str(err), EXIT_USAGE)
     except OSError as err:
@@ -194,6 +197,21 @@ def cmd_claims(args: argparse.Namespace) -> int:
     except OSError as err:
         return _error(f"could not write {args.out}: {err.strerror or err}; choose a writable --out.", EXIT_FAILED)
     _console().print(f"claims: {args.out} ({len(rows)} rows)", markup=False)
+    return EXIT_OK
+
+
+def cmd_export_heads(args: argparse.Namespace) -> int:
+    from headprobe.train.cached_views import CheckpointError
+    from headprobe.record.saved_heads import SavedHeadsError, export_heads
+
+    try:
+        path = export_heads(args.run_dir, args.out)
+    except (SavedHeadsError, CheckpointError, ValueError) as err:
+        return _error(str(err), EXIT_USAGE)
+    except OSError as err:
+        return _error(f"could not write the heads: {err}", EXIT_FAILED)
+    _console().print(f"heads: {path} (headprobe.load_heads({str(path)!r}) rebuilds them)", markup=False,
+                     soft_wrap=True)
     return EXIT_OK
 
 
@@ -268,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="file to write (default: print to the terminal)")
     p.add_argument("--secondary", action="store_true", help="add a row per secondary measure under each answer")
     p.set_defaults(fn=cmd_claims)
+    p = sub.add_parser("export-heads", help="write a finished run's trained heads into one safetensors file")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="the file to write (default RUN_DIR/heads.safetensors)")
+    p.set_defaults(fn=cmd_export_heads)
 
     p = sub.add_parser("compare", help="side-by-side table of several runs (terminal, compare.csv, compare.html)")
     p.add_argument("run_dirs", nargs="+")

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .plugins import load_plugins
+
 
 class UnknownNameError(KeyError):
     """A name that is not registered; the message lists the allowed names."""
@@ -289,6 +291,10 @@ FAMILIES: dict[str, Registry] = {
     "augment": AUGMENT_PRESETS,
     "sweeps": ORBIT_SWEEPS,
 }
+
+
+# Backbones, data sources, probes, heads and objectives of installed packages (entry points; `plugins`).
+PLUGINS = load_plugins(FAMILIES)
 
 
 def split_prefixed(value: str, registry: Registry) -> tuple[str, str]:

@@ -21,3 +21,13 @@ def test_the_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     readme = (EXAMPLE.parents[1] / "README.md").read_text()
     code = EXAMPLE.read_text()
     assert code[code.index("from pathlib import Path"):] in readme  # the README shows the file as it is
+
+
+@pytest.mark.slow
+def test_the_own_model_example_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(EXAMPLE.parent / "own_model.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "backbone module:torch.nn.modules.container.Sequential 32" in out and "head output (4, 64)" in out
+    assert "mlp@1 linear.acc" in out
+    assert (tmp_path / "runs" / "own_model" / "results.csv").is_file()

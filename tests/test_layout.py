@@ -6,10 +6,10 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "headprobe"
-ROOT_MODULES = {"__init__", "__main__", "cli", "registry", "checks"}
+ROOT_MODULES = {"__init__", "__main__", "cli", "registry", "plugins", "checks"}
 # Lowest first: a module may import from its own layer and the layers below it, never above.
 LAYERS = [
-    {"registry", "checks", "__init__"},
+    {"registry", "plugins", "checks", "__init__"},
     {"parallel"},
     {"data", "backbones"},
     {"ssl"},

@@ -23,19 +23,23 @@ def _read_csv(path):
         return list(csv.reader(f))
 
 
-def test_compare_writes_one_row_per_tap_and_metric_and_one_column_per_run(tmp_path):
+def test_compare_writes_one_row_per_run_tap_and_metric(tmp_path):
     a, b = _ablation_pair(tmp_path)
     written = write_compare([a, b], tmp_path / "out")
     rows = _read_csv(written["csv"])
     metrics = list(results_dict()["taps"]["backbone"]["metrics"])
-    assert rows[0] == ["tap", "metric", "depth2", "depth2_low", "depth2_high", "depth3", "depth3_low", "depth3_high"]
-    expected_keys = ([("backbone", m) for m in metrics] + [("mlp@1", m) for m in metrics]
-                     + [("mlp", m) for m in metrics] + [("lin", m) for m in metrics] + [("mlp@2", "linear.acc")])
-    assert [tuple(r[:2]) for r in rows[1:]] == expected_keys
-    by_key = {tuple(r[:2]): r[2:] for r in rows[1:]}
-    assert by_key[("mlp", "linear.acc")] == ["0.81", "0.78", "0.84", "0.77", "", ""]  # the interval's ends
-    assert by_key[("lin", "linear.acc")][::3] == ["0.94", ""] and by_key[("mlp@2", "linear.acc")][::3] == ["", "0.88"]
-    assert float(by_key[("backbone", "mi.infonce.ceiling")][0]) == pytest.approx(5.545177444479562)
+    assert rows[0] == ["run", "tap", "head", "depth", "metric", "value", "low", "high", "seed"]
+    taps_a = [("backbone", m) for m in metrics] + [("mlp@1", m) for m in metrics] + [("mlp", m) for m in metrics] \
+        + [("lin", m) for m in metrics]
+    taps_b = [("backbone", m) for m in metrics] + [("mlp@1", m) for m in metrics] + [("mlp@2", "linear.acc")] \
+        + [("mlp", m) for m in metrics]
+    assert [(r[0], r[1], r[4]) for r in rows[1:]] == [("depth2", *k) for k in taps_a] + [("depth3", *k) for k in taps_b]
+    by_key = {(r[0], r[1], r[4]): r[2:4] + r[5:] for r in rows[1:]}
+    assert by_key[("depth2", "mlp", "linear.acc")] == ["mlp", "2", "0.81", "0.78", "0.84", ""]  # the interval's ends
+    assert by_key[("depth3", "mlp", "linear.acc")] == ["mlp", "2", "0.77", "", "", ""]
+    assert by_key[("depth3", "mlp@2", "linear.acc")][:3] == ["mlp", "2", "0.88"]
+    assert by_key[("depth2", "backbone", "linear.acc")][:2] == ["", "0"]
+    assert float(by_key[("depth2", "backbone", "mi.infonce.ceiling")][2]) == pytest.approx(5.545177444479562)
     text = written["html"].read_text()
     assert "<b>0.8100</b>" in text and "<b>0.7700</b>" not in text  # the best accuracy of a row in bold
     assert "<b>0.9400</b>" not in text  # ... when there is something to compare it with
@@ -56,7 +60,7 @@ def test_compare_command_prints_and_writes_next_to_the_runs_or_into_out(tmp_path
     assert main(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert "depth2" in out and "depth3" in out and "mlp@2" in out and "compare.csv" in out
-    assert _read_csv(tmp_path / "runs" / "compare.csv")[0][2::3] == ["depth2", "depth3"]
+    assert {row[0] for row in _read_csv(tmp_path / "runs" / "compare.csv")[1:]} == {"depth2", "depth3"}
     assert "0.8100 ±0.0300" in out  # the terminal table prints intervals
     assert (tmp_path / "runs" / "compare.html").is_file()
     assert main(["compare", str(a), str(b), "--out", str(tmp_path / "elsewhere")]) == 0

@@ -68,7 +68,7 @@ def test_write_results_stores_plain_json_and_leaves_no_temporary(tmp_path):
     on_disk = json.loads(run_dir.results_path.read_text())
     assert on_disk["taps"]["backbone"]["metrics"] == {"linear.acc": 0.75, "rankme": None, "cond": None}
     assert on_disk["where"] == str(tmp_path) and on_disk["shape"] == [2, 3] and on_disk["ids"] == {"1": "one"}
-    assert sorted(p.name for p in run_dir.path.iterdir()) == ["checkpoints", "plots", "results.json"]
+    assert sorted(p.name for p in run_dir.path.iterdir()) == ["checkpoints", "plots", "results.csv", "results.json"]
     assert run_dir.read_results() == on_disk
 
 

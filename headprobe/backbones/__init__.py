@@ -9,6 +9,7 @@ from torch import nn
 
 from ..registry import BACKBONES, UnknownNameError, split_prefixed
 from .base import Backbone, BackboneNotFoundError, Preprocess, seeded
+from .own_module import as_backbone, module_id
 from .tuning import apply_tuning, load_adapter, save_adapter
 
 
@@ -54,7 +55,7 @@ def load_backbone(
     if module is not None:
         if id is not None or preprocess is None or dim is None:
             raise ValueError("to wrap your own module pass module=, preprocess= and dim= (and no id).")
-        return Backbone(module, lambda m, x: m(x), id=f"module:{type(module).__name__}", dim=dim,
+        return Backbone(module, lambda m, x: m(x), id=module_id(module), dim=dim,
                         preprocess=preprocess, description="user module", options=options).freeze()
     if id is None:
         raise ValueError("load_backbone needs an id such as 'offline:dinov2-vits14' or 'hf:facebook/dinov2-small'.")
@@ -62,9 +63,35 @@ def load_backbone(
         prefix, ref = split_prefixed(id, BACKBONES)
     except UnknownNameError as err:
         raise ValueError(f"backbone id {id!r}: {err}") from None
+    loader = _bind(BACKBONES.get(prefix), ref)
+    options, resolution = _plug_in_options(loader, options)
     with seeded(seed):
-        backbone = call_with_options(_bind(BACKBONES.get(prefix), ref), id, {**options, "seed": seed})
+        backbone = call_with_options(loader, id, {**options, "seed": seed})
+    if not isinstance(backbone, Backbone):  # a plug-in loader may return a bare module (`own_module` contract)
+        backbone = as_backbone(backbone, resolution)
+        backbone.id = id
+    elif resolution is not None:
+        raise ValueError(f"backbone {id} does not take option resolution (its loader returns a Backbone with its "
+                         "own preprocessing); remove backbone.resolution.")
     return backbone.freeze()
+
+
+# Recipe defaults a plug-in loader need not take: the features as the loader makes them.
+_LOADER_DEFAULTS = {"pooling": "cls", "layer": -1}
+
+
+def _plug_in_options(loader: Callable, options: dict) -> tuple[dict, int | None]:
+    """(the options for `loader`, a resolution it does not take, which a bare module it returns is wrapped at):
+    `_LOADER_DEFAULTS` at their default values are dropped where the loader does not take them, so a plug-in's
+    loader declares only the options it has. The built-in loaders take them all, so nothing changes for them."""
+    params = inspect.signature(loader).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return options, None
+    options = {k: v for k, v in options.items()
+               if k in params or k not in _LOADER_DEFAULTS or v != _LOADER_DEFAULTS[k]}
+    if "resolution" in params:
+        return options, None
+    return {k: v for k, v in options.items() if k != "resolution"}, options.get("resolution")
 
 
 def _bind(loader: Callable, ref: str) -> Callable:
@@ -85,6 +112,7 @@ __all__ = [
     "BackboneNotFoundError",
     "Preprocess",
     "apply_tuning",
+    "as_backbone",
     "load_adapter",
     "load_backbone",
     "save_adapter",

@@ -15,10 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..registry import DATA_SOURCES, split_prefixed
-
-
-class DataSourceError(ValueError):
-    """A data source that cannot be loaded as asked; the message says how to fix it."""
+from .errors import DataSourceError
 
 
 @dataclass
@@ -76,21 +73,47 @@ def load_imagefolder(ref: str, revision: str | None = None):
     return ds, _sha("imagefolder", stamp)
 
 
-def load_hub(ref: str, revision: str | None = None):
-    """A hub dataset id; the local `datasets` cache is used first (HF_DATASETS_OFFLINE=1 forbids the network)."""
+def load_hub(ref: str, revision: str | None = None, config: str | None = None, streaming: bool = False):
+    """A hub dataset id (the local `datasets` cache first; HF_DATASETS_OFFLINE=1 forbids the network), a local dataset
+    folder, or a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (read with `load_from_disk`).
+    `config`: the dataset's configuration name; `revision`: a hub branch, tag or commit. `streaming`: a
+    `datasets.IterableDatasetDict` that has read nothing yet, and no fingerprint (`load_data` reads the examples it
+    keeps, `hub.first_examples`, and fingerprints those)."""
     import datasets
 
+    from .hub import load_saved, saved_to_disk
+
+    kind = saved_to_disk(ref)
+    if kind is not None:
+        for key, value in (("config", config), ("revision", revision)):
+            if value is not None:
+                raise DataSourceError(f"data.{key} = {value!r}: hf:{ref} is a folder written by {kind}.save_to_disk, "
+                                      f"which has no {'configurations' if key == 'config' else 'revisions'}; remove "
+                                      f"data.{key} (or save the configuration you want into its own folder).")
+        ds, fingerprints = load_saved(ref, kind)  # memory-mapped: only the examples a run keeps are read
+        return ds, _sha("saved", ref, fingerprints)
     try:
-        ds = datasets.load_dataset(ref, revision=revision)
+        ds = datasets.load_dataset(ref, name=config, revision=revision, streaming=streaming)
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as err:
+        reason = str(err).splitlines()[0] if str(err) else ""
+        if config is not None and "config" in reason.lower():
+            raise DataSourceError(f"data.config = {config!r} is not a configuration of hf:{ref} ({reason}); set "
+                                  "data.config to one it names, or remove it for the default.") from err
         raise DataSourceError(
             f"data.source hf:{ref} could not be loaded from the local cache or the hub "
-            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); download it where there "
-            "is network (datasets.load_dataset(...).save_to_disk or the hub cache) or use imagefolder:<dir>."
+            f"({type(err).__name__}: {reason}); download it where there is network and either keep the hub cache "
+            "(HF_HOME) or save it with save_to_disk and use data.source hf:<that folder>; imagefolder:<dir> reads "
+            "image files."
         ) from err
+    if streaming:
+        streams = ds if isinstance(ds, datasets.IterableDatasetDict) else datasets.IterableDatasetDict({"train": ds})
+        return streams, None
     if not isinstance(ds, datasets.DatasetDict):
         ds = datasets.DatasetDict({"train": ds})
-    fingerprint = _sha("hub", ref, revision, {name: split._fingerprint for name, split in ds.items()})
+    fingerprints = {name: split._fingerprint for name, split in ds.items()}
+    # Without a config the fingerprint is the one earlier versions wrote, so their feature caches stay valid.
+    fingerprint = _sha("hub", ref, revision, fingerprints) if config is None else \
+        _sha("hub", ref, config, revision, fingerprints)
     return ds, fingerprint
 
 
@@ -166,7 +189,13 @@ def load_data(spec, revision: str | None = None) -> DataSplits:
     import datasets
 
     prefix, ref = split_prefixed(spec.source, DATA_SOURCES)
-    raw, fingerprint = DATA_SOURCES.get(prefix)(ref, revision=revision)
+    revision = revision if revision is not None else spec.revision
+    hub_options = {key: value for key, value in (("config", spec.config), ("streaming", spec.streaming)) if value}
+    raw, fingerprint = DATA_SOURCES.get(prefix)(ref, revision=revision, **hub_options)
+    if spec.streaming:
+        from .hub import read_streamed
+
+        raw, fingerprint = read_streamed(raw, spec, identity=("streamed", spec.source, spec.config, revision))
     if spec.train_split not in raw:
         raise DataSourceError(
             f"data.train_split = {spec.train_split!r} is not a split of {spec.source}; "
@@ -236,5 +265,8 @@ def load_data(spec, revision: str | None = None) -> DataSplits:
         "val_fraction": spec.val_fraction,
         "fingerprint": fingerprint,
     }
+    # hf: options, recorded where set (streamed: the first limit.train / limit.test examples were read).
+    info |= {key: value for key, value in (("config", spec.config), ("revision", revision),
+                                           ("streaming", spec.streaming)) if value}
     return DataSplits(splits["train"], splits["test"], class_names, fingerprint, info)
 

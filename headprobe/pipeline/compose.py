@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,23 @@ def _overrides_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
     return {key.replace("__", "."): value for key, value in keywords.items()}
 
 
+def _own_backbone(obj: torch.nn.Module, recipe: Recipe, show: bool) -> tuple[Any, Recipe]:
+    """(the `Backbone` of a module passed to `run`, the recipe recording it as backbone.id: module:<class>)."""
+    import copy
+
+    from headprobe.backbones import Backbone, as_backbone
+    from headprobe.parallel.distributed import process_state
+
+    backbone = as_backbone(obj, recipe.backbone.resolution)
+    if show and not isinstance(obj, Backbone) and process_state().is_main_process:
+        print(f"backbone: {backbone.id} gets {backbone.preprocess.crop}-px centre crops normalised with the ImageNet "
+              "mean and std (a bare module's contract); pass headprobe.load_backbone(module=..., preprocess=..., "
+              "dim=...) to choose another preprocessing.", file=sys.stderr)
+    recipe = copy.deepcopy(recipe)
+    recipe.backbone.id = backbone.id
+    return backbone, recipe
+
+
 def run(
     recipe_or_path: Recipe | str | Path | dict,
     *,
@@ -108,9 +126,19 @@ def run(
     overrides: list[str] | None = None,
     resume: bool = False,
     quiet: bool = False,
+    backbone: torch.nn.Module | Mapping[str, Any] | None = None,
+    reuse_backbone: str | Path | None = None,
     **values: Any,
 ) -> Results:
     """Run a recipe (object, YAML path or dict) end to end; returns `Results`.
+
+    `backbone`: your own network instead of ``recipe.backbone.id``: a `Backbone` (``load_backbone(module=net,
+    preprocess=Preprocess(...), dim=D)``) as it is, or a bare ``torch.nn.Module`` under the contract of
+    `backbones.own_module` (ImageNet mean/std, ``backbone.resolution`` px, default 224; ``(B, 3, H, W) -> (B, D)``).
+    The run records it as ``backbone.id: module:<its class>``. A mapping is an override of the recipe's
+    ``backbone:`` section, as the other keywords are.
+    `reuse_backbone`: a finished run with the same `BACKBONE_TAP_INPUTS` whose backbone tap is taken instead of
+    probed again (`taps.reuse_tap`; a sweep passes its first such run); ignored for a tuned backbone.
 
     Overrides: ``overrides=["train.epochs=1"]`` (YAML-typed strings, as ``--set``) and/or keywords whose values are
     Python objects, ``run("r.yaml", **{"train.epochs": 1})`` or ``run("r.yaml", train__epochs=1)`` (``__`` is a
@@ -120,26 +148,36 @@ def run(
     >>> results = run("recipes/quickstart.yaml", data__limit__train=256, train__epochs=1)  # doctest: +SKIP
     >>> results.metrics()["linear.acc"]  # doctest: +SKIP
     """
+
     from headprobe.parallel.distributed import process_state
 
     check_arguments(recipe_or_path, out, overrides)
+    if isinstance(backbone, Mapping):
+        values, backbone = {"backbone": backbone, **values}, None
     if isinstance(recipe_or_path, Recipe):
         if overrides or values:
             raise RecipeError("overrides apply to a recipe file or dict; edit the Recipe object directly.")
         recipe = recipe_or_path
     else:
         recipe = load_recipe(recipe_or_path, overrides, _overrides_from_keywords(values))
+    given = None
+    if backbone is not None:
+        given, recipe = _own_backbone(backbone, recipe, show=not quiet)
 
     state = process_state()
     path = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(path)
     with folder_lock(path, "resume" if resume else "run", state):
-        return _run_locked(recipe, path, out, state, resume, quiet)
+        return _run_locked(recipe, path, out, state, resume, quiet, given, reuse_backbone)
 
 
-def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resume: bool, quiet: bool) -> Results:
-    """`run` with the run folder locked (`folder_lock`): from the resume checks to the summary."""
+def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resume: bool, quiet: bool, given,
+                reuse_backbone: str | Path | None) -> Results:
+    """`run` with the run folder locked (`folder_lock`): from the resume checks to the summary. `given`: the
+    caller's own backbone (`_own_backbone`), or None."""
     from accelerate.utils import set_seed
+
+    from headprobe.report.trackers import tracking
 
     main = state.is_main_process
     results = new_results(recipe.to_dict())
@@ -176,8 +214,8 @@ def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resum
 
     ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume,
                      peers=exchange_peers(state))
-    with ctx.recording_stops():
-        inputs = stages.load_inputs(ctx)
+    with ctx.recording_stops(), tracking(recipe, run_dir) as trackers:
+        inputs = stages.load_inputs(ctx, backbone=given)
         features = stages.extract_features(ctx, inputs)
         if recipe.backbone.tune != "frozen":
             # Score the untuned backbone, tune it with the heads on views made on the fly, then extract every
@@ -188,6 +226,8 @@ def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resum
         # With several processes and frozen-backbone heads, the backbone tap is probed with the head taps, so that
         # its probes are shared out with theirs (alone, its one linear probe is the whole stage's critical path).
         with_heads = bool(recipe.heads) and recipe.backbone.tune == "frozen" and state.num_processes > 1
+        if reuse_backbone is not None and recipe.backbone.tune == "frozen" and "backbone" not in results["taps"]:
+            taps.reuse_tap(ctx, Path(reuse_backbone))
         if not with_heads:
             taps.probe_tap(ctx, features, taps.Tap("backbone"))
         if recipe.heads:
@@ -205,6 +245,7 @@ def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resum
         results["orbits"] = _orbit_coordinates(results["taps"])
         results["status"] = "complete"
         run_dir.write_results(results)
+        trackers.log_results(results)
         if recipe.report:
             stages.write_report(run_dir)
     if main and not quiet:
@@ -214,12 +255,26 @@ def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resum
     return Results(results, run_dir.path)
 
 
+# The recipe sections that decide the backbone tap's numbers: runs of a sweep equal in these probe it once.
+BACKBONE_TAP_INPUTS = ("seed", "backbone", "data", "features", "augment", "probes")
+
+
+def backbone_tap_inputs(recipe: Recipe) -> str:
+    """The recipe's `BACKBONE_TAP_INPUTS` as one comparable text."""
+    import json
+
+    plain = recipe.to_dict()
+    return json.dumps({key: plain[key] for key in BACKBONE_TAP_INPUTS}, sort_keys=True, default=str)
+
+
 def run_sweep(
     recipe_path: str | Path | dict, *, out: str | Path | None = None, overrides: list[str] | None = None,
-    quiet: bool = False, **values: Any,
+    quiet: bool = False, backbone: torch.nn.Module | None = None, **values: Any,
 ) -> list[Results]:
-    """Run every combination of the recipe's `sweep:` into OUT/<label>/ and compare them (OUT/compare.csv/.html).
-    Overrides as in `run`: ``overrides=["k=v"]`` and/or keywords with Python values (``train__epochs=1``).
+    """Run every combination of the recipe's `sweep:` (and `sweep_zip:`) into OUT/<label>/ and compare them
+    (OUT/compare.csv/.html). Overrides as in `run`: ``overrides=["k=v"]`` and/or keywords with Python values
+    (``train__epochs=1``); `backbone` as in `run`, for every run. Runs whose `BACKBONE_TAP_INPUTS` equal an earlier
+    run's take its backbone tap (``taps.backbone.reused_from``) instead of probing the same features again.
 
     >>> run_sweep("recipes/paper_depth_ablation.yaml", train__epochs=5)  # doctest: +SKIP
     """
@@ -233,7 +288,12 @@ def run_sweep(
     recipe = load_recipe(recipe_path, overrides)
     root = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(root)
-    results = [run(recipe_path, out=root / label, overrides=items, quiet=quiet) for label, items in combos]
+    results, probed = [], {}  # probed: the first run of each backbone-tap input, whose backbone tap the others take
+    for label, items in combos:
+        inputs = backbone_tap_inputs(load_recipe(recipe_path, items))
+        results.append(run(recipe_path, out=root / label, overrides=items, quiet=quiet, backbone=backbone,
+                           reuse_backbone=probed.get(inputs)))
+        probed.setdefault(inputs, root / label)
     from headprobe.parallel.distributed import process_state
 
     if process_state().is_main_process:

@@ -69,16 +69,19 @@ def probe_needs(recipe: Recipe) -> set[str]:
     return {need for name in recipe.probes for need in PROBES.entry(name).needs}
 
 
-def load_inputs(ctx: RunContext) -> Inputs:
+def load_inputs(ctx: RunContext, backbone: Any = None) -> Inputs:
+    """The backbone (`backbone`, a `Backbone` given to `pipeline.run`, else loaded from recipe.backbone) and the
+    data."""
     from headprobe.backbones import load_backbone
     from headprobe.data import load_data
 
     recipe, t0 = ctx.recipe, time.perf_counter()
     spec = recipe.backbone
     extra = {k: v for k, v in (("part", spec.part), ("num_heads", spec.num_heads)) if v is not None}
-    backbone = ctx.stage(f"loading backbone {spec.id}", load_backbone, spec.id, pooling=spec.pooling,
-                         resolution=spec.resolution, revision=spec.revision, layer=spec.layer, layers=spec.layers,
-                         seed=recipe.seed, **extra)
+    if backbone is None:
+        backbone = ctx.stage(f"loading backbone {spec.id}", load_backbone, spec.id, pooling=spec.pooling,
+                             resolution=spec.resolution, revision=spec.revision, layer=spec.layer,
+                             layers=spec.layers, seed=recipe.seed, **extra)
     ctx.clock("load_s", t0)
     ctx.results["backbone"] = backbone.describe()
     data = ctx.stage(f"loading data {recipe.data.source}", load_data, recipe.data)

@@ -13,6 +13,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -95,6 +96,37 @@ def probe_tap(ctx, features, tap: Tap, seed: int | None = None) -> None:
         record_uncertainty(ctx, features, tap.name)
     if ran:
         ctx.clock("probe_s", t0)
+
+
+def reuse_tap(ctx, source: Path, tap_name: str = "backbone") -> bool:
+    """Take tap `tap_name`'s probes from the finished run in `source` instead of running them again: a sweep whose
+    runs share the backbone, data, features, augmentation, probes and seed (`pipeline.BACKBONE_TAP_INPUTS`) measures
+    the same backbone tap in each. Its metrics, protocols and per-image values are copied (intervals are recomputed
+    from them on this run's resamples, which the same seed draws alike) and the tap records ``reused_from`` (the
+    source run, relative to this one). Every process must see `source`; otherwise (or where `source` lacks the tap)
+    nothing is taken and the tap is probed as usual. Returns whether it was taken."""
+    import copy
+    import os
+    import shutil
+
+    from headprobe.parallel.collectives import all_objects
+    from headprobe.record.directory import metrics_from_json, read_results
+
+    previous = read_results(source) if (source / "results.json").is_file() else {}
+    entry = previous.get("taps", {}).get(tap_name)
+    usable = entry is not None and set(ctx.recipe.probes) <= set(entry.get("protocol", {}))
+    if not all(all_objects(usable, ctx.state.num_processes)):
+        return False
+    entry = metrics_from_json({tap_name: copy.deepcopy(entry)})[tap_name]
+    entry["reused_from"] = os.path.relpath(source.resolve(), ctx.run_dir.path.resolve())
+    store = source / "per_unit" / f"{tap_name}.safetensors"
+    ctx.per_unit[tap_name] = load_per_unit(store)
+    if ctx.run_dir.writable and store.is_file():
+        (ctx.run_dir.path / "per_unit").mkdir(exist_ok=True)
+        shutil.copyfile(store, ctx.run_dir.path / "per_unit" / store.name)
+    ctx.results["taps"][tap_name] = entry
+    ctx.run_dir.write_results(ctx.results)
+    return True
 
 
 def probe_clock(ctx) -> float:

@@ -21,12 +21,18 @@ def check_recipe(recipe: Recipe) -> None:
         raise RecipeError(f"name = {recipe.name!r} is not allowed: it names the run's folder, so it must match "
                           f"{NAME_PATTERN} (letters, digits, '.', '_', '-'; no '/', no leading dot), "
                           "e.g. name: my_study.")
+    if recipe.backbone.id.startswith("module:") and "module" not in BACKBONES:
+        raise RecipeError(f"backbone.id = {recipe.backbone.id!r} names a network that was passed from Python "
+                          "(headprobe.run(recipe, backbone=net)); pass it that way again, or make it a plug-in "
+                          "(an entry point in the group headprobe.backbones, see headprobe/plugins.py) so that "
+                          "`headprobe run` can load it by name.")
     _check_prefixed("backbone.id", recipe.backbone.id, BACKBONES)
     _check_backbone(recipe.backbone, has_heads=bool(recipe.heads))
     _check_prefixed("data.source", recipe.data.source, DATA_SOURCES)
     src_prefix, src_rest = recipe.data.source.partition(":")[::2]
     if src_prefix in ("imagefolder", "hf") and not src_rest:
         raise RecipeError(f"data.source = {recipe.data.source!r} needs a path or id after ':'.")
+    _check_hub_options(recipe.data, src_prefix)
     _check_seeds(recipe)
     _check_heads(recipe)
     _check_probes(recipe, known_train_size(recipe.data)[0])
@@ -39,6 +45,7 @@ def check_recipe(recipe: Recipe) -> None:
                           f"{10 * n_classes}, for the probes' validation split).")
     _check_ssl_checkpoint(recipe)
     _check_claims(recipe)
+    _check_trackers(recipe)
 
 
 def _check_claims(recipe: Recipe) -> None:
@@ -49,6 +56,34 @@ def _check_claims(recipe: Recipe) -> None:
         check_claims_section(recipe.claims)
     except ValueError as err:
         raise RecipeError(str(err)) from None
+
+
+def _check_trackers(recipe: Recipe) -> None:
+    """Every tracker of report_to is installed (they are optional packages); said before anything runs."""
+    if not recipe.report_to:
+        return
+    from .trackers import missing_packages
+
+    if len(set(recipe.report_to)) != len(recipe.report_to):
+        raise RecipeError(f"report_to = {recipe.report_to} names a tracker twice; list each once.")
+    missing = missing_packages(recipe.report_to)
+    if missing:
+        raise RecipeError(f"report_to = {recipe.report_to} needs {', '.join(missing)}, which is not installed; "
+                          f"`pip install {' '.join(missing)}`, or remove it from report_to.")
+
+
+def _check_hub_options(data: DataSpec, prefix: str) -> None:
+    """data.config, data.streaming and data.revision belong to hf: sources (fashion-mnist's hub fallback takes a
+    revision too); streaming reads the first limit.train / limit.test examples, so it needs both."""
+    hub = prefix == "hf"
+    for key, value in (("config", data.config), ("streaming", data.streaming),
+                       ("revision", data.revision if prefix != "fashion-mnist" else None)):
+        if value and not hub:
+            raise RecipeError(f"data.{key} = {value!r} applies to hf: sources (datasets.load_dataset), not to "
+                              f"data.source = {data.source!r}; remove it.")
+    if data.streaming and (data.limit.train is None or data.limit.test is None):
+        raise RecipeError("data.streaming: true reads only the first data.limit.train and data.limit.test examples "
+                          "of the dataset; set both (e.g. data.limit: {train: 5000, test: 1000}) or stream nothing.")
 
 
 def _check_ssl_checkpoint(recipe: Recipe) -> None:

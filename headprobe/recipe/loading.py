@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import itertools
 import math
 import re
 import types
@@ -29,6 +28,7 @@ from headprobe.recipe.safe_yaml import AliasLimitError, BoundedAliasLoader
 from ..registry import Registry
 from .checks import check_recipe
 from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unknown_name
+from .sweeps import sweep_items
 
 
 class _NotFinite(RecipeError):
@@ -215,7 +215,8 @@ def _from_data(data: dict) -> Recipe:
         try:
             for item in items:
                 apply_override(combo, item)
-            combo["sweep"] = {}
+            for item in NO_SWEEP:
+                apply_override(combo, item)
             _from_data(combo)
         except RecipeError as err:
             raise RecipeError(f"sweep combination {label}: {err}") from None
@@ -223,31 +224,23 @@ def _from_data(data: dict) -> Recipe:
 
 
 def _sweep_items(recipe: Recipe) -> list[tuple[str, list[str]]]:
-    """[(label, ["key=value", ...])] for every combination of `recipe.sweep` (cartesian product, keys in order)."""
-    if not recipe.sweep:
-        return []
-    for key, values in recipe.sweep.items():
-        if not isinstance(values, list) or not values:
-            raise RecipeError(f"sweep.{key} must be a non-empty list of values, got {values!r}.")
-    keys = list(recipe.sweep)
-    out = []
-    for combo in itertools.product(*(recipe.sweep[k] for k in keys)):
-        items = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-                 for k, v in zip(keys, combo, strict=True)]
-        label = "-".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, combo, strict=True))
-        out.append((label, items))
-    return out
+    """[(label, ["key=value", ...])] for every run of the recipe's sweep (`sweeps.sweep_items`)."""
+    return sweep_items(recipe.sweep, recipe.sweep_zip, recipe.sweep_labels)
+
+
+# What makes one run of a sweep a plain run.
+NO_SWEEP = ["sweep={}", "sweep_zip={}", "sweep_labels=null"]
 
 
 def expand_sweep(source: str | Path | dict, overrides: list[str] | None = None) -> list[tuple[str, list[str]]]:
-    """A recipe with `sweep: {key: [values], ...}` → [(label, overrides)], one per combination (cartesian
-    product, keys in order). Every combination is validated (by `load_recipe`), before anything runs. A recipe
-    without a sweep gives one entry with label ""."""
+    """A recipe with `sweep: {key: [values], ...}` (and/or `sweep_zip`, `sweep_labels`) → [(label, overrides)], one
+    per run (`sweeps.sweep_items`). Every run's recipe is validated (by `load_recipe`), before anything runs. A
+    recipe without a sweep gives one entry with label ""."""
     recipe = load_recipe(source, overrides)
-    if not recipe.sweep:
+    combos = _sweep_items(recipe)
+    if not combos:
         return [("", list(overrides or []))]
-    return [(sweep_folder_name(label), list(overrides or []) + items + ["sweep={}"])
-            for label, items in _sweep_items(recipe)]
+    return [(sweep_folder_name(label), list(overrides or []) + items + NO_SWEEP) for label, items in combos]
 
 
 # Folder names are at most 255 bytes on common file systems; a longer sweep label is cut with a hash.

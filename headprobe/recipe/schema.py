@@ -133,6 +133,12 @@ class DataSpec:
     test_fraction: float = field(default=0.25, metadata=FRACTION)
     split_seed: int = field(default=0, metadata=SEED)
     limit: LimitSpec = field(default_factory=LimitSpec)
+    # hf: sources only. The dataset's configuration name (datasets.load_dataset(id, name=...)), a hub branch, tag or
+    # commit, and streaming: read only the first limit.train / limit.test examples (both limits needed) instead of
+    # downloading the whole dataset first.
+    config: str | None = None
+    revision: str | None = None
+    streaming: bool = False
     # Part of train held out to choose hyper-parameters (never the test split); 1 would leave none to fit on.
     val_fraction: float = field(default=0.2, metadata=FRACTION)
 
@@ -351,8 +357,17 @@ class Recipe:
     claims: dict[str, Any] = field(default_factory=dict)
     # Write report.html and plots/ at the end of the run (`headprobe report RUN_DIR` makes them later too).
     report: bool = True
-    # {override key: [values]}: one run per combination, then a comparison (e.g. {heads.0.act: [relu, swish]}).
-    sweep: dict[str, list[Any]] = field(default_factory=dict)
+    # Experiment trackers that get the training curves and every tap's final metrics with intervals
+    # (`report.trackers`; Accelerate's log_with names; each an optional package).
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=list)
+    # {override key: [values]}: one run per combination, then a comparison (e.g. {heads.0.act: [relu, swish]});
+    # a key may be nested ({backbone: {id: [...]}}) and a value a whole block ({backbone: [{...}, {...}]}).
+    sweep: dict[str, Any] = field(default_factory=dict)
+    # {override key: [values]} taken together, the i-th value of each key in one run (lists equally long); with
+    # `sweep` too, every zipped run is combined with every combination of `sweep` (`recipe.sweeps`).
+    sweep_zip: dict[str, Any] = field(default_factory=dict)
+    # Names of the sweep's runs (their folders and compare labels), one per run in order; null: derived from values.
+    sweep_labels: list[str] | None = None
 
     def to_dict(self) -> dict:
         return to_plain(self)

@@ -59,8 +59,9 @@ def default_run_dir(name: str, root: str | Path = "runs") -> Path:
 
 
 # What `headprobe run` (and a sweep) writes into a run folder: a folder holding only these is headprobe's own.
-RUN_ENTRIES = frozenset({"results.json", "config.yaml", "metrics.jsonl", "report.html", "plots", "checkpoints",
-                         "per_unit", "compare.csv", "compare.html", "headprobe.lock"})
+RUN_ENTRIES = frozenset({"results.json", "results.csv", "config.yaml", "metrics.jsonl", "report.html", "plots",
+                         "checkpoints", "per_unit", "compare.csv", "compare.html", "heads.safetensors", "tensorboard",
+                         "wandb", "headprobe.lock"})
 
 
 def check_out_folder(path: str | Path) -> None:
@@ -112,6 +113,8 @@ class RunDir:
         # Called (final: bool) before results are written; raises when they were computed from data that changed
         # under the run (`feature_cache.UnchangedCache.check`, set by `stages.extract_features`).
         self.guard: Callable[[bool], None] | None = None
+        # Called with every record `log_metrics` writes (the experiment trackers: `report.trackers`).
+        self.sinks: list = []
 
     @classmethod
     def create(cls, path: str | Path, writable: bool = True) -> RunDir:
@@ -130,8 +133,9 @@ class RunDir:
             atomic_write_text(self.path / "config.yaml", text)
 
     def write_results(self, results: dict) -> None:
-        """Rewrite results.json atomically. When that fails (a full disk) during a run, one more try records the
-        failure in the smaller compact form, so the folder does not say "running" forever; the error is raised."""
+        """Rewrite results.json atomically, and results.csv from it (`record.tidy`: one row per metric). When that
+        fails (a full disk) during a run, one more try records the failure in the smaller compact form, so the folder
+        does not say "running" forever; the error is raised."""
         if not self.writable:
             return
         if self.guard is not None and results.get("status") in ("running", "complete"):
@@ -140,8 +144,12 @@ class RunDir:
             except Exception as err:
                 self._refuse(results, err)
                 raise
+        from headprobe.record.tidy import results_csv
+
         try:
-            atomic_write_text(self.results_path, json.dumps(_jsonable(results), indent=2) + "\n")
+            plain = _jsonable(results)
+            atomic_write_text(self.results_path, json.dumps(plain, indent=2) + "\n")
+            atomic_write_text(self.path / "results.csv", results_csv(plain))
         except OSError as err:
             if results.get("status") == "running":
                 failed = {**results, "status": "failed",
@@ -173,6 +181,8 @@ class RunDir:
         if self.writable:
             with open(self.path / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(_jsonable({"time": round(time.time(), 3), **record})) + "\n")
+            for sink in self.sinks:
+                sink(_jsonable(record))
 
     def read_results(self) -> dict:
         return read_results(self.path)

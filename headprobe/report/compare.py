@@ -1,7 +1,8 @@
 """Several runs side by side (a depth ablation, an activation sweep): one row per (tap, metric), one column per run.
 
-`write_compare(run_dirs, out_dir)` writes ``compare.csv`` (full precision, empty cell = not measured) and a
-self-contained ``compare.html``; `compare_table` in `table.py` prints the same rows in the terminal.
+`write_compare(run_dirs, out_dir)` writes ``compare.csv`` (long format, one `pandas.read_csv` away: a ``run``
+column, then the columns of each run's ``results.csv``, `tidy.TIDY_COLUMNS`) and a self-contained ``compare.html``
+(one row per (tap, metric), one column per run); `compare_table` in `table.py` prints those rows in the terminal.
 
 >>> write_compare(["runs/depth1", "runs/depth2"], "runs")  # doctest: +SKIP
 {'csv': PosixPath('runs/compare.csv'), 'html': PosixPath('runs/compare.html')}
@@ -9,10 +10,10 @@ self-contained ``compare.html``; `compare_table` in `table.py` prints the same r
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from headprobe.record.tidy import compare_long_csv
 
 from .markup import esc, fmt, page
 
@@ -50,29 +51,6 @@ def compare_rows(runs: Mapping[str, dict]) -> tuple[list[str], list[list]]:
     rows = [[tap, metric, *(r.get("taps", {}).get(tap, {}).get("metrics", {}).get(metric) for r in runs.values())]
             for tap, metric in keys]
     return ["tap", "metric", *runs], rows
-
-
-def interval_of(results: dict, tap: str, metric: str) -> list | None:
-    """[low, high] of a metric's 95% interval in one run's results, or None where it has none."""
-    record = (results.get("taps", {}).get(tap, {}).get("uncertainty") or {}).get(metric) or {}
-    ci = record.get("ci95")
-    return ci if isinstance(ci, list) and len(ci) == 2 else None
-
-
-def compare_csv(runs: Mapping[str, dict]) -> str:
-    """One row per (tap, metric); per run its value and the `_low`/`_high` ends of its 95% interval."""
-    header, rows = compare_rows(runs)
-    labels = header[2:]
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header[:2] + [f"{label}{end}" for label in labels for end in ("", "_low", "_high")])
-    for tap, metric, *values in rows:
-        cells = []
-        for label, value in zip(labels, values, strict=True):
-            ci = interval_of(runs[label], tap, metric) or [None, None]
-            cells += ["" if v is None else v for v in (value, *ci)]
-        writer.writerow([tap, metric, *cells])
-    return out.getvalue()
 
 
 def _run_summary(label: str, path: Path, results: dict) -> list:
@@ -113,6 +91,6 @@ def write_compare(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[s
     runs = {label: read_results(path) for label, path in paths.items()}
     out_dir = Path(out_dir)
     written = {"csv": out_dir / "compare.csv", "html": out_dir / "compare.html"}
-    atomic_write_text(written["csv"], compare_csv(runs))
+    atomic_write_text(written["csv"], compare_long_csv(runs))
     atomic_write_text(written["html"], compare_html(runs, paths))
     return written

@@ -28,9 +28,8 @@ import torch
 from torch import nn
 
 from headprobe.parallel.collectives import all_finite, all_rows, mean_over_ranks
-from headprobe.registry import HEADS
 from headprobe.train.checkpoint import load_trainable_state, restore_checkpoint, save_checkpoint, trainable_state
-from headprobe.train.heads import Predictor, ProjectionHead
+from headprobe.train.heads import Predictor, ProjectionHead, registered_head
 from headprobe.train.stats import collapse_stats, update_stats  # noqa: F401  (train.py re-exports collapse_stats)
 
 
@@ -91,7 +90,7 @@ def build_head(spec, in_dim: int, seed: int) -> tuple[ProjectionHead, Predictor 
     HEADS registry holds for its type (a plug-in's too)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_of(seed, "head", spec.name))
-        head = HEADS.get(spec.type)(in_dim, spec)
+        head = registered_head(spec, in_dim)
         predictor = Predictor(head.out_dim, spec.predictor) if spec.predictor else None
     return head, predictor
 

@@ -117,3 +117,18 @@ class Predictor(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+def registered_head(spec, in_dim: int) -> nn.Module:
+    """A head of the type `spec.type` from the HEADS registry, built-in (`projection_head`) or registered by a
+    plug-in (`headprobe.plugins`): ``factory(in_dim, spec)``, checked to be a module with ``taps(x)`` (every layer's
+    output), ``depth`` and ``out_dim``, as `ProjectionHead` has."""
+    from headprobe.registry import HEADS
+
+    head = HEADS.get(spec.type)(in_dim, spec)
+    lacking = [a for a in ("taps", "depth", "out_dim") if not hasattr(head, a)]
+    if not isinstance(head, nn.Module) or lacking:
+        raise TypeError(f"head type {spec.type!r} (a plug-in) built {type(head).__name__}, which lacks "
+                        f"{', '.join(lacking) or 'torch.nn.Module'}; its factory must return a torch.nn.Module with "
+                        "taps(x) (every layer's output), depth and out_dim, as headprobe.ProjectionHead has.")
+    return head

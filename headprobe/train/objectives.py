@@ -320,7 +320,9 @@ OBJECTIVES: dict[str, Callable[..., LossTerms]] = {
 def objective_protocol(name: str, options: dict) -> dict:
     """Every keyword of objective `name` with the value a run uses (its default unless `options` sets it), so
     `results.json` records conventions such as VICReg's `variance` even where the recipe left them implicit."""
-    parameters = inspect.signature(OBJECTIVES[name]).parameters.values()
+    from headprobe.registry import OBJECTIVES as REGISTERED  # built-ins and plug-ins (`plugins`)
+
+    parameters = inspect.signature(REGISTERED.get(name)).parameters.values()
     defaults = {p.name: p.default for p in parameters
                 if p.default is not inspect.Parameter.empty and p.name != "gather_distributed"}
     return defaults | dict(options)

@@ -1,0 +1,76 @@
+"""Plug-ins from installed packages: backbones, data sources, probes, heads and objectives found through package
+entry points, so that ``headprobe run``, ``headprobe list``, ``accelerate launch`` and ``torchrun`` see them.
+
+Two ways to declare one in a package's ``pyproject.toml``:
+
+- one entry per name, in the family's group; the name is the registry name, the value the object
+  (imported only when a recipe uses it)::
+
+      [project.entry-points."headprobe.backbones"]
+      mine = "my_pkg.models:load_mine"          # backbone.id: mine:<ref>; load_mine(ref, *, seed=0) -> Backbone
+      [project.entry-points."headprobe.train.objectives"]
+      my_loss = "my_pkg.losses:my_loss"         # objective.name: my_loss
+
+- a function in the group ``headprobe.plugins``, called once with the registries by family name
+  (`registry.FAMILIES`), for entries that declare more (a probe's `needs` and `options`, one-line help)::
+
+      [project.entry-points."headprobe.plugins"]
+      my_pkg = "my_pkg.headprobe_plugin:register"   # def register(registries): registries["probes"].add(...)
+
+The contracts are the built-ins': a backbone loader takes the reference after ``name:`` and keyword options and
+returns a `Backbone` or a bare module (`backbones.own_module`); a data source ``(ref, revision=None, **options)`` ->
+(`datasets.DatasetDict`, fingerprint); a probe ``(tap: TapData, **options)`` -> `ProbeOutput`; a head type
+``(in_dim, spec: HeadSpec)`` -> a module with ``taps(x)``, ``depth`` and ``out_dim`` (`engine.build_head`); an
+objective ``(z1, z2, **options)`` -> `LossTerms`. A plug-in that fails to load is skipped with a warning naming its
+package; a name already taken is refused the same way.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from importlib import metadata
+from typing import Any
+
+# Entry-point group → the family (`registry.FAMILIES` key) its entries join.
+FAMILY_GROUPS = {"headprobe.backbones": "backbones", "headprobe.data": "data", "headprobe.probes": "probes",
+                 "headprobe.train.heads": "heads", "headprobe.train.objectives": "objectives"}
+PLUGIN_GROUP = "headprobe.plugins"
+_PREFIXED = {"backbones": "{name}:<ref>", "data": "{name}:<ref>"}
+
+
+def _origin(entry_point: metadata.EntryPoint) -> str:
+    dist = entry_point.dist
+    return f"{dist.name} {dist.version}" if dist is not None else entry_point.value
+
+
+def load_plugins(families: Mapping[str, Any],
+                 entry_points: Callable[[str], Iterable[metadata.EntryPoint]] | None = None) -> list[str]:
+    """Register every installed plug-in into `families` ({family: Registry}); returns "family:name" (or the
+    register function's package) of each one taken. `entry_points(group=...)` lists a group's entry points (default:
+    the installed packages', read once)."""
+    if entry_points is None:
+        entry_points = metadata.entry_points().select  # one scan of the installed packages, for every group
+    taken = []
+    for group, family in FAMILY_GROUPS.items():
+        registry = families[family]
+        for ep in entry_points(group=group):
+            usage = _PREFIXED.get(family, "{name}").format(name=ep.name)
+            try:
+                registry.add(ep.name, ep.value, f"plug-in from {_origin(ep)}", usage)
+            except ValueError as err:
+                warnings.warn(f"headprobe plug-in {ep.name!r} ({group}, from {_origin(ep)}) was not registered: "
+                              f"{err} Rename it in that package's entry points.", stacklevel=2)
+                continue
+            taken.append(f"{family}:{ep.name}")
+    for ep in entry_points(group=PLUGIN_GROUP):
+        try:
+            register = ep.load()
+            register(families)
+        except Exception as err:  # a broken plug-in must not stop headprobe itself
+            warnings.warn(f"headprobe plug-in {ep.value!r} (from {_origin(ep)}) failed to register "
+                          f"({type(err).__name__}: {err}); headprobe runs without it. Fix or uninstall that "
+                          "package.", stacklevel=2)
+            continue
+        taken.append(ep.name)
+    return taken

@@ -1,0 +1,160 @@
+"""Experiment trackers: ``report_to: [tensorboard, wandb, mlflow]`` sends a run to them through Accelerate's tracker
+classes (the names are Accelerate's ``log_with`` names), next to ``metrics.jsonl``.
+
+What each receives:
+
+- the resolved recipe as the run's configuration (dotted keys: ``train.lr``);
+- training curves: every ``"stage": "train"`` and ``"geometry"`` record of metrics.jsonl, as
+  ``train/HEAD/<field>`` (``train/HEAD/seed-S/<field>`` with several seeds) at the record's step;
+- at the end (at the last training step), every tap's final metrics with their 95% intervals,
+  ``taps/TAP/<metric>``, ``.../<metric>/low`` and ``.../<metric>/high`` (a hidden layer ``HEAD@i`` is
+  ``HEAD/layer<i>``); each head's verdict as text
+  ``buffer/HEAD`` with its ``support``/``against``/``unresolved`` counts; and the numbers and texts of
+  ``results["claims"]`` where the run has them (``claims/<path>``).
+
+TensorBoard writes into ``RUN/tensorboard/``; W&B's project is the recipe's name and its run the run folder's name
+(``WANDB_MODE=offline`` keeps it on disk under ``RUN/wandb/``); MLflow's experiment is the recipe's name, stored
+where ``MLFLOW_TRACKING_URI`` says. The packages are optional: a recipe naming one that is not installed is refused
+before anything runs (`recipe.trackers.missing_packages`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+# Fields of a metrics.jsonl record that say where it belongs rather than what was measured.
+_PLACE = {"stage", "head", "step", "epoch", "time", "seed", "tap", "probe", "process"}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _flat(prefix: str, value: Any, out: dict[str, Any], keep_text: bool) -> dict[str, Any]:
+    """Numeric (and, with keep_text, text) leaves of nested mappings as {"prefix/a/b": value}."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _flat(f"{prefix}/{key}", item, out, keep_text)
+    elif (number := _number(value)) is not None:
+        out[prefix] = number
+    elif keep_text and isinstance(value, str):
+        out[prefix] = value
+    return out
+
+
+def _config(recipe: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The recipe as {dotted key: bool | int | float | str} (lists and null as text): what every tracker takes."""
+    out: dict[str, Any] = {}
+    for key, value in recipe.items():
+        if isinstance(value, Mapping) and value:
+            out |= _config(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return out
+
+
+def tap_key(tap: str) -> str:
+    """``mlp@1`` → ``mlp/layer1`` (names some trackers accept), ``mlp`` and ``backbone`` unchanged."""
+    head, sep, depth = tap.partition("@")
+    return f"{head}/layer{depth}" if sep else tap
+
+
+def final_values(results: Mapping[str, Any]) -> dict[str, Any]:
+    """What the end of a run sends: taps' metrics with interval ends, verdicts, claims (see the module docstring)."""
+    out: dict[str, Any] = {}
+    for tap, entry in (results.get("taps") or {}).items():
+        key = f"taps/{tap_key(tap)}"
+        for metric, value in (entry.get("metrics") or {}).items():
+            if (number := _number(value)) is None:
+                continue
+            out[f"{key}/{metric}"] = number
+            ci = ((entry.get("uncertainty") or {}).get(metric) or {}).get("ci95")
+            if isinstance(ci, list) and len(ci) == 2 and None not in ci:
+                out[f"{key}/{metric}/low"], out[f"{key}/{metric}/high"] = float(ci[0]), float(ci[1])
+    for head, verdict in (results.get("buffer") or {}).items():
+        out[f"buffer/{head}"] = str(verdict.get("verdict"))
+        out |= {f"buffer/{head}/{k}": float(verdict[k]) for k in ("support", "against", "unresolved") if k in verdict}
+    if results.get("claims"):
+        _flat("claims", results["claims"], out, keep_text=True)
+    return out
+
+
+def curve_values(record: Mapping[str, Any]) -> tuple[dict[str, float], int] | None:
+    """({key: value}, step) of a training or geometry record of metrics.jsonl, or None for any other record."""
+    if record.get("stage") not in ("train", "geometry") or "step" not in record:
+        return None
+    seed = f"/seed-{record['seed']}" if "seed" in record else ""
+    prefix = f"{record['stage']}/{record.get('head', 'all')}{seed}"
+    values = _flat(prefix, {k: v for k, v in record.items() if k not in _PLACE}, {}, keep_text=False)
+    return values, int(record["step"])
+
+
+class Trackers:
+    """Accelerate trackers of one run; `log_record` takes metrics.jsonl records, `log_results` the final record."""
+
+    def __init__(self, trackers: list) -> None:
+        self.trackers = trackers
+        self.last_step = 0
+
+    def log_record(self, record: dict) -> None:
+        curve = curve_values(record)
+        if curve is not None and curve[0]:
+            self.last_step = max(self.last_step, curve[1])
+            for tracker in self.trackers:
+                tracker.log(curve[0], step=curve[1])
+
+    def log_results(self, results: Mapping[str, Any]) -> None:
+        """The final values at the last training step: W&B drops anything logged at a step before its last one."""
+        values = final_values(results)
+        for tracker in self.trackers:
+            if tracker.name == "mlflow":  # MLflow takes numbers only; its texts would be refused one by one
+                tracker.log({k: v for k, v in values.items() if not isinstance(v, str)}, step=self.last_step)
+            else:
+                tracker.log(values, step=self.last_step)
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.finish()
+
+
+def _start(name: str, recipe: Mapping[str, Any], run_path) -> Any:
+    from accelerate import PartialState
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    PartialState()  # Accelerate's trackers log through its process state (a run has made it; a caller may not)
+    cls = LOGGER_TYPE_TO_CLASS[name]
+    if name == "tensorboard":
+        tracker = cls("tensorboard", run_path)
+    elif name == "wandb":
+        tracker = cls(recipe.get("name", "headprobe"), name=run_path.name, dir=str(run_path))
+    else:
+        tracker = cls(experiment_name=recipe.get("name", "headprobe"), run_name=run_path.name)
+    tracker.start()
+    tracker.store_init_configuration(_config(recipe))
+    return tracker
+
+
+@contextmanager
+def tracking(recipe, run_dir) -> Iterator[Trackers]:
+    """The trackers `recipe.report_to` names, started for `run_dir` (main process only: the one that writes) and
+    fed its metrics.jsonl records while the block runs; finished when it ends, however it ends."""
+    names = list(getattr(recipe, "report_to", None) or [])
+    if not names or not run_dir.writable:
+        yield Trackers([])
+        return
+    plain = recipe.to_dict()
+    trackers = Trackers([])
+    try:
+        for name in names:
+            trackers.trackers.append(_start(name, plain, run_dir.path))
+        run_dir.sinks.append(trackers.log_record)
+        yield trackers
+    finally:
+        if trackers.log_record in run_dir.sinks:
+            run_dir.sinks.remove(trackers.log_record)
+        trackers.close()
