@@ -8,7 +8,7 @@ Two ways to declare one in a package's ``pyproject.toml``:
 
       [project.entry-points."headprobe.backbones"]
       mine = "my_pkg.models:load_mine"          # backbone.id: mine:<ref>; load_mine(ref, *, seed=0) -> Backbone
-      [project.entry-points."headprobe.train.objectives"]
+      [project.entry-points."headprobe.objectives"]
       my_loss = "my_pkg.losses:my_loss"         # objective.name: my_loss
 
 - a function in the group ``headprobe.plugins``, called once with the registries by family name
@@ -34,7 +34,7 @@ from typing import Any
 
 # Entry-point group → the family (`registry.FAMILIES` key) its entries join.
 FAMILY_GROUPS = {"headprobe.backbones": "backbones", "headprobe.data": "data", "headprobe.probes": "probes",
-                 "headprobe.train.heads": "heads", "headprobe.train.objectives": "objectives"}
+                 "headprobe.heads": "heads", "headprobe.objectives": "objectives"}
 PLUGIN_GROUP = "headprobe.plugins"
 _PREFIXED = {"backbones": "{name}:<ref>", "data": "{name}:<ref>"}
 
