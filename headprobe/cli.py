@@ -239,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .parallel.threads import prefer_passive_waiting
+
+    # Before torch loads its OpenMP runtime (it reads the wait policy once): idle threads sleep, never spin against
+    # other jobs on a shared machine.
+    prefer_passive_waiting()
     parser = build_parser()
     args = parser.parse_args(argv)
     return args.fn(args)

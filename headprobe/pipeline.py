@@ -6,6 +6,7 @@ after every finished step, so a failure keeps everything computed before it.
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from pathlib import Path
@@ -52,6 +53,19 @@ def _environment(state) -> dict:
         "device": str(state.device),
         "num_processes": state.num_processes,
     }
+
+
+def _threads(recipe: Recipe) -> dict:
+    """Set torch's intra-op threads (`parallel.threads.choose_threads`: HEADPROBE_THREADS, the recipe's
+    runtime.threads, OMP_NUM_THREADS, else from the usable CPUs and the load); returns what results.json records."""
+    from .parallel.threads import apply_threads, choose_threads
+
+    try:
+        choice = choose_threads(recipe.runtime.threads)
+    except ValueError as err:
+        raise RecipeError(str(err)) from None
+    apply_threads(choice)
+    return choice.to_dict() | {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 
 def _orbit_coordinates(taps: dict) -> dict:
@@ -111,6 +125,7 @@ def run(
 
     state = process_state()
     main = state.is_main_process
+    threads = _threads(recipe)
     path = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(path)
     results = new_results(recipe.to_dict())
@@ -142,7 +157,7 @@ def run(
     state.wait_for_everyone()
     run_dir = RunDir.create(path, writable=main)
     run_dir.write_config(dump_recipe(recipe))
-    results["environment"] = _environment(state)
+    results["environment"] = _environment(state) | {"threads": threads}
     set_seed(recipe.seed)
 
     ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume)

@@ -331,6 +331,15 @@ class GeometrySpec:
 
 
 @dataclass
+class RuntimeSpec:
+    """How the run uses the machine (`headprobe.parallel.threads`)."""
+
+    # Intra-op CPU threads; null: chosen from the CPUs the process may use and the machine's load. The environment
+    # variable HEADPROBE_THREADS overrides it; an explicit OMP_NUM_THREADS counts when this is null.
+    threads: int | None = field(default=None, metadata=at_least(1))
+
+
+@dataclass
 class Recipe:
     name: str = "run"
     seed: int = field(default=0, metadata=SEED)
@@ -349,6 +358,7 @@ class Recipe:
     augment: AugmentRecipe = field(default_factory=AugmentRecipe)
     train: TrainSpec = field(default_factory=TrainSpec)
     geometry: GeometrySpec = field(default_factory=GeometrySpec)
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     # Write report.html and plots/ at the end of the run (`headprobe report RUN_DIR` makes them later too).
     report: bool = True
     # {override key: [values]}: one run per combination, then a comparison (e.g. {heads.0.act: [relu, swish]}).
