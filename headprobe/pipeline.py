@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +58,14 @@ def _environment(state) -> dict:
 
 def _threads(recipe: Recipe) -> dict:
     """Set torch's intra-op threads (`parallel.threads.choose_threads`: HEADPROBE_THREADS, the recipe's
-    runtime.threads, OMP_NUM_THREADS, else from the usable CPUs and the load); returns what results.json records."""
+    runtime.threads, OMP_NUM_THREADS, else from the usable CPUs and the load); returns what results.json records.
+    The environment's other settings are checked here too, before anything is written."""
     from .parallel.threads import apply_threads, choose_threads
+    from .report.progress import progress_interval
 
     try:
         choice = choose_threads(recipe.runtime.threads)
+        progress_interval()  # a bad HEADPROBE_PROGRESS_INTERVAL stops the run here, before anything is written
     except ValueError as err:
         raise RecipeError(str(err)) from None
     apply_threads(choice)
@@ -129,6 +133,9 @@ def run(
     path = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(path)
     results = new_results(recipe.to_dict())
+    invocation = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "resume": resume,
+                  "status": "running", "timing": {}}
+    results["invocations"] = [invocation]
     if resume:
         if not (path / "results.json").is_file():
             raise RecipeError(f"--resume needs --out pointing at an earlier run; {path}/results.json does not exist.")
@@ -151,6 +158,10 @@ def run(
         # Finished probes are not redone (`probe_tap`), so their time stays counted; training resumed from a
         # checkpoint adds its time to the recorded one (`train_heads`). Every other stage is redone and re-timed.
         results["timing"] = {k: v for k, v in previous.get("timing", {}).items() if k in ("probe_s", "train_s")}
+        # Every invocation keeps the time of the stages it ran (a run from before `invocations` had one).
+        earlier = previous.get("invocations") or [{"started": None, "resume": False, "status": previous.get("status"),
+                                                   "timing": previous.get("timing", {})}]
+        results["invocations"] = [*earlier, invocation]
     elif out is not None and (path / "results.json").exists():
         raise RecipeError(f"--out {path} already holds a run; pass --resume to continue it or choose another --out.")
     # Every process checks the directory before the main one writes into it.
@@ -160,7 +171,7 @@ def run(
     results["environment"] = _environment(state) | {"threads": threads}
     set_seed(recipe.seed)
 
-    ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume)
+    ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume, invocation=invocation)
     with ctx.recording_stops():
         inputs = stages.load_inputs(ctx)
         features = stages.extract_features(ctx, inputs)
@@ -188,7 +199,7 @@ def run(
             # Probes work on cached features: all of them together should cost less than extracting those.
             results.setdefault("timing_ratios", {})["probe_over_extract"] = timing.get("probe_s", 0.0) / extracted
         results["orbits"] = _orbit_coordinates(results["taps"])
-        results["status"] = "complete"
+        results["status"] = invocation["status"] = "complete"
         run_dir.write_results(results)
         if recipe.report:
             stages.write_report(run_dir)
@@ -196,6 +207,8 @@ def run(
         from .report.table import print_summary
 
         print_summary(results, run_dir.path)
+        if (run_dir.path / "report.html").is_file() and recipe.report:
+            print(f"report: {run_dir.path / 'report.html'}")
     return Results(results, run_dir.path)
 
 
