@@ -6,6 +6,7 @@ import sys
 import typing
 
 import pytest
+from timeouts import HANG_TIMEOUT_S
 from torch import nn
 
 from headprobe import heads
@@ -28,5 +29,5 @@ def test_an_activation_added_to_the_heads_module_is_accepted_by_the_recipe(monke
 
 def test_importing_the_recipe_package_imports_no_torch():
     code = "import sys, headprobe.recipe; print('torch' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert done.stdout.strip() == "False", done.stderr[-2000:]
