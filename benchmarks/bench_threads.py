@@ -23,6 +23,9 @@ import time
 from _common import BENCHMARKS, Report, parse_args
 
 STEPS, N_VIEWS, DIM, WIDTH = 10, 1_000, 384, 512
+# Each setting chooses its own threads: --threads (and `make bench`'s) is taken out of the workers' environment.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY",
+                    "HEADPROBE_THREADS")
 
 
 def work() -> None:
@@ -49,7 +52,7 @@ def work() -> None:
 
 def setting_env(name: str, cpus: int) -> dict:
     """The environment of one setting's worker. The default picks its own count (`choose_threads`)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "HEADPROBE_THREADS")}
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
     if name == "default":
         return env | {"BENCH_THREADS_DEFAULT": "1"}
     return env | {"OMP_NUM_THREADS": "1" if name == "1 thread" else str(cpus)}

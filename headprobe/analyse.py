@@ -14,6 +14,7 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
     """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results."""
     from . import stages
     from .distributed import process_state
+    from .parallel.threads import configure_threads
     from .recipe import load_recipe
     from .runs import RunDir, read_results
     from .train import CheckpointError, build_head, latest_checkpoint, load_checkpoint
@@ -41,6 +42,7 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
         raise stages.RunError("reading the heads' checkpoint", err, None) from None
     if rows is not None:
         recipe.geometry.rows = rows
+    configure_threads(recipe.runtime.threads)  # chosen as `headprobe run` chooses them (`parallel.threads`)
     ctx = stages.RunContext(recipe, run, results, process_state(), show=not quiet)
     # This analysis's own loading and extraction are not the run's: clock them apart, so results["timing"] keeps
     # what the run measured.

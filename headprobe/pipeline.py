@@ -6,7 +6,6 @@ after every finished step, so a failure keeps everything computed before it.
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 from datetime import datetime, timezone
@@ -60,16 +59,14 @@ def _threads(recipe: Recipe) -> dict:
     """Set torch's intra-op threads (`parallel.threads.choose_threads`: HEADPROBE_THREADS, the recipe's
     runtime.threads, OMP_NUM_THREADS, else from the usable CPUs and the load); returns what results.json records.
     The environment's other settings are checked here too, before anything is written."""
-    from .parallel.threads import apply_threads, choose_threads
+    from .parallel.threads import configure_threads
     from .report.progress import progress_interval
 
     try:
-        choice = choose_threads(recipe.runtime.threads)
         progress_interval()  # a bad HEADPROBE_PROGRESS_INTERVAL stops the run here, before anything is written
+        return configure_threads(recipe.runtime.threads)
     except ValueError as err:
         raise RecipeError(str(err)) from None
-    apply_threads(choice)
-    return choice.to_dict() | {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 
 def _orbit_coordinates(taps: dict) -> dict:

@@ -1,11 +1,13 @@
 """The thread count: affinity and cgroup quota (v2 and v1, fake files), the overrides in their order, the load rule,
 and what a run records in results.json["environment"]["threads"]."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from headprobe.parallel.threads import cgroup_cpu_quota, choose_threads, prefer_passive_waiting, usable_cpus
 
@@ -88,3 +90,37 @@ def test_passive_waiting_is_set_only_before_torch_and_never_over_the_users_choic
             "print(p(e), e.get('OMP_WAIT_POLICY'), p({'OMP_WAIT_POLICY': 'ACTIVE'}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["True", "PASSIVE", "False"]
+
+
+def test_a_bad_thread_variable_stops_the_run_with_exit_2_before_anything_is_written(tiny_recipe, tmp_path,
+                                                                                     monkeypatch, capsys):
+    from headprobe.cli import main
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(tiny_recipe))
+    monkeypatch.setenv("HEADPROBE_THREADS", "many")
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert "HEADPROBE_THREADS='many' is not a thread count" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_run_uses_and_records_the_recipes_thread_count(tiny_recipe, tmp_path, monkeypatch):
+    import torch
+
+    from headprobe import run
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("HEADPROBE_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = run({**tiny_recipe, "runtime": {"threads": 1}}, out=tmp_path / "run", quiet=True)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    threads = results["environment"]["threads"]
+    assert (threads["count"], threads["source"]) == (1, "recipe runtime.threads")
+    assert threads["rule"] == "runtime.threads: 1 in the recipe"
+    on_disk = json.loads((tmp_path / "run" / "results.json").read_text())["environment"]["threads"]
+    assert on_disk == threads

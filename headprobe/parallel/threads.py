@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["ThreadChoice", "apply_threads", "cgroup_cpu_quota", "choose_threads", "prefer_passive_waiting",
-           "usable_cpus"]
+__all__ = ["ThreadChoice", "apply_threads", "cgroup_cpu_quota", "choose_threads", "configure_threads",
+           "prefer_passive_waiting", "usable_cpus"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
@@ -173,6 +173,14 @@ def apply_threads(choice: ThreadChoice) -> None:
 
     torch.set_num_threads(choice.count)
     threadpool_limits(limits=choice.count)
+
+
+def configure_threads(requested: int | None) -> dict:
+    """Choose (`choose_threads`) and apply (`apply_threads`) the run's threads; returns what
+    `results.json["environment"]["threads"]` records: count, source, rule and the OpenMP wait policy."""
+    choice = choose_threads(requested)
+    apply_threads(choice)
+    return choice.to_dict() | {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 
 def prefer_passive_waiting(environ: dict | None = None) -> bool:
