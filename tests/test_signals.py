@@ -116,3 +116,16 @@ def test_sigterm_in_training_is_recorded_flushes_a_checkpoint_and_resume_gives_t
     assert (second["status"], second["resume"]) == ("complete", True)
     assert "train_s" in second["timing"] and "train_s" not in first["timing"]  # training finished in the second
     assert resumed["protocol"]["train"]["start_step"] == steps[0]  # training went on from the flushed step
+
+
+def test_a_forked_child_that_inherited_the_handler_ends_as_the_default_would():
+    with stop_signals():
+        pid = os.fork()
+        if pid == 0:  # the child: a DataLoader worker, say
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+            finally:
+                os._exit(0)  # reached only if the signal did not end the child
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM

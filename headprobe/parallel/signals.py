@@ -17,6 +17,7 @@ SIGTERM 143
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -41,8 +42,15 @@ class _Stops:
 
     def __init__(self) -> None:
         self.depth, self.pending, self.stopping = 0, None, False
+        self.owner = os.getpid()
 
     def handle(self, signum: int, frame) -> None:
+        if os.getpid() != self.owner:
+            # A forked child (a DataLoader worker) inherited the handler: it ends as the signal's default would,
+            # and the run's own process records the stop.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         if self.stopping:  # already stopping: the clean-up (recording, a checkpoint) is running
             return
         if self.depth:
