@@ -204,7 +204,7 @@ def run(
         from .report.table import print_summary
 
         print_summary(results, run_dir.path)
-        if (run_dir.path / "report.html").is_file() and recipe.report:
+        if recipe.report and (run_dir.path / "report.html").is_file():
             print(f"report: {run_dir.path / 'report.html'}")
     return Results(results, run_dir.path)
 

@@ -157,11 +157,11 @@ def choose_threads(requested: int | None, environ: Mapping[str, str] | None = No
     per_process = max(1, cpus // max(1, local_processes))
     load = os.getloadavg()[0] if load is None and hasattr(os, "getloadavg") else (load or 0.0)
     machine_cpus = machine_cpus or os.cpu_count() or cpus
-    idle = max(1, round(machine_cpus - load))
-    count = min(per_process, idle)
+    idle = round(machine_cpus - load)
+    count = min(per_process, max(1, idle))
     rule = (f"auto: {cpus} usable CPUs ({where}) / {local_processes} local process"
             f"{'es' if local_processes > 1 else ''} = {per_process}; the 1-minute load {load:.1f} on the machine's "
-            f"{machine_cpus} CPUs leaves {idle} idle; {count} thread{'s' if count > 1 else ''}")
+            f"{machine_cpus} CPUs leaves {max(0, idle)} idle; {count} thread{'s' if count > 1 else ''}")
     return ThreadChoice(count, "auto", rule)
 
 
