@@ -257,6 +257,7 @@ def _clock_tracking(ctx: RunContext, track_s: float) -> None:
     if track_s:
         # Curvature tracking runs inside the training loop: report its share of training time.
         ctx.timing["track_s"] = track_s
+        ctx.clock_invocation("track_s", track_s)
         ctx.results.setdefault("timing_ratios", {})["track_over_train"] = track_s / max(ctx.timing["train_s"], 1e-9)
 
 
