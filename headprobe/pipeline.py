@@ -69,6 +69,12 @@ def _threads(recipe: Recipe) -> dict:
         raise RecipeError(str(err)) from None
 
 
+def _what_it_computes(recipe: dict | None) -> dict | None:
+    """A recorded recipe without `runtime` (how the machine is used, not what is computed): a resumed run may use
+    other threads, and runs recorded before `runtime` existed resume."""
+    return {k: v for k, v in recipe.items() if k != "runtime"} if isinstance(recipe, dict) else recipe
+
+
 def _orbit_coordinates(taps: dict) -> dict:
     """{sweep: {tap: (n_images, T, 2) PCA coordinates}} gathered from the orbit probe, for the report."""
     out: dict = {}
@@ -140,7 +146,7 @@ def run(
             previous = RunDir(path).read_results()
         except ValueError as err:
             raise RecipeError(f"--resume: {err}") from None
-        if previous.get("recipe") != recipe.to_dict():
+        if _what_it_computes(previous.get("recipe")) != _what_it_computes(recipe.to_dict()):
             raise RecipeError(
                 f"--resume: the recipe differs from the one recorded in {path}/results.json; "
                 "resume with the same recipe and overrides, or start a new run with another --out."
