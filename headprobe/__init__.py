@@ -38,8 +38,8 @@ _SUBMODULES = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from headprobe.pipeline.compose import Results, run  # noqa: F401
-    from headprobe.train.heads import ProjectionHead  # noqa: F401
     from headprobe.record.saved_heads import export_heads, load_heads, load_heads_by_seed  # noqa: F401
+    from headprobe.train.heads import ProjectionHead  # noqa: F401
 
     from .backbones import Backbone, Preprocess, load_backbone  # noqa: F401
     from .recipe import Recipe, RecipeError, load_recipe  # noqa: F401

@@ -1,4 +1,4 @@
-"""``headprobe run | validate | list | report | compare | claims | geometry | export-heads``.
+"""``headprobe run | submit | validate | list | report | compare | claims | geometry | export-heads``.
 
 Exit codes: 0 done; 2 bad recipe or arguments (nothing written); 1 a failure
 while running (finished work stays on disk).
@@ -34,6 +34,23 @@ def _error(message: str, code: int) -> int:
     return code
 
 
+def quiet_libraries(verbose: bool, environ: dict | None = None) -> bool:
+    """Silence transformers' weight-loading bars and its config warnings (its errors still show) unless asked for
+    them (--verbose, or HEADPROBE_VERBOSE=1); returns whether it did. Processes started from here (torchrun's)
+    inherit TRANSFORMERS_VERBOSITY."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    if verbose or environ.get("HEADPROBE_VERBOSE", "").strip() not in ("", "0"):
+        return False
+    environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    return True
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from headprobe.pipeline.compose import RunError, run, run_sweep
 
@@ -44,6 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RecipeError as err:
         # Every process of a launch reads the same recipe: the main one says what is wrong, once.
         return _error(str(err), EXIT_USAGE) if _is_main_process() else EXIT_USAGE
+    quiet_libraries(args.verbose)
     _warn_about_launch()
     try:
         if recipe.sweep or recipe.sweep_zip:
@@ -58,9 +76,38 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(str(err), EXIT_FAILED)
     except OSError as err:
         return _error(_os_error_sentence(err, args.out), EXIT_FAILED)
-    except KeyboardInterrupt:
-        return _error("interrupted; the run directory keeps every finished stage (status \"interrupted\"), and "
-                      "`headprobe run RECIPE --resume --out RUN_DIR` continues it.", EXIT_INTERRUPTED)
+    except KeyboardInterrupt as stop:
+        from .parallel.signals import StopSignal
+
+        # A scheduler's SIGTERM / SIGUSR1 exits 128 + its number, as shells report it.
+        signalled = isinstance(stop, StopSignal)
+        return _error(f"interrupted{f' by {stop.name}' if signalled else ''}; the run directory keeps every "
+                      "finished stage (status \"interrupted\"), and `headprobe run RECIPE --resume --out RUN_DIR` "
+                      "continues it.", stop.exit_code if signalled else EXIT_INTERRUPTED)
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from .pipeline.submit import SubmitOptions, submit
+    from .recipe import RecipeError
+
+    options = SubmitOptions(time_min=args.time, cpus=args.cpus, gpus=args.gpus, mem_gb=args.mem_gb,
+                            partition=args.partition, local=args.local, logs=Path(args.logs) if args.logs else None)
+    try:
+        job, run_dir = submit(args.recipe, out=args.out, overrides=args.set, options=options)
+    except (RecipeError, ValueError) as err:
+        return _error(str(err), EXIT_USAGE)
+    console = _console()
+    console.print(f"submitted job {job.job_id}: run directory {run_dir}; log {job.paths.stdout} "
+                  f"(stderr {job.paths.stderr}); a requeued job resumes the run", markup=False, soft_wrap=True)
+    if not args.wait:
+        return EXIT_OK
+    try:
+        job.result()
+    except Exception as err:  # submitit re-raises the job's failure with its traceback from the log
+        return _error(f"job {job.job_id} failed: {str(err).strip().splitlines()[-1]} (log: {job.paths.stderr})",
+                      EXIT_FAILED)
+    console.print(f"job {job.job_id} done: {run_dir / 'results.json'}", markup=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -201,8 +248,8 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
 
 def cmd_export_heads(args: argparse.Namespace) -> int:
-    from headprobe.train.cached_views import CheckpointError
     from headprobe.record.saved_heads import SavedHeadsError, export_heads
+    from headprobe.train.cached_views import CheckpointError
 
     try:
         path = export_heads(args.run_dir, args.out)
@@ -219,6 +266,7 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     from headprobe.pipeline.analyse import analyse_run
     from headprobe.pipeline.compose import RunError
 
+    quiet_libraries(args.verbose)
     # Bad arguments stop here, before the run directory is read or touched (geometry.rows has the same bound).
     if args.rows is not None and args.rows < 2:
         return _error(f"--rows = {args.rows} is out of range; it must be >= 2 (training samples to evaluate the "
@@ -254,12 +302,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     overrides = {"action": "append", "default": [], "metavar": "KEY=VALUE",
                  "help": "override a recipe value, e.g. --set backbone.pooling=mean (YAML-typed; repeatable)"}
+    verbose = {"action": "store_true", "help": "show transformers' weight-loading bars and warnings (also "
+                                               "HEADPROBE_VERBOSE=1)"}
     p = sub.add_parser("run", help="run a recipe end to end")
     p.add_argument("recipe")
     p.add_argument("--set", **overrides)
     p.add_argument("--out", help="run directory (default runs/<recipe name>-<timestamp>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished probes")
+    p.add_argument("--verbose", **verbose)
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("submit", help="run a recipe as a SLURM job (submitit; pip install 'headprobe[slurm]')")
+    p.add_argument("recipe")
+    p.add_argument("--set", **overrides)
+    p.add_argument("--out", help="run directory (default runs/<recipe name>-<timestamp>, fixed at submission)")
+    p.add_argument("--time", type=int, default=60, help="time limit in minutes (default 60)")
+    p.add_argument("--cpus", type=int, default=8, help="CPUs for the task (default 8; threads follow them)")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs on the node (default 0)")
+    p.add_argument("--mem-gb", type=float, default=None, help="memory in GB (default: the partition's)")
+    p.add_argument("--partition", default=None, help="SLURM partition (default: the cluster's)")
+    p.add_argument("--logs", default=None, help="submitit's folder for job files and logs (default: next to the "
+                                                "run directory, in submitit/)")
+    p.add_argument("--local", action="store_true", help="run the job on this machine (submitit's local executor)")
+    p.add_argument("--wait", action="store_true", help="wait for the job to finish and report how it ended")
+    p.set_defaults(fn=cmd_submit)
 
     p = sub.add_parser("validate", help="check a recipe without loading any model")
     p.add_argument("recipe")
@@ -277,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("geometry", help="evaluate the heads' geometry of a finished run, without retraining")
     p.add_argument("run_dir")
     p.add_argument("--rows", type=int, default=None, help="training samples to evaluate on (default: the recipe's)")
+    p.add_argument("--verbose", **verbose)
     p.set_defaults(fn=cmd_geometry)
 
     p = sub.add_parser("claims", help="the answers of one or more runs as the paper's table: z / h(z) (Δ [95% CI], n)")
@@ -300,6 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .parallel.threads import prefer_passive_waiting
+
+    # Before torch loads its OpenMP runtime (it reads the wait policy once): idle threads sleep, never spin against
+    # other jobs on a shared machine.
+    prefer_passive_waiting()
     parser = build_parser()
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from timeouts import HANG_TIMEOUT_S
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPT = BENCHMARKS / "bench_gpu.py"
@@ -57,7 +58,7 @@ def test_bench_gpu_refuses_cuda_without_a_gpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cuda", "--tiny", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert run.returncode == 2 and "--device cpu" in run.stderr and not list(tmp_path.iterdir())
 
 

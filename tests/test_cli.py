@@ -36,6 +36,7 @@ def test_run_report_compare_end_to_end(tiny_recipe, tmp_path, capsys):
     assert main(["run", str(path), "--out", str(tmp_path / "b"), "--set", "backbone.pooling=mean"]) == 0
     out = capsys.readouterr().out
     assert "linear.acc" in out and "knn.k3.acc" in out
+    assert f"report: {tmp_path / 'a' / 'report.html'}" in out.splitlines()  # where to look, said at the end
     config = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())
     assert config["probes"]["knn"]["ks"] == [3] and config["name"] == "tiny"
     assert main(["report", str(tmp_path / "a")]) == 0
@@ -236,3 +237,23 @@ def test_a_bad_recipe_under_torchrun_is_printed_once(tmp_path):
     assert done.returncode != 0
     assert done.stderr.count("error: backbone.pooling") == 1, done.stderr[-3000:]
     assert not (tmp_path / "never").exists()
+
+
+def test_transformers_bars_and_warnings_are_quiet_unless_asked():
+    from transformers.utils import logging
+
+    from headprobe.cli import quiet_libraries
+
+    level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    try:
+        logging.set_verbosity_warning()
+        logging.enable_progress_bar()
+        assert quiet_libraries(True, {}) is False and quiet_libraries(False, {"HEADPROBE_VERBOSE": "1"}) is False
+        assert logging.is_progress_bar_enabled() and logging.get_verbosity() == logging.WARNING
+        environ: dict = {}
+        assert quiet_libraries(False, environ) is True
+        assert not logging.is_progress_bar_enabled() and logging.get_verbosity() == logging.ERROR
+        assert environ["TRANSFORMERS_VERBOSITY"] == "error"  # for the processes a launcher starts from here
+    finally:
+        logging.set_verbosity(level)
+        (logging.enable_progress_bar if bars else logging.disable_progress_bar)()

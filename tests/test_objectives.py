@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from timeouts import HANG_TIMEOUT_S
 
 from headprobe.train.objectives import OBJECTIVES, LossTerms, barlow_twins, gather_with_grad, info_nce, simsiam, vicreg
 
@@ -311,7 +312,7 @@ def test_two_processes_equal_one_global_batch(tmp_path):
     torchrun = str(Path(sys.executable).parent / "torchrun")
     done = subprocess.run(
         [torchrun, "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path / "two.pt")],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=HANG_TIMEOUT_S,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     two = torch.load(tmp_path / "two.pt")

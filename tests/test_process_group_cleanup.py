@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from timeouts import HANG_TIMEOUT_S
 
 SCRIPT = """
 import atexit, os, sys
@@ -32,7 +33,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize(("starter", "left_at_exit"), [("headprobe", False), ("caller", True)])
 def test_a_process_group_headprobe_started_is_destroyed_at_exit(starter, left_at_exit):
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(_free_port()), starter], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "started: True gloo" in done.stdout
     assert f"at exit: {left_at_exit}" in done.stdout

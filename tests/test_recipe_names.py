@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from timeouts import HANG_TIMEOUT_S
 from torch import nn
 
 from headprobe.recipe import RecipeError, load_recipe
@@ -32,5 +33,5 @@ def test_an_activation_registered_later_is_accepted_by_the_recipe_and_built():
 
 def test_importing_the_recipe_package_imports_no_torch():
     code = "import sys, headprobe.recipe; print('torch' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert done.stdout.strip() == "False", done.stderr[-2000:]

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 from report_run import write_run
+from timeouts import HANG_TIMEOUT_S
 
 from headprobe.report.html import write_report
 
@@ -33,7 +34,7 @@ def _chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}"]
-    return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120, check=True)
+    return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=HANG_TIMEOUT_S, check=True)
 
 
 @pytest.fixture(scope="module")

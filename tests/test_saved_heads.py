@@ -9,8 +9,8 @@ from report_run import results_dict
 
 from headprobe import load_heads, load_heads_by_seed
 from headprobe.cli import main
-from headprobe.train.heads import ProjectionHead
 from headprobe.record.saved_heads import SavedHeadsError, export_heads
+from headprobe.train.heads import ProjectionHead
 
 
 def _fake_run(root, seeds=(0,)):

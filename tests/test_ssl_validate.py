@@ -16,6 +16,7 @@ from test_ssl_dino import dino_args, head_state, vit_state, wrapped
 from test_ssl_lightly import save as save_lightly
 from test_ssl_solo_learn import save_run as save_solo_learn
 from test_ssl_vicreg import full, projector, resnet
+from timeouts import HANG_TIMEOUT_S
 
 from headprobe.cli import main
 
@@ -42,7 +43,7 @@ def validate(path: Path, capsys) -> tuple[int, str]:
 def test_missing_checkpoint_says_where_to_get_it_through_the_cli(tmp_path):
     """The real command line, from a folder without the file: exit 2 and the official download URL."""
     done = subprocess.run([sys.executable, "-m", "headprobe", "validate", str(RECIPES / "dino_own_head.yaml")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     err = " ".join(done.stderr.split())  # the terminal may wrap the one sentence
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "dino_deitsmall16_pretrain_full_checkpoint.pth: no such file" in err

@@ -34,11 +34,11 @@ class ImageDecodeError(ValueError):
 
 
 def cpus_available() -> int:
-    """The CPUs this process may run on (its affinity mask, which schedulers and containers restrict), else the
-    machine's count."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """The CPUs this process may use: its affinity mask (which schedulers and containers restrict) capped by its
+    cgroup CPU quota (`parallel.threads.usable_cpus`), not the machine's count."""
+    from ..parallel.threads import usable_cpus
+
+    return usable_cpus()[0]
 
 
 def auto_workers(cpus: int | None = None, local_processes: int | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -37,15 +38,43 @@ def _summary(d: dict, drop: tuple[str, ...] = ()) -> dict:
     return out
 
 
+PARTS = ("pull-back metric", "augmentation gains", "effective Hessian", "curvature", "Hessian density")
+CURVATURE_ROWS, CURVATURE_MAX_ITER = 64, 60
+
+
+def effective_batch(dim: int) -> int:
+    """The rows of the dense effective Hessian, which is (2·B·D)²: B·D kept near 1,500."""
+    return max(2, min(8, 1500 // dim))
+
+
+def size_estimate(head, dim: int, n: int, views: int, rows: int, density_vectors: int = 4,
+                  density_steps: int = 40) -> str:
+    """What `analyse_head` will compute for one head, said before it starts (its time depends on these sizes):
+    the pull-back Jacobians, the dense effective Hessian, and the Hessian-vector products of Lanczos and SLQ."""
+    out = getattr(head, "out_dim", dim)
+    r, b = min(rows, n), effective_batch(dim)
+    side = 2 * b * dim
+    return (f"{r} rows of {dim} → {out}: pull-back Jacobians {r} × {out} × {dim} ({r * out * dim * 8 / 2**20:,.0f} MiB "
+            f"in float64) and {views}-view augmentation gains; a dense effective Hessian of side {side:,} "
+            f"({side * side * 8 / 2**20:,.0f} MiB); up to {CURVATURE_MAX_ITER} + {density_vectors * density_steps} "
+            f"Hessian-vector products on {2 * min(CURVATURE_ROWS, r)} rows")
+
+
 def analyse_head(head, predictor, objective, options: dict, features: torch.Tensor, views: torch.Tensor,
-                 *, rows: int = 256, seed: int = 0, density_vectors: int = 4, density_steps: int = 40) -> dict:
+                 *, rows: int = 256, seed: int = 0, density_vectors: int = 4, density_steps: int = 40,
+                 on_part: Callable[[str], None] | None = None) -> dict:
     """features: (N, D) clean training features; views: (N, K, D) cached view features → geometry dict.
 
     Keys: "pullback" (spectrum of G = JᵀJ, rank, conditioning on its support, variation across samples),
     "augmentation" (gain of J along augmentation tangents vs random directions), "effective_hessian"
     (G- and M-terms on a tiny batch, ‖M‖/‖H‖, whitening of the top-r subspace), "curvature" (λ_min/λ_max
     of the loss Hessian w.r.t. the representation batch, Lanczos with residuals), "hessian_density" (SLQ).
+    `on_part(name)` is called as each of `PARTS` finishes (a progress display).
     """
+    def done(part: str) -> None:
+        if on_part is not None:
+            on_part(part)
+
     t0 = time.perf_counter()
     g = torch.Generator().manual_seed(seed)
     n, k, d = views.shape
@@ -56,16 +85,19 @@ def analyse_head(head, predictor, objective, options: dict, features: torch.Tens
     out: dict = {}
     out["pullback"] = _summary(pullback_metric(h64, features[idx].double()), drop=("eigenvalues_std",))
     out["pullback_spectrum"] = out["pullback"].get("eigenvalues", [])
+    done(PARTS[0])
     out["augmentation"] = _summary(augmentation_degeneracy(h64, views[idx, 0].double(), z_views=views[idx].double()))
-    # The dense effective Hessian is (B·D)²: keep B·D near 1,500.
-    b = max(2, min(8, 1500 // d))
+    done(PARTS[1])
+    b = effective_batch(d)
     za, zb = views[idx[:b], 0].double(), views[idx[:b], 1].double()
     eff = effective_hessian(h64, torch.cat([za, zb]), lambda h: fn(h[:b], h[b:]))
     out["effective_hessian"] = _summary(eff, drop=("eigenvalues_H", "eigenvalues_G", "eigenvalues_M"))
     out["effective_hessian"]["batch"] = b
-    z1, z2 = views[idx[:64], 0].double(), views[idx[:64], 1].double()
-    out["curvature"] = _summary(curvature_snapshot(h64, z1, z2, fn, predictor=p64, max_iter=60, seed=seed),
-                                drop=("cov_top_eigenvalues",))
+    done(PARTS[2])
+    z1, z2 = views[idx[:CURVATURE_ROWS], 0].double(), views[idx[:CURVATURE_ROWS], 1].double()
+    out["curvature"] = _summary(curvature_snapshot(h64, z1, z2, fn, predictor=p64, max_iter=CURVATURE_MAX_ITER,
+                                                   seed=seed), drop=("cov_top_eigenvalues",))
+    done(PARTS[3])
     with torch.enable_grad():
         stacked = torch.cat([z1, z2]).requires_grad_(False)
 
@@ -82,4 +114,5 @@ def analyse_head(head, predictor, objective, options: dict, features: torch.Tens
                               "n_vectors": density_vectors, "n_steps": density_steps, "n_hvp": hvp.calls,
                               "wrt": "representation batch [z1; z2]", "batch": len(z1)}
     out["time_s"] = time.perf_counter() - t0
+    done(PARTS[4])
     return out

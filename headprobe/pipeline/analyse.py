@@ -24,6 +24,7 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
 
 
 def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -> dict:
+    from headprobe.parallel.threads import configure_threads
     from headprobe.pipeline import stages
     from headprobe.recipe import load_recipe
     from headprobe.record.directory import RunDir, read_results
@@ -52,6 +53,7 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
         raise stages.RunError("reading the heads' checkpoint", err, None) from None
     if rows is not None:
         recipe.geometry.rows = rows
+    configure_threads(recipe.runtime.threads)  # chosen as `headprobe run` chooses them (`parallel.threads`)
     ctx = stages.RunContext(recipe, run, results, state, show=not quiet)
     # This analysis's own loading and extraction are not the run's: clock them apart, so results["timing"] keeps
     # what the run measured.

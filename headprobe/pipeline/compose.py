@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 import sys
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,26 @@ def _environment(state) -> dict:
         "device": str(state.device),
         "num_processes": state.num_processes,
     }
+
+
+def _threads(recipe: Recipe) -> dict:
+    """Set torch's intra-op threads (`parallel.threads.choose_threads`: HEADPROBE_THREADS, the recipe's
+    runtime.threads, OMP_NUM_THREADS, else from the usable CPUs and the load); returns what results.json records.
+    The environment's other settings are checked here too, before anything is written."""
+    from headprobe.parallel.threads import configure_threads
+    from headprobe.report.progress import progress_interval
+
+    try:
+        progress_interval()  # a bad HEADPROBE_PROGRESS_INTERVAL stops the run here, before anything is written
+        return configure_threads(recipe.runtime.threads)
+    except ValueError as err:
+        raise RecipeError(str(err)) from None
+
+
+def _what_it_computes(recipe: dict | None) -> dict | None:
+    """A recorded recipe without `runtime` (how the machine is used, not what is computed): a resumed run may use
+    other threads, and runs recorded before `runtime` existed resume."""
+    return {k: v for k, v in recipe.items() if k != "runtime"} if isinstance(recipe, dict) else recipe
 
 
 def _orbit_coordinates(taps: dict) -> dict:
@@ -165,22 +186,26 @@ def run(
         given, recipe = _own_backbone(backbone, recipe, show=not quiet)
 
     state = process_state()
+    threads = _threads(recipe)
     path = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(path)
     with folder_lock(path, "resume" if resume else "run", state):
-        return _run_locked(recipe, path, out, state, resume, quiet, given, reuse_backbone)
+        return _run_locked(recipe, path, out, state, resume, quiet, given, reuse_backbone, threads)
 
 
 def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resume: bool, quiet: bool, given,
-                reuse_backbone: str | Path | None) -> Results:
+                reuse_backbone: str | Path | None, threads: dict) -> Results:
     """`run` with the run folder locked (`folder_lock`): from the resume checks to the summary. `given`: the
-    caller's own backbone (`_own_backbone`), or None."""
+    caller's own backbone (`_own_backbone`), or None; `threads`: the thread choice (`_threads`), recorded."""
     from accelerate.utils import set_seed
 
     from headprobe.report.trackers import tracking
 
     main = state.is_main_process
     results = new_results(recipe.to_dict())
+    invocation = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "resume": resume,
+                  "status": "running", "timing": {}}
+    results["invocations"] = [invocation]
     if resume:
         if not (path / "results.json").is_file():
             raise RecipeError(f"--resume needs --out pointing at an earlier run; {path}/results.json does not exist.")
@@ -188,7 +213,7 @@ def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resum
             previous = RunDir(path).read_results()
         except ValueError as err:
             raise RecipeError(f"--resume: {err}") from None
-        if previous.get("recipe") != recipe.to_dict():
+        if _what_it_computes(previous.get("recipe")) != _what_it_computes(recipe.to_dict()):
             raise RecipeError(
                 f"--resume: the recipe differs from the one recorded in {path}/results.json; "
                 "resume with the same recipe and overrides, or start a new run with another --out."
@@ -203,17 +228,21 @@ def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resum
         # Finished probes are not redone (`probe_tap`), so their time stays counted; training resumed from a
         # checkpoint adds its time to the recorded one (`train_heads`). Every other stage is redone and re-timed.
         results["timing"] = {k: v for k, v in previous.get("timing", {}).items() if k in ("probe_s", "train_s")}
+        # Every invocation keeps the time of the stages it ran (a run from before `invocations` had one).
+        earlier = previous.get("invocations") or [{"started": None, "resume": False, "status": previous.get("status"),
+                                                   "timing": previous.get("timing", {})}]
+        results["invocations"] = [*earlier, invocation]
     elif out is not None and (path / "results.json").exists():
         raise RecipeError(f"--out {path} already holds a run; pass --resume to continue it or choose another --out.")
     # Every process checks the directory before the main one writes into it.
     state.wait_for_everyone()
     run_dir = RunDir.create(path, writable=main)
     run_dir.write_config(dump_recipe(recipe))
-    results["environment"] = _environment(state)
+    results["environment"] = _environment(state) | {"threads": threads}
     set_seed(recipe.seed)
 
     ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume,
-                     peers=exchange_peers(state))
+                     peers=exchange_peers(state), invocation=invocation)
     with ctx.recording_stops(), tracking(recipe, run_dir) as trackers:
         inputs = stages.load_inputs(ctx, backbone=given)
         features = stages.extract_features(ctx, inputs)
@@ -243,7 +272,7 @@ def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resum
             # Probes work on cached features: all of them together should cost less than extracting those.
             results.setdefault("timing_ratios", {})["probe_over_extract"] = timing.get("probe_s", 0.0) / extracted
         results["orbits"] = _orbit_coordinates(results["taps"])
-        results["status"] = "complete"
+        results["status"] = invocation["status"] = "complete"
         run_dir.write_results(results)
         trackers.log_results(results)
         if recipe.report:
@@ -252,6 +281,8 @@ def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resum
         from headprobe.report.table import print_summary
 
         print_summary(results, run_dir.path)
+        if recipe.report and (run_dir.path / "report.html").is_file():
+            print(f"report: {run_dir.path / 'report.html'}")
     return Results(results, run_dir.path)
 
 

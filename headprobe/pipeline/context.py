@@ -46,6 +46,9 @@ class RunContext:
     first_probe_s: float | None = None
     last_stage: str = "starting the run"
     peers: list = field(default_factory=list)  # a multi-process run's processes (`parallel.peers.exchange_peers`)
+    # This invocation's entry in results["invocations"] (`pipeline.run`): when it started, whether it resumed, how it
+    # ended and the seconds of each stage it ran itself; None for an analysis of a recorded run.
+    invocation: dict | None = None
 
     def __post_init__(self) -> None:
         self.timing: dict = self.results["timing"]
@@ -54,9 +57,10 @@ class RunContext:
         self.last_stage = name
         try:
             return fn(*args, **kwargs)
-        except KeyboardInterrupt:
-            # Ctrl-C: say so in results.json (not "running" forever); finished stages stay and --resume goes on.
-            self.record_interrupt(name)
+        except KeyboardInterrupt as stop:
+            # Ctrl-C or a scheduler's SIGTERM: say so in results.json (not "running" forever); finished stages stay
+            # and --resume goes on.
+            self.record_interrupt(name, stop)
             raise
         except RecipeError:
             raise
@@ -68,11 +72,15 @@ class RunContext:
     def recording_stops(self):
         """Around a whole run: a Ctrl-C or failure that lands between stages (while intervals or a verdict are
         being recorded, say) is recorded in results.json too, naming the last stage begun. Inside a stage,
-        `stage` has already recorded it and this adds nothing (`record_stop` writes only a running run)."""
+        `stage` has already recorded it and this adds nothing (`record_stop` writes only a running run).
+        SIGTERM and SIGUSR1 count as Ctrl-C while inside (`parallel.signals.stop_signals`)."""
+        from headprobe.parallel.signals import stop_signals
+
         try:
-            yield self
-        except KeyboardInterrupt:
-            self.record_interrupt(f"after {self.last_stage}")
+            with stop_signals():
+                yield self
+        except KeyboardInterrupt as stop:
+            self.record_interrupt(f"after {self.last_stage}", stop)
             raise
         except (RecipeError, RunError):
             raise
@@ -87,9 +95,13 @@ class RunContext:
             raise RunError(f"after {self.last_stage}", err,
                            self.run_dir.path if self.state.is_main_process else None) from err
 
-    def record_interrupt(self, stage: str) -> None:
-        """A Ctrl-C at `stage`, recorded with the command that goes on from the finished work."""
-        self.record_stop("interrupted", stage, "interrupted (KeyboardInterrupt); finished stages are kept: "
+    def record_interrupt(self, stage: str, stop: KeyboardInterrupt | None = None) -> None:
+        """A Ctrl-C (or a stop signal: `parallel.signals.StopSignal`) at `stage`, recorded with the command that
+        goes on from the finished work."""
+        from headprobe.parallel.signals import StopSignal
+
+        cause = stop.name if isinstance(stop, StopSignal) else "KeyboardInterrupt"
+        self.record_stop("interrupted", stage, f"interrupted ({cause}); finished stages are kept: "
                          f"`headprobe run RECIPE --resume --out {self.run_dir.path}`", report=False)
 
     def record_stop(self, status: str, stage: str, message: str, report: bool) -> None:
@@ -106,6 +118,8 @@ class RunContext:
             status, message = "failed", f"{timeout_sentence(len(self.peers), stage)} ({message})"
         self.results["status"] = status
         self.results["error"] = {"stage": stage, "message": message}
+        if self.invocation is not None:
+            self.invocation["status"] = status
         survivors = [p.rank for p in self.peers if p not in lost]
         if any(p.rank == 0 for p in lost) and survivors and self.state.process_index == survivors[0]:
             self.run_dir.mark_stopped(status, self.results["error"])  # the main process, which writes, is gone
@@ -114,9 +128,16 @@ class RunContext:
         if report:
             write_report(self.run_dir)
 
+    def clock_invocation(self, key: str, seconds: float) -> None:
+        """Add `seconds` of stage `key` to this invocation's own timing."""
+        if self.invocation is not None:
+            own = self.invocation["timing"]
+            own[key] = own.get(key, 0.0) + seconds
+
     def clock(self, key: str, since: float) -> None:
         seconds = time.perf_counter() - since
         self.timing[key] = self.timing.get(key, 0.0) + seconds
+        self.clock_invocation(key, seconds)
         if key == "probe_s" and self.first_probe_s is None:  # the first tap probed: what each other tap will cost
             self.first_probe_s = seconds
             self.announce_estimate("probing")
@@ -124,6 +145,7 @@ class RunContext:
     def clock_training(self, seconds: float, resumed: bool) -> None:
         """Training time; resumed from a checkpoint, the time of the steps done before it counts too."""
         self.timing["train_s"] = (self.timing.get("train_s", 0.0) if resumed else 0.0) + seconds
+        self.clock_invocation("train_s", seconds)
         self.announce_estimate("training")
 
     def head_taps_done(self) -> int:
@@ -139,10 +161,10 @@ class RunContext:
             print(line, file=sys.stderr)
 
     def progress(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        """A stage's progress display (`report.progress.stage_progress`): bars in a terminal, lines in a log."""
+        from headprobe.report.progress import stage_progress
 
-        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        disable=not self.show, transient=False)
+        return stage_progress(self.show)
 
 
 def write_report(run_dir: RunDir) -> None:

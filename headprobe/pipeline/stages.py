@@ -8,6 +8,7 @@ propagates, so finished work stays on disk and `--resume` goes on from it.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -263,6 +264,7 @@ def _clock_tracking(ctx: RunContext, track_s: float) -> None:
     if track_s:
         # Curvature tracking runs inside the training loop: report its share of training time.
         ctx.timing["track_s"] = track_s
+        ctx.clock_invocation("track_s", track_s)
         ctx.results.setdefault("timing_ratios", {})["track_over_train"] = track_s / max(ctx.timing["train_s"], 1e-9)
 
 
@@ -319,19 +321,26 @@ def tune_backbone(ctx: RunContext, inputs: Inputs) -> TrainedHeads:
 def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> None:
     """Per-head geometry at the end of training (`geometry.analyse.analyse_head`); heads: {name: state} with
     `.head` and `.predictor` (the first seed's heads, or heads loaded from a checkpoint)."""
-    from headprobe.geometry.analyse import analyse_head
+    from headprobe.geometry.analyse import PARTS, analyse_head, size_estimate
     from headprobe.registry import OBJECTIVES
 
     t0 = time.perf_counter()
     objective = OBJECTIVES.get(ctx.recipe.objective.name)
+    n, k, dim = features.views.features.shape
     for name, trained in heads.items():
         if isinstance(trained, PretrainedHead):
             ctx.results["heads"][name]["geometry"] = {
                 "skipped": "a pretrained head: the loss it was trained with is not the recipe's objective"}
             continue
-        geometry = ctx.stage(f"analysing the geometry of head {name!r}", analyse_head, trained.head, trained.predictor,
-                             objective, ctx.recipe.objective.options, features.train.features,
-                             features.views.features, rows=ctx.recipe.geometry.rows, seed=ctx.recipe.seed)
+        if ctx.show:  # said before the work starts: its time depends on these sizes
+            print(f"geometry of head {name!r}: {size_estimate(trained.head, dim, n, k, ctx.recipe.geometry.rows)}",
+                  file=sys.stderr, flush=True)
+        with ctx.progress() as progress:
+            task = progress.add_task(f"geometry of head {name!r}", total=len(PARTS))
+            geometry = ctx.stage(f"analysing the geometry of head {name!r}", analyse_head, trained.head,
+                                 trained.predictor, objective, ctx.recipe.objective.options, features.train.features,
+                                 features.views.features, rows=ctx.recipe.geometry.rows, seed=ctx.recipe.seed,
+                                 on_part=lambda part, task=task, progress=progress: progress.advance(task))
         ctx.results["heads"][name]["geometry"] = geometry
         ctx.run_dir.write_results(ctx.results)
     ctx.clock("geometry_s", t0)

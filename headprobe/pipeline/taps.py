@@ -148,9 +148,14 @@ def probe_units(ctx, features, units: list[tuple[Tap, int | None]]) -> bool:
 
         probe_units_shared(ctx, features, units, pending)
         return any(pending)
-    for (tap, seed), names in zip(units, pending, strict=True):
-        for name, out in run_probes(ctx, features, tap, seed, names):
-            record_probe(ctx, tap, seed, name, out)
+    total = sum(len(names) for names in pending)
+    with ctx.progress() as progress:
+        label = f"probing {len(units)} tap{'s' if len(units) > 1 else ''}"
+        task = progress.add_task(label, total=total) if total else None
+        for (tap, seed), names in zip(units, pending, strict=True):
+            for name, out in run_probes(ctx, features, tap, seed, names):
+                record_probe(ctx, tap, seed, name, out)
+                progress.advance(task)
     return any(pending)
 
 

@@ -39,6 +39,7 @@ from .schema import (
     Recipe,
     RecipeError,
     RotationSpec,
+    RuntimeSpec,
     SpectrumSpec,
     TrainSpec,
     ViewMISpec,
@@ -48,7 +49,7 @@ __all__ = [
     "MAX_FOLDER_BYTES", "NAME_PATTERN", "PROBE_SPECS", "AugmentR2Spec",
     "AugmentRecipe", "BackboneSpec", "DataSpec", "FeatureSpec", "GeometrySpec", "HeadSpec", "InvarianceSpec",
     "KnnSpec", "LimitSpec", "LinearProbeSpec", "LoraSpec", "NoOptions", "ObjectiveSpec", "OrbitSpec", "Range",
-    "Recipe", "RecipeError", "RotationSpec", "SpectrumSpec", "TrainSpec", "ViewMISpec", "apply_override",
+    "Recipe", "RecipeError", "RotationSpec", "RuntimeSpec", "SpectrumSpec", "TrainSpec", "ViewMISpec", "apply_override",
     "check_recipe", "declared_shape", "dump_recipe", "expand_sweep", "known_train_size", "load_recipe", "patch_size",
     "resolve_recipe_data", "set_value", "sweep_folder_name",
 ]

@@ -334,6 +334,15 @@ class GeometrySpec:
 
 
 @dataclass
+class RuntimeSpec:
+    """How the run uses the machine (`headprobe.parallel.threads`)."""
+
+    # Intra-op CPU threads; null: chosen from the CPUs the process may use and the machine's load. The environment
+    # variable HEADPROBE_THREADS overrides it; an explicit OMP_NUM_THREADS counts when this is null.
+    threads: int | None = field(default=None, metadata=at_least(1))
+
+
+@dataclass
 class Recipe:
     name: str = "run"
     seed: int = field(default=0, metadata=SEED)
@@ -355,6 +364,7 @@ class Recipe:
     # Overrides of a question's primary measure or margin (`headprobe.stats.claims.QUESTIONS`), recorded in
     # results.json["claims"], e.g. {Q-class: {margin: 0.03}, Q-aug: {primary: rotation.mlp.acc}}.
     claims: dict[str, Any] = field(default_factory=dict)
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     # Write report.html and plots/ at the end of the run (`headprobe report RUN_DIR` makes them later too).
     report: bool = True
     # Experiment trackers that get the training curves and every tap's final metrics with intervals

@@ -148,6 +148,9 @@ class RunRecord(TypedDict, total=False):
     backbone_tuned: dict[str, Any]
     geometry_from: str
     geometry_timing: dict[str, Any]
+    # One entry per `headprobe run` invocation of the run (a resumed run has several): started, resume, status and
+    # the seconds of each stage that invocation ran.
+    invocations: list[dict[str, Any]]
 
 
 ALWAYS = ("headprobe_version", "schema_version", "status", "recipe", "backbone", "data", "taps", "heads", "buffer",

@@ -322,29 +322,46 @@ def _optimise(group: Optimisation, out: StepOutput, loss: torch.Tensor, finite: 
 def _train_steps(source: StepSource, groups: list[Optimisation], steps: range, total: int, per_epoch: int, *,
                  objective, objective_options: dict, train, seed: int, checkpoint_dir: Path | None, log,
                  progress, task, track, backbone) -> int | None:
-    """Run `steps`; returns the step after which every optimisation had stopped, or None."""
+    """Run `steps`; returns the step after which every optimisation had stopped, or None.
+
+    Each step is atomic for a scheduler's stop signal (`parallel.signals.atomic_step`). Interrupted between steps
+    (a stop signal always is; Ctrl-C when it lands there), the steps done are checkpointed before the interruption
+    goes on, so --resume continues from them rather than from the last `train.checkpoint_every`."""
+    from headprobe.parallel.signals import atomic_step
+
     tracking = track is not None and bool(track.track_every)
     stat_rows = tracked_stat_rows(source, track, seed) if tracking else None
-    with source.running():
-        for step, batch in source.batches(steps):
-            training = [g for g in groups if g.training]
-            states = [s for g in training for s in g.heads]
-            out = source.forward(step, batch, states)
-            if tracking and (step + 1) % track.track_every == 0:
-                # a snapshot of this process's rows: the objective is called without gathering, the products stay local
-                for state in states:
-                    if state.has_weights():  # an identity head has no curvature of its own
-                        track_curvature(state, objective, objective_options, out.z1.detach(), out.z2.detach(),
-                                        track, step, per_epoch, seed, log, stat_rows)
-            losses = [group.loss(out) for group in training]
-            for group, loss, finite in zip(training, losses, all_finite(losses, source.world), strict=True):
-                _optimise(group, out, loss, finite, step, total, train, per_epoch, source, log)
-            if groups and not any(g.training for g in groups):
-                return step + 1
-            if checkpoint_dir is not None and train.checkpoint_every and (step + 1) % train.checkpoint_every == 0:
-                save_checkpoint(checkpoint_dir / f"step-{step + 1}.pt", step + 1, groups, backbone)
-            if task is not None:
-                progress.advance(task)
+    done, in_step = steps.start, False
+    try:
+        with source.running():
+            for step, batch in source.batches(steps):
+                with atomic_step():
+                    in_step = True
+                    training = [g for g in groups if g.training]
+                    states = [s for g in training for s in g.heads]
+                    out = source.forward(step, batch, states)
+                    if tracking and (step + 1) % track.track_every == 0:
+                        # a snapshot of this process's rows: the objective is called without gathering
+                        for state in states:
+                            if state.has_weights():  # an identity head has no curvature of its own
+                                track_curvature(state, objective, objective_options, out.z1.detach(),
+                                                out.z2.detach(), track, step, per_epoch, seed, log, stat_rows)
+                    losses = [group.loss(out) for group in training]
+                    for group, loss, finite in zip(training, losses, all_finite(losses, source.world), strict=True):
+                        _optimise(group, out, loss, finite, step, total, train, per_epoch, source, log)
+                    if groups and not any(g.training for g in groups):
+                        return step + 1
+                    every = train.checkpoint_every
+                    if checkpoint_dir is not None and every and (step + 1) % every == 0:
+                        save_checkpoint(checkpoint_dir / f"step-{step + 1}.pt", step + 1, groups, backbone)
+                    done, in_step = step + 1, False
+                if task is not None:
+                    progress.advance(task)
+    except KeyboardInterrupt:
+        # Mid-accumulation the gradients summed so far are not in a checkpoint: only a whole update is flushed.
+        if checkpoint_dir is not None and not in_step and done > steps.start and done % train.grad_accum == 0:
+            save_checkpoint(checkpoint_dir / f"step-{done}.pt", done, groups, backbone)
+        raise
     return None
 
 

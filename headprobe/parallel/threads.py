@@ -1,0 +1,196 @@
+"""How many CPU threads a run's torch uses, chosen from the CPUs this process may actually use.
+
+`os.cpu_count()` counts the machine, not the job: a SLURM job or a container gets a CPU affinity mask (cpuset) and
+a cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), and torch's default
+of one thread per machine core then spins threads against other jobs. On a 2-core machine shared with other jobs
+(load 12-22), torch's default two threads made 10 head-training steps 7-12x slower than one thread (issue 31;
+`benchmarks/bench_threads.py` measures it, `benchmarks/results/threads.json`).
+
+The count, first of:
+
+1. ``HEADPROBE_THREADS`` (the environment: the machine's owner knows the machine);
+2. the recipe's ``runtime.threads``;
+3. an explicit ``OMP_NUM_THREADS``;
+4. automatic: the usable CPUs (affinity ∩ cgroup quota, rounded down) shared among the node's local processes
+   (``LOCAL_WORLD_SIZE``), and no more than the CPUs the machine's 1-minute load average leaves idle (at least one):
+   a thread that has to wait for a busy core stalls every parallel region it takes part in.
+
+`prefer_passive_waiting` makes OpenMP threads sleep rather than spin between parallel regions (``OMP_WAIT_POLICY``
+is read once, when torch loads its OpenMP runtime, so the CLI sets it before importing torch).
+
+>>> usable_cpus(affinity=8, quota=2.5)
+(2, 'affinity 8 CPUs, cgroup quota 2.5 CPUs')
+>>> choose_threads(None, environ={}, affinity=4, quota=None, load=0.0, machine_cpus=4).count
+4
+>>> choose_threads(None, environ={}, affinity=4, quota=None, load=3.2, machine_cpus=4).count
+1
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["ThreadChoice", "apply_threads", "cgroup_cpu_quota", "choose_threads", "configure_threads",
+           "prefer_passive_waiting", "usable_cpus"]
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """count: intra-op threads; source: which setting decided it ("HEADPROBE_THREADS", "recipe runtime.threads",
+    "OMP_NUM_THREADS" or "auto"); rule: the sentence `results.json["environment"]["threads"]` records."""
+
+    count: int
+    source: str
+    rule: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _ancestors(relative: str) -> list[str]:
+    """'/a/b' → ['a/b', 'a', '']: a limit set on a parent cgroup binds its children too."""
+    parts = [p for p in relative.strip("/").split("/") if p]
+    return ["/".join(parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def _v2_quota(folder: Path) -> float | None:
+    text = _read(folder / "cpu.max")
+    if text is None:
+        return None
+    quota, _, period = text.partition(" ")
+    if quota == "max" or not period:
+        return None
+    return int(quota) / int(period)
+
+
+def _v1_quota(folder: Path) -> float | None:
+    quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
+    if quota is None or period is None or int(quota) <= 0 or int(period) <= 0:
+        return None  # -1: no quota
+    return int(quota) / int(period)
+
+
+def cgroup_cpu_quota(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> float | None:
+    """The CPUs this process's cgroup may use per period (e.g. 2.5), the tightest over its cgroup and their
+    ancestors; None without a quota. cgroup v2 (``0::/path`` in /proc/self/cgroup, ``cpu.max`` "max 100000" or
+    "250000 100000") and v1 (a ``cpu`` controller line, ``cpu.cfs_quota_us`` -1 or a quota over
+    ``cpu.cfs_period_us``)."""
+    text = _read(proc_cgroup)
+    if text is None:
+        return None
+    quotas: list[float] = []
+    for line in text.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, relative = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            folders = [root / rel for rel in _ancestors(relative)]
+            quotas += [q for q in map(_v2_quota, folders) if q is not None]
+        elif "cpu" in controllers.split(","):
+            for mount in (controllers, "cpu,cpuacct", "cpu"):
+                folders = [root / mount / rel for rel in _ancestors(relative)]
+                quotas += [q for q in map(_v1_quota, folders) if q is not None]
+    return min(quotas) if quotas else None
+
+
+def affinity_cpus() -> int:
+    """The CPUs in this process's affinity mask (what a scheduler or `taskset` allows), else the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def usable_cpus(affinity: int | None = None, quota: float | None | object = _UNSET) -> tuple[int, str]:
+    """(CPUs this process may use, how that was found): the affinity mask, capped by the cgroup quota rounded down
+    (a thread past the quota is throttled, not run); at least 1."""
+    affinity = affinity_cpus() if affinity is None else affinity
+    quota = cgroup_cpu_quota() if quota is _UNSET else quota
+    count = affinity if quota is None else min(affinity, max(1, math.floor(quota)))
+    where = f"affinity {affinity} CPUs, cgroup quota " + ("none" if quota is None else f"{quota:g} CPUs")
+    return max(1, count), where
+
+
+def _positive_int(text: str, name: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={text!r} is not a thread count; set it to a whole number >= 1 (e.g. {name}=4), "
+                         "or unset it to let headprobe choose from the CPUs it may use.")
+    return value
+
+
+def choose_threads(requested: int | None, environ: Mapping[str, str] | None = None, *,
+                   affinity: int | None = None, quota: float | None | object = _UNSET, load: float | None = None,
+                   machine_cpus: int | None = None, local_processes: int | None = None) -> ThreadChoice:
+    """The intra-op thread count (module docstring: HEADPROBE_THREADS, then `requested` (the recipe's
+    runtime.threads), then OMP_NUM_THREADS, then automatic). The keyword arguments stand in for the machine in
+    tests: affinity and cgroup quota (`usable_cpus`), the 1-minute load average, the machine's CPU count and the
+    local processes (default ``LOCAL_WORLD_SIZE``)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("HEADPROBE_THREADS", "").strip():
+        count = _positive_int(environ["HEADPROBE_THREADS"].strip(), "HEADPROBE_THREADS")
+        return ThreadChoice(count, "HEADPROBE_THREADS", f"HEADPROBE_THREADS={count}")
+    if requested is not None:
+        return ThreadChoice(requested, "recipe runtime.threads", f"runtime.threads: {requested} in the recipe")
+    if environ.get("OMP_NUM_THREADS", "").strip():
+        count = _positive_int(environ["OMP_NUM_THREADS"].strip(), "OMP_NUM_THREADS")
+        return ThreadChoice(count, "OMP_NUM_THREADS", f"OMP_NUM_THREADS={count}")
+    cpus, where = usable_cpus(affinity, quota)
+    if local_processes is None:
+        local_processes = int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    per_process = max(1, cpus // max(1, local_processes))
+    load = os.getloadavg()[0] if load is None and hasattr(os, "getloadavg") else (load or 0.0)
+    machine_cpus = machine_cpus or os.cpu_count() or cpus
+    idle = round(machine_cpus - load)
+    count = min(per_process, max(1, idle))
+    rule = (f"auto: {cpus} usable CPUs ({where}) / {local_processes} local process"
+            f"{'es' if local_processes > 1 else ''} = {per_process}; the 1-minute load {load:.1f} on the machine's "
+            f"{machine_cpus} CPUs leaves {max(0, idle)} idle; {count} thread{'s' if count > 1 else ''}")
+    return ThreadChoice(count, "auto", rule)
+
+
+def apply_threads(choice: ThreadChoice) -> None:
+    """Set torch's intra-op threads, and every BLAS/OpenMP pool already loaded (numpy's, scipy's, sklearn's), to
+    `choice.count`. DataLoader workers use one thread each, as torch sets them."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(choice.count)
+    threadpool_limits(limits=choice.count)
+
+
+def configure_threads(requested: int | None) -> dict:
+    """Choose (`choose_threads`) and apply (`apply_threads`) the run's threads; returns what
+    `results.json["environment"]["threads"]` records: count, source, rule and the OpenMP wait policy."""
+    choice = choose_threads(requested)
+    apply_threads(choice)
+    return choice.to_dict() | {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+
+
+def prefer_passive_waiting(environ: dict | None = None) -> bool:
+    """Ask OpenMP to let idle threads sleep (``OMP_WAIT_POLICY=PASSIVE``) unless the user chose a policy; only
+    before torch is imported (its OpenMP runtime reads the variable once, when it loads). Returns whether it was
+    set."""
+    import sys
+
+    environ = os.environ if environ is None else environ
+    if "OMP_WAIT_POLICY" in environ or "torch" in sys.modules:
+        return False
+    environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
