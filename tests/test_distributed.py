@@ -16,12 +16,12 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import json, os, sys, time
-import headprobe.pipeline.taps as taps
+import headprobe.pipeline.probing as probing
 from headprobe import run
 lag = float(os.environ.get("LAG_OF_RANK_1", 0))
 if lag and os.environ.get("RANK") == "1":  # process 1 reaches the probe stage `lag` seconds after process 0
-    probe_heads = taps.probe_heads
-    taps.probe_heads = lambda *args, **kwargs: (time.sleep(lag), probe_heads(*args, **kwargs))[1]
+    probe_heads = probing.probe_heads
+    probing.probe_heads = lambda *args, **kwargs: (time.sleep(lag), probe_heads(*args, **kwargs))[1]
 run(json.loads(sys.argv[1]), out=sys.argv[2], resume=len(sys.argv) > 3, quiet=True)
 """
 LAG = 4.0

@@ -70,16 +70,16 @@ def test_a_timed_out_collective_is_told_apart_and_its_timeout_comes_from_the_env
 SCRIPT = """
 import json, os, pathlib, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-import headprobe.pipeline.taps as taps
+import headprobe.pipeline.probing as probing
 from headprobe import run
 folder = pathlib.Path(sys.argv[3])
-probe_heads = taps.probe_heads
+probe_heads = probing.probe_heads
 def held(*args, **kwargs):
     (folder / f"pid-{os.environ['RANK']}").write_text(str(os.getpid()))
     while not (folder / "go").exists():
         time.sleep(0.05)
     return probe_heads(*args, **kwargs)
-taps.probe_heads = held
+probing.probe_heads = held
 run(json.loads(sys.argv[1]), out=sys.argv[2], resume=len(sys.argv) > 4, quiet=True)
 """
 

@@ -205,9 +205,10 @@ def device_spy(data: TapData):
 
 
 def test_probe_tap_hands_the_probes_their_tap_on_the_process_device(tmp_path):
-    """taps.probe_tap builds the TapData (the tap's transform applied) and moves it to ctx.state.device."""
+    """probing.probe_tap builds the TapData (the tap's transform applied) and moves it to ctx.state.device."""
+    from headprobe.pipeline.probing import probe_tap
     from headprobe.pipeline.stages import FeatureSet
-    from headprobe.pipeline.taps import Tap, probe_tap
+    from headprobe.pipeline.taps import Tap
 
     tap = make_tap()
     features = FeatureSet(SimpleNamespace(features=tap.train_x, labels=tap.train_y),

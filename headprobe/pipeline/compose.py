@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from headprobe.parallel.peers import exchange_peers
-from headprobe.pipeline import stages, taps
+from headprobe.pipeline import probing, stages, taps
 from headprobe.pipeline.stages import RunContext, RunError
 from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
 from headprobe.record.directory import RunDir, check_out_folder, default_run_dir, metrics_from_json, new_results
@@ -159,7 +159,7 @@ def run(
     The run records it as ``backbone.id: module:<its class>``. A mapping is an override of the recipe's
     ``backbone:`` section, as the other keywords are.
     `reuse_backbone`: a finished run with the same `BACKBONE_TAP_INPUTS` whose backbone tap is taken instead of
-    probed again (`taps.reuse_tap`; a sweep passes its first such run); ignored for a tuned backbone.
+    probed again (`probing.reuse_tap`; a sweep passes its first such run); ignored for a tuned backbone.
 
     Overrides: ``overrides=["train.epochs=1"]`` (YAML-typed strings, as ``--set``) and/or keywords whose values are
     Python objects, ``run("r.yaml", **{"train.epochs": 1})`` or ``run("r.yaml", train__epochs=1)`` (``__`` is a
@@ -249,22 +249,22 @@ def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resum
         if recipe.backbone.tune != "frozen":
             # Score the untuned backbone, tune it with the heads on views made on the fly, then extract every
             # feature again from the tuned backbone, so that "backbone" and the head taps are scored on it.
-            taps.probe_tap(ctx, features, taps.Tap("backbone_untuned"))
+            probing.probe_tap(ctx, features, taps.Tap("backbone_untuned"))
             trained = stages.tune_backbone(ctx, inputs)
             features = stages.extract_features(ctx, inputs, tuned=True)
         # With several processes and frozen-backbone heads, the backbone tap is probed with the head taps, so that
         # its probes are shared out with theirs (alone, its one linear probe is the whole stage's critical path).
         with_heads = bool(recipe.heads) and recipe.backbone.tune == "frozen" and state.num_processes > 1
         if reuse_backbone is not None and recipe.backbone.tune == "frozen" and "backbone" not in results["taps"]:
-            taps.reuse_tap(ctx, Path(reuse_backbone))
+            probing.reuse_tap(ctx, Path(reuse_backbone))
         if not with_heads:
-            taps.probe_tap(ctx, features, taps.Tap("backbone"))
+            probing.probe_tap(ctx, features, taps.Tap("backbone"))
         if recipe.heads:
             if recipe.backbone.tune == "frozen":
                 trained = stages.train_heads(ctx, features)
             if recipe.geometry.final:
                 stages.analyse_geometry(ctx, features, trained.first)
-            taps.probe_heads(ctx, features, trained, backbone=with_heads)
+            probing.probe_heads(ctx, features, trained, backbone=with_heads)
 
         timing = results["timing"]
         extracted = timing.get("extract_s", 0.0) + timing.get("extract_views_s", 0.0)

@@ -85,7 +85,7 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
 
     def intervals(out, seed: int | None) -> dict:
         """Per metric, so each process computes those of the probes it ran, in parallel. Only for a tap probed
-        once: a tap probed per seed gets its intervals from the seed means (`taps.aggregate_seeds`)."""
+        once: a tap probed per seed gets its intervals from the seed means (`probing.aggregate_seeds`)."""
         if seed is not None:
             return {}
         draw_resamples(ctx, features, out.per_unit)

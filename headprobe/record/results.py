@@ -49,7 +49,7 @@ class TapRecord(TypedDict, total=False):
     uncertainty: dict[str, Uncertainty]
     protocol: dict[str, Any]
     seeds: dict[str, SeedRecord]
-    # A sweep's run that took this tap from an earlier run of the same backbone-tap inputs (`taps.reuse_tap`): that
+    # A sweep's run that took this tap from an earlier run of the same backbone-tap inputs (`probing.reuse_tap`): that
     # run's folder, relative to this one.
     reused_from: str
 
