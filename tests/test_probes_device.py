@@ -209,6 +209,7 @@ def test_probe_tap_hands_the_probes_their_tap_on_the_process_device(tmp_path):
     from headprobe.pipeline.probing import probe_tap
     from headprobe.pipeline.stages import FeatureSet
     from headprobe.pipeline.taps import Tap
+    from headprobe.report.progress import stage_progress
 
     tap = make_tap()
     features = FeatureSet(SimpleNamespace(features=tap.train_x, labels=tap.train_y),
@@ -220,7 +221,7 @@ def test_probe_tap_hands_the_probes_their_tap_on_the_process_device(tmp_path):
         results={"taps": {}}, per_unit={}, resamples={}, resume=False, clock=lambda *_: None,
         run_dir=SimpleNamespace(path=tmp_path, writable=False, log_metrics=lambda _: None,
                                 write_results=lambda _: None),
-        stage=lambda _, fn, *args, **kwargs: fn(*args, **kwargs))
+        stage=lambda _, fn, *args, **kwargs: fn(*args, **kwargs), progress=lambda: stage_progress(False))
     SEEN.clear()
     PROBES.add("device_spy", f"{__name__}:device_spy", "records where its inputs are")
     try:

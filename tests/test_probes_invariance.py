@@ -77,8 +77,9 @@ def test_uniformity_interval_is_recorded_and_survives_a_resumed_run(tmp_path):
     save_per_unit(tmp_path / "tap.safetensors", out.per_unit)
     loaded = load_per_unit(tmp_path / "tap.safetensors")
     assert isinstance(loaded["uniform"], Uniformity) and loaded["uniform"].t == 2.0
-    assert torch.equal(loaded["uniform"].replicates(resamples[VIEW_IMAGES]),
-                       out.per_unit["uniform"].replicates(resamples[VIEW_IMAGES]))
+    # equal to float rounding: the loaded points are memory-mapped, which may take another kernel path on some CPUs
+    torch.testing.assert_close(loaded["uniform"].replicates(resamples[VIEW_IMAGES]),
+                               out.per_unit["uniform"].replicates(resamples[VIEW_IMAGES]), rtol=0, atol=1e-12)
 
 
 def _coverage(draw, truth: float, t: float = 2.0, n: int = 150, reps: int = 200) -> float:
