@@ -109,7 +109,8 @@ def test_tuning_needs_a_head():
 
 @pytest.mark.parametrize("sweep, message", [
     ({"heads.0.actt": ["relu"]}, r"sweep combination actt=relu: unknown key 'heads\[0\]\.actt'.*Did you mean 'act'"),
-    ({"heads.0.act": ["relu", "bogus"]}, r"sweep combination act=bogus: heads\[0\]\.act = 'bogus': unknown activation 'bogus'"),
+    ({"heads.0.act": ["relu", "bogus"]},
+     r"sweep combination act=bogus: heads\[0\]\.act = 'bogus': unknown activation 'bogus'"),
     ({"heads.0.act": []}, r"sweep\.heads\.0\.act must be a non-empty list"),
     ({"heads.3.act": ["relu"]}, r"sweep combination act=relu: override 'heads\.3\.act=relu'"),
 ])
