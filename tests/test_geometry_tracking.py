@@ -229,8 +229,9 @@ def test_split_matches_dense_g_and_m_terms_and_the_loss_hessian_in_h(kind, act, 
     assert eig["A"][0] < -1e-3 * eig["A"].abs().max()  # SimSiam's ∇²_h L is indefinite (PAPER.md)
 
 
-def test_negative_curvature_is_attributed_to_the_loss_under_simsiam_and_to_the_head_under_alignment():
-    """SimSiam: the G-term is negative for every head, so a linear head's λ_min < 0 comes from the loss.
+def test_negative_curvature_is_attributed_to_the_predictor_under_simsiam_and_to_the_head_under_alignment():
+    """SimSiam: the G-term is negative for every head; for a linear head the largest share of λ_min is the
+    predictor's BatchNorm on batch statistics (not the head, whose M-term is 0).
     Alignment only (∇²_h L ⪰ 0): the G-term is PSD, linear and ReLU heads are not negative, a Swish head is, and
     that negative curvature comes from its M-term."""
     z1, z2 = views(5)
@@ -245,7 +246,8 @@ def test_negative_curvature_is_attributed_to_the_loss_under_simsiam_and_to_the_h
 
     linear = curvature_snapshot(collapsed_head("relu", "linear"), z1, z2, siam, predictor=predictor, tol=1e-9,
                                 max_iter=64, split=True)
-    assert linear["curvature_source"] == "loss" and linear["negative_loss_h"] and linear["m_norm_ratio"] == 0.0
+    assert linear["curvature_source"] == "predictor_bn" and linear["negative_loss_h"] and linear["m_norm_ratio"] == 0.0
+    assert linear["negative_gterm"] and linear["rayleigh_head"] == 0.0
     sources = {}
     for act, kind in (("relu", "linear"), ("relu", "mlp"), ("swish", "mlp")):
         out = curvature_snapshot(collapsed_head(act, kind), z1, z2, align, tol=1e-9, max_iter=64, split=True)
@@ -293,3 +295,148 @@ def test_collapse_statistics_come_from_the_given_rows_in_one_batch_mode_pass():
     assert out["rankme"] > B  # RankMe of the 4-row batch could not pass 4
     plain = curvature_snapshot(head, z1, z2, vicreg)
     assert plain["stats_rows"] == B and plain["lambda_min"] == out["lambda_min"]
+
+
+def dense_parts(head: nn.Module, predictor: nn.Module, z1: torch.Tensor, z2: torch.Tensor, objective) -> dict:
+    """Dense H (predictor BatchNorm on batch statistics), H_run (on running statistics), M, J, A and A_run."""
+    from torch.func import jacrev
+
+    def pair(z):
+        return torch.cat([head(z[:B]), head(z[B:])])
+
+    def loss_of_h(h):
+        return objective(h[:B], h[B:])
+
+    z = torch.cat([z1, z2])
+    out = {}
+    with batchnorm_mode([head, predictor], "batch"):
+        h0 = pair(z).detach()
+        grad_h = torch.func.grad(loss_of_h)(h0).detach()
+        out["H"] = dense_hessian(lambda x: loss_of_h(pair(x)), z).detach()
+        out["A"] = dense_hessian(loss_of_h, h0).detach()
+        out["J"] = jacrev(pair)(z).reshape(h0.numel(), z.numel()).detach()
+        out["M"] = dense_hessian(lambda x: (grad_h * pair(x)).sum(), z).detach()
+        with batchnorm_mode(predictor, "running"):
+            out["H_run"] = dense_hessian(lambda x: loss_of_h(pair(x)), z).detach()
+            out["A_run"] = dense_hessian(loss_of_h, h0).detach()
+    return out
+
+
+def trained_predictor(seed: int) -> Predictor:
+    """A predictor whose BatchNorm running statistics differ from the batch's (a few forward passes in train mode)."""
+    torch.manual_seed(seed)
+    predictor = Predictor(8, 4).to(F64)
+    predictor.train()
+    with torch.no_grad():
+        for _ in range(3):
+            predictor(torch.randn(16, 8, dtype=F64) * 2 + 1)
+    return predictor.eval()
+
+
+@pytest.mark.parametrize("kind,act,bn", [("linear", "relu", False), ("mlp", "relu", False), ("mlp", "swish", True)])
+def test_shares_at_the_lambda_min_eigenvector_match_dense_parts_with_a_batchnorm_predictor(kind, act, bn):
+    """Each recorded part against dense float64 Hessians: λ_min of H with the predictor's BatchNorm on running
+    statistics, and the Rayleigh quotients vᵀMv, (Jv)ᵀA_run(Jv), (Jv)ᵀ(A − A_run)(Jv) at λ_min's eigenvector v,
+    which add up to λ_min; the source is the most negative of them."""
+    z1, z2 = views(7)
+    head = collapsed_head(act, kind, bn, seed=1)
+    predictor = trained_predictor(8)
+
+    def objective(h1, h2):
+        return simsiam(predictor(h1), predictor(h2), h1, h2).loss
+
+    out = curvature_snapshot(head, z1, z2, objective, tol=1e-10, max_iter=64, predictor=predictor, split=True)
+    d = dense_parts(head, predictor, z1, z2, objective)
+    values, vectors = torch.linalg.eigh((d["H"] + d["H"].T) / 2)
+    scale = float(values.abs().max())
+    assert out["lambda_min"] == pytest.approx(float(values[0]), abs=1e-8 * scale)
+    run = torch.linalg.eigvalsh((d["H_run"] + d["H_run"].T) / 2)
+    assert out["predictor_batchnorm"] is True
+    assert out["lambda_min_predictor_bn_running"] == pytest.approx(float(run[0]), abs=1e-8 * float(run.abs().max()))
+    assert abs(float(run[0]) - float(values[0])) > 1e-6 * scale  # the predictor's BatchNorm mode matters here
+    v = vectors[:, 0]
+    jv = d["J"] @ v
+    exact = {"head": float(v @ d["M"] @ v), "objective": float(jv @ d["A_run"] @ jv),
+             "predictor_bn": float(jv @ (d["A"] - d["A_run"]) @ jv)}
+    assert sum(exact.values()) == pytest.approx(float(values[0]), abs=1e-9 * scale)
+    for part, q in exact.items():
+        assert out[f"rayleigh_{part}"] == pytest.approx(q, abs=1e-6 * scale), part
+        assert out[f"share_{part}"] == pytest.approx(q / float(values[0]), abs=1e-4), part
+    assert out["rayleigh_sum"] == pytest.approx(float(values[0]), abs=1e-6 * scale)
+    if kind == "linear" or not bn and act == "relu":
+        assert out["rayleigh_head"] == 0.0  # M = 0 exactly: no share for the head
+    expected = min(exact, key=exact.get) if out["negative_beyond_bound"] else "none"
+    assert out["curvature_source"] == expected
+
+
+def test_a_predictor_without_batchnorm_has_no_predictor_share_and_the_head_share_decides():
+    """No predictor BatchNorm: A_run = A, the predictor_bn quotient is 0; under a loss convex in h (alignment) a
+    Swish head's negative λ_min is the head's by share, as the M-term is its only negative part."""
+    z1, z2 = views(5)
+
+    def align(h1, h2):
+        return vicreg(h1, h2, var_weight=0.0, cov_weight=0.0)
+
+    out = curvature_snapshot(collapsed_head("swish"), z1, z2, align, tol=1e-9, max_iter=64, split=True)
+    assert out["predictor_batchnorm"] is False and "lambda_min_predictor_bn_running" not in out
+    assert out["rayleigh_predictor_bn"] == 0.0 and out["rayleigh_objective"] >= 0
+    assert out["curvature_source"] == "head" and out["share_head"] > 1.0 - 1e-9
+
+
+def test_each_point_says_whether_its_state_is_collapsed_by_the_recorded_criterion():
+    z1, z2 = views(2)
+    collapsed, spread = collapsed_head("relu"), ProjectionHead(D, depth=2, width=16, out_dim=8, act="relu").to(F64)
+    for head, expect in ((collapsed, True), (spread, False)):
+        out = curvature_snapshot(head, z1, z2, vicreg, max_iter=8, collapse_threshold=0.1)
+        assert out["collapse_bound"] == pytest.approx(0.1 / math.sqrt(8))
+        assert out["collapsed"] is expect and (out["out_std"] <= out["collapse_bound"]) is expect
+    assert "collapsed" not in curvature_snapshot(collapsed, z1, z2, vicreg, max_iter=8)
+
+
+@pytest.mark.parametrize("act,bn", [("relu", False), ("swish", False), ("relu", True)])
+def test_controls_match_dense_hessians_of_each_variant(act, bn):
+    """no_predictor, swapped_act and target_loss against dense float64 Hessians of the same variant; under the
+    target loss (convex in h, gradient ≠ 0) a ReLU head without BatchNorm has no negative curvature (M = 0) while
+    a Swish head at the same state has some."""
+    from headprobe.geometry.controls import swapped_activation, target_loss
+
+    z1, z2 = views(9)
+    head = collapsed_head(act, "mlp", bn, seed=2)
+    predictor = trained_predictor(3)
+
+    def objective(h1, h2):
+        return simsiam(predictor(h1), predictor(h2), h1, h2).loss
+
+    def bare(h1, h2):
+        return simsiam(h1, h2, h1, h2).loss
+
+    out = curvature_snapshot(head, z1, z2, objective, tol=1e-10, max_iter=64, predictor=predictor, controls=True,
+                             objective_without_predictor=bare)
+    swapped, label = swapped_activation(head)
+    assert out["swapped_act"] == label == ("ReLU→SiLU" if act == "relu" else "SiLU→ReLU")
+    z = torch.cat([z1, z2])
+    with batchnorm_mode([head, predictor, swapped], "batch"):
+        targets = target_loss(torch.Size([2 * B, 8]), F64, "cpu", 3)
+        exact = {
+            "no_predictor": dense_hessian(lambda x: bare(head(x[:B]), head(x[B:])), z),
+            "swapped_act": dense_hessian(lambda x: objective(swapped(x[:B]), swapped(x[B:])), z),
+            "target_loss": dense_hessian(lambda x: targets(torch.cat([head(x[:B]), head(x[B:])])), z),
+        }
+    for name, h in exact.items():
+        values = torch.linalg.eigvalsh((h.detach() + h.detach().T) / 2)
+        assert out[f"lambda_min_{name}"] == pytest.approx(float(values[0]), abs=1e-8 * float(values.abs().max())), name
+    assert out["controls"] == ["no_predictor", "swapped_act", "target_loss"]
+    if act == "relu" and not bn:
+        assert not out["negative_target_loss"]
+    if act == "swish":
+        assert out["negative_target_loss"]
+
+
+def test_swapped_activation_leaves_a_linear_head_alone_and_copies_the_weights():
+    from headprobe.geometry.controls import swapped_activation
+
+    assert swapped_activation(collapsed_head("relu", "linear")) is None
+    head = collapsed_head("gelu")
+    twin, label = swapped_activation(head)
+    assert label == "GELU→ReLU" and isinstance(head.layers[0][-1], nn.GELU)
+    assert all(torch.equal(a, b) for a, b in zip(head.parameters(), twin.parameters(), strict=True))
