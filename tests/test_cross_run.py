@@ -110,3 +110,35 @@ def test_compare_arms_resolves_in_the_claimed_direction_with_holm_and_checks_the
         compare_arms(runs_head, runs_none, tap="head")
     with pytest.raises(ValueError, match="share no seed"):
         compare_arms({5: other}, runs_none)
+
+
+@pytest.mark.slow
+def test_a_tiny_scratch_sweep_with_and_without_a_head_is_compared_across_runs(tmp_path):
+    """scratch:vit-tiny trained from scratch (tune: full) with no head (identity) and an MLP head, 2 seeds: the sweep
+    writes cross_run.json; its paired difference per seed equals the two runs' recorded backbone metrics' difference."""
+    from headprobe.pipeline import run_sweep
+
+    recipe = {
+        "name": "tiny-guillotine", "backbone": {"id": "scratch:vit-tiny", "pooling": "cls", "tune": "full"},
+        "data": {"source": "sklearn-digits", "limit": {"train": 60, "test": 20}}, "features": {"batch_size": 60},
+        "heads": [{"name": "head", "type": "identity"}], "objective": {"name": "info_nce"},
+        "augment": {"preset": "rotation", "views": 2}, "train": {"epochs": 1, "batch_size": 20},
+        "probes": {"linear": {"C_grid": [1.0]}, "rotation": {"C_grid": [1.0], "mlp_epochs": 2}, "invariance": {}},
+        "report": False,
+        "sweep": {"heads.0": [{"name": "head", "type": "identity"},
+                              {"name": "head", "type": "mlp", "depth": 2, "width": 16, "act": "swish"}],
+                  "seed": [0, 1]},
+    }
+    results = run_sweep(recipe, out=tmp_path / "sweep", quiet=True)
+    assert len(results) == 4 and all(res["status"] == "complete" for res in results)
+    paired = json.loads((tmp_path / "sweep" / "cross_run.json").read_text())
+    arm = paired["arms"]["mlp d2 swish bn"]
+    assert paired["reference"] == "no head" and arm["seeds"] == [0, 1]
+    by = {(res["recipe"]["heads"][0]["type"], res["recipe"]["seed"]): res.data for res in results}
+    for metric in ("linear.acc", "rotation.acc", "view_spread_rel"):
+        record = arm["metrics"][metric]
+        for entry in record["per_seed"]:
+            s = entry["seed"]
+            recorded = [by[(kind, s)]["taps"]["backbone"]["metrics"][metric] for kind in ("mlp", "identity")]
+            assert entry["difference"] == pytest.approx(recorded[0] - recorded[1], abs=1e-9), (metric, s)
+        assert record["ci95"][0] <= record["difference"] <= record["ci95"][1] and record["n_units"] == 20
