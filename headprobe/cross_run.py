@@ -65,12 +65,14 @@ def arm_label(results: dict) -> str:
 
 
 def run_arms(run_dirs: Sequence[str | Path]) -> list[tuple[str, int, Path]]:
-    """(arm label, seed, run directory) of each finished run (results.json with "status": "complete")."""
+    """(arm label, seed, run directory) of each finished run (results.json with "status": "complete" and a recipe
+    seed); other runs are left out."""
     out = []
     for path in map(Path, run_dirs):
         results = json.loads((path / "results.json").read_text())
-        if results.get("status") == "complete":
-            out.append((arm_label(results), int(results["recipe"]["seed"]), path))
+        seed = (results.get("recipe") or {}).get("seed")
+        if results.get("status") == "complete" and isinstance(seed, int):
+            out.append((arm_label(results), seed, path))
     return out
 
 
