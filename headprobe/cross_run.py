@@ -135,8 +135,12 @@ def cross_run_difference(pairs: Sequence[tuple[int, dict, dict]], metric: str, n
                          "ci95_images": percentile_interval(diff)})
     stacked = torch.stack(replicates)  # (S, n_boot)
     k = len(pairs)
-    drawn = torch.randint(k, (n_boot, k), generator=torch.Generator().manual_seed(seed + 1))
-    boot = stacked.gather(0, drawn.T).mean(0) if k > 1 else stacked[0]
+    gen = torch.Generator().manual_seed(seed + 1)
+    drawn = torch.randint(k, (k, n_boot), generator=gen)
+    # Position i of a replicate reads its seed's image resample from its own permutation of the replicates, so a
+    # seed drawn twice gets two independent image resamples.
+    columns = torch.stack([torch.randperm(n_boot, generator=gen) for _ in range(k)])
+    boot = stacked[drawn, columns].mean(0) if k > 1 else stacked[0]
     differences = [p["difference"] for p in per_seed]
     return {
         "a": sum(p["a"] for p in per_seed) / k, "b": sum(p["b"] for p in per_seed) / k,
