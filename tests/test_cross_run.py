@@ -142,3 +142,8 @@ def test_a_tiny_scratch_sweep_with_and_without_a_head_is_compared_across_runs(tm
             recorded = [by[(kind, s)]["taps"]["backbone"]["metrics"][metric] for kind in ("mlp", "identity")]
             assert entry["difference"] == pytest.approx(recorded[0] - recorded[1], abs=1e-9), (metric, s)
         assert record["ci95"][0] <= record["difference"] <= record["ci95"][1] and record["n_units"] == 20
+    # Before tuning both arms hold the same randomly initialised backbone of their seed: no difference at all.
+    arms = group_runs([res.path for res in results])
+    untuned = compare_arms(arms["mlp d2 swish bn"], arms["no head"], tap="backbone_untuned", n_boot=200)
+    for record in untuned["metrics"].values():
+        assert record["difference"] == 0.0 and record["ci95"] == [0.0, 0.0]
