@@ -213,7 +213,8 @@ def answer_lines(comparison: Mapping) -> list[str]:
                 continue
             low, high = r["ci95"]
             lines.append(f"{label} vs {comparison['reference']}, {arm['tap_a']} {metric}: {r['difference']:+.4f} "
-                         f"[{low:+.4f}, {high:+.4f}] ({r['n_seeds']} seeds × {r['n_units']} {r['unit']}) "
+                         f"[{low:+.4f}, {high:+.4f}] ({r['n_seeds']} seed{'s' if r['n_seeds'] != 1 else ''} × {r['n_units']} "
+                         f"{r['unit']}) "
                          f"{r['resolved']}")
     return lines
 
