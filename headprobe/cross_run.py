@@ -212,9 +212,8 @@ def answer_lines(comparison: Mapping) -> list[str]:
             if r["claim"] == "description":
                 continue
             low, high = r["ci95"]
+            seeds = f"{r['n_seeds']} seed{'s' if r['n_seeds'] != 1 else ''}"
             lines.append(f"{label} vs {comparison['reference']}, {arm['tap_a']} {metric}: {r['difference']:+.4f} "
-                         f"[{low:+.4f}, {high:+.4f}] ({r['n_seeds']} seed{'s' if r['n_seeds'] != 1 else ''} × {r['n_units']} "
-                         f"{r['unit']}) "
-                         f"{r['resolved']}")
+                         f"[{low:+.4f}, {high:+.4f}] ({seeds} × {r['n_units']} {r['unit']}) {r['resolved']}")
     return lines
 
