@@ -147,3 +147,20 @@ def test_a_tiny_scratch_sweep_with_and_without_a_head_is_compared_across_runs(tm
     untuned = compare_arms(arms["mlp d2 swish bn"], arms["no head"], tap="backbone_untuned", n_boot=200)
     for record in untuned["metrics"].values():
         assert record["difference"] == 0.0 and record["ci95"] == [0.0, 0.0]
+
+
+def test_a_difference_the_seeds_disagree_on_stays_unresolved(tmp_path):
+    """Seed differences +0.5, +0.5, +0.05 (no image noise): every mean of 3 seeds drawn with replacement is ≥ 0.05,
+    so the two-level bootstrap excludes 0, but the t interval over the seeds (0.35 ± 0.65) does not: unresolved."""
+    runs_head, runs_none = {}, {}
+    for s, shift in enumerate((0.5, 0.5, 0.05)):
+        base = torch.full((200,), 0.4, dtype=torch.float64)
+        data = dict(DATA, n_test=200)
+        runs_none[s] = fake_run(tmp_path, f"none{s}", IDENTITY, s, {"backbone": {"rotation.acc": acc(base.tolist())}},
+                                data)
+        runs_head[s] = fake_run(tmp_path, f"head{s}", MLP2, s,
+                                {"backbone": {"rotation.acc": acc((base + shift).tolist())}}, data)
+    rot = compare_arms(runs_head, runs_none, n_boot=2000)["metrics"]["rotation.acc"]
+    assert rot["ci95"][0] >= 0.05 - 1e-12 and rot["p_holm"] < 0.05
+    assert rot["ci95_seeds"][0] < 0 < rot["ci95_seeds"][1]
+    assert rot["resolved"] == "unresolved"
