@@ -208,8 +208,8 @@ def compare_sweep(run_dirs: Sequence[str | Path], tap: str = "backbone", referen
 
 
 def answer_lines(comparison: Mapping) -> list[str]:
-    """One line per (arm, evidence metric): "mlp d2 vs no head, backbone rotation.acc: +0.031 [0.010, 0.052] (3
-    seeds × 400 test images) for"."""
+    """One line per (arm, evidence metric): "mlp d2 vs no head, backbone rotation.acc: +0.0310 [+0.0100, +0.0520],
+    t over seeds [+0.0050, +0.0570] (3 seeds × 400 test images) for"."""
     lines = []
     for label, arm in comparison["arms"].items():
         for metric, r in arm["metrics"].items():
@@ -217,7 +217,9 @@ def answer_lines(comparison: Mapping) -> list[str]:
                 continue
             low, high = r["ci95"]
             seeds = f"{r['n_seeds']} seed{'s' if r['n_seeds'] != 1 else ''}"
+            t = r["ci95_seeds"]
+            t_text = f", t over seeds [{t[0]:+.4f}, {t[1]:+.4f}]" if t else ""
             lines.append(f"{label} vs {comparison['reference']}, {arm['tap_a']} {metric}: {r['difference']:+.4f} "
-                         f"[{low:+.4f}, {high:+.4f}] ({seeds} × {r['n_units']} {r['unit']}) {r['resolved']}")
+                         f"[{low:+.4f}, {high:+.4f}]{t_text} ({seeds} × {r['n_units']} {r['unit']}) {r['resolved']}")
     return lines
 
