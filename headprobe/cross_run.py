@@ -50,8 +50,11 @@ SAME_VIEWS = ("split", "n_images", "views", "seed")
 
 
 def arm_label(results: dict) -> str:
-    """A run's head configuration in words: "no head" (identity heads only), else e.g. "mlp d2 relu", "linear d2"."""
+    """A run's head configuration in words: "no head" (identity heads only), e.g. "mlp d2 relu", "linear d2"; "" for
+    a run that trained no head at all (it is no arm of a head ablation)."""
     heads = (results.get("recipe") or {}).get("heads") or []
+    if not heads:
+        return ""
     if all(h.get("type") == "identity" for h in heads):
         return "no head"
     words = []
@@ -72,8 +75,9 @@ def run_arms(run_dirs: Sequence[str | Path]) -> list[tuple[str, int, Path]]:
     for path in map(Path, run_dirs):
         results = json.loads((path / "results.json").read_text())
         seed = (results.get("recipe") or {}).get("seed")
-        if results.get("status") == "complete" and isinstance(seed, int):
-            out.append((arm_label(results), seed, path))
+        label = arm_label(results)
+        if results.get("status") == "complete" and isinstance(seed, int) and label:
+            out.append((label, seed, path))
     return out
 
 
@@ -195,9 +199,10 @@ def compare_sweep(run_dirs: Sequence[str | Path], tap: str = "backbone", referen
                   n_boot: int = N_BOOT) -> dict | None:
     """Each arm of a sweep against the reference arm ("no head") at `tap`, paired by seed and test image: {"tap",
     "reference", "arms": {label: `compare_arms`(arm, reference)}}; None when the runs hold no reference arm or no
-    other arm sharing a seed with it (a sweep that is not a head ablation)."""
-    if reference not in {label for label, _, _ in run_arms(run_dirs)}:
-        return None
+    other arm sharing a seed with it, or when two runs share an arm and a seed (a sweep over something else)."""
+    keys = [(label, seed) for label, seed, _ in run_arms(run_dirs)]
+    if reference not in {label for label, _ in keys} or len(set(keys)) < len(keys):
+        return None  # no reference arm, or runs that differ in more than their heads and seed
     arms = group_runs(run_dirs)
     base = arms[reference]
     others = {label: runs for label, runs in arms.items() if label != reference and set(runs) & set(base)}

@@ -164,3 +164,14 @@ def test_a_difference_the_seeds_disagree_on_stays_unresolved(tmp_path):
     assert rot["ci95"][0] >= 0.05 - 1e-12 and rot["p_holm"] < 0.05
     assert rot["ci95_seeds"][0] < 0 < rot["ci95_seeds"][1]
     assert rot["resolved"] == "unresolved"
+
+
+def test_a_sweep_over_something_else_is_no_head_ablation(tmp_path):
+    """Two runs with the same heads and seed (a sweep over pooling, say), or runs without heads: no comparison."""
+    values = {"backbone": {"linear.acc": acc([1.0] * 6)}}
+    a = fake_run(tmp_path, "a", IDENTITY, 0, values)
+    b = fake_run(tmp_path, "b", IDENTITY, 0, values)
+    c = fake_run(tmp_path, "c", MLP2, 0, values)
+    assert compare_sweep([a, b, c]) is None
+    bare = fake_run(tmp_path, "bare", [], 0, values)
+    assert arm_label({"recipe": {"heads": []}}) == "" and group_runs([bare]) == {}
