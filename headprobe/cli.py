@@ -220,7 +220,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
         written = write_compare(list(labels.values()), out)
     except OSError as err:
         return _error(f"could not write the comparison into {out}: {err}", EXIT_FAILED)
-    console.print(f"comparison: {written['csv']} · {written['html']}", markup=False)
+    except ValueError as err:  # runs that cannot be paired across (cross_run.compare_sweep)
+        return _error(str(err), EXIT_USAGE)
+    if "cross_run" in written:
+        import json
+
+        from headprobe.stats.cross_run import answer_lines
+
+        for line in answer_lines(json.loads(written["cross_run"].read_text())):
+            console.print(line, markup=False, soft_wrap=True)
+    console.print(f"comparison: {', '.join(str(p) for p in written.values())}", markup=False)
     return EXIT_OK
 
 

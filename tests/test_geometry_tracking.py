@@ -229,8 +229,9 @@ def test_split_matches_dense_g_and_m_terms_and_the_loss_hessian_in_h(kind, act, 
     assert eig["A"][0] < -1e-3 * eig["A"].abs().max()  # SimSiam's ∇²_h L is indefinite (PAPER.md)
 
 
-def test_negative_curvature_is_attributed_to_the_loss_under_simsiam_and_to_the_head_under_alignment():
-    """SimSiam: the G-term is negative for every head, so a linear head's λ_min < 0 comes from the loss.
+def test_negative_curvature_is_attributed_to_the_predictor_under_simsiam_and_to_the_head_under_alignment():
+    """SimSiam: the G-term is negative for every head; for a linear head the largest share of λ_min is the
+    predictor's BatchNorm on batch statistics (not the head, whose M-term is 0).
     Alignment only (∇²_h L ⪰ 0): the G-term is PSD, linear and ReLU heads are not negative, a Swish head is, and
     that negative curvature comes from its M-term."""
     z1, z2 = views(5)
@@ -245,7 +246,8 @@ def test_negative_curvature_is_attributed_to_the_loss_under_simsiam_and_to_the_h
 
     linear = curvature_snapshot(collapsed_head("relu", "linear"), z1, z2, siam, predictor=predictor, tol=1e-9,
                                 max_iter=64, split=True)
-    assert linear["curvature_source"] == "loss" and linear["negative_loss_h"] and linear["m_norm_ratio"] == 0.0
+    assert linear["curvature_source"] == "predictor_bn" and linear["negative_loss_h"] and linear["m_norm_ratio"] == 0.0
+    assert linear["negative_gterm"] and linear["rayleigh_head"] == 0.0
     sources = {}
     for act, kind in (("relu", "linear"), ("relu", "mlp"), ("swish", "mlp")):
         out = curvature_snapshot(collapsed_head(act, kind), z1, z2, align, tol=1e-9, max_iter=64, split=True)
@@ -293,3 +295,14 @@ def test_collapse_statistics_come_from_the_given_rows_in_one_batch_mode_pass():
     assert out["rankme"] > B  # RankMe of the 4-row batch could not pass 4
     plain = curvature_snapshot(head, z1, z2, vicreg)
     assert plain["stats_rows"] == B and plain["lambda_min"] == out["lambda_min"]
+
+
+def test_each_point_says_whether_its_state_is_collapsed_by_the_recorded_criterion():
+    z1, z2 = views(2)
+    collapsed, spread = collapsed_head("relu"), ProjectionHead(D, depth=2, width=16, out_dim=8, act="relu").to(F64)
+    for head, expect in ((collapsed, True), (spread, False)):
+        out = curvature_snapshot(head, z1, z2, vicreg, max_iter=8, collapse_threshold=0.1)
+        assert out["collapse_bound"] == pytest.approx(0.1 / math.sqrt(8))
+        assert out["collapsed"] is expect and (out["out_std"] <= out["collapse_bound"]) is expect
+    assert "collapsed" not in curvature_snapshot(collapsed, z1, z2, vicreg, max_iter=8)
+

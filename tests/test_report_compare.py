@@ -67,3 +67,36 @@ def test_compare_command_prints_and_writes_next_to_the_runs_or_into_out(tmp_path
     assert (tmp_path / "elsewhere" / "compare.csv").read_text() == (tmp_path / "runs" / "compare.csv").read_text()
     assert main(["compare", str(a), str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_head_ablation_with_a_no_head_arm_gets_the_paired_cross_run_comparison(tmp_path, capsys):
+    """Runs whose heads are identity (no head) vs an MLP, seeds 0 and 1: compare writes cross_run.json, shows it in
+    compare.html and prints one line per evidence metric."""
+    import json
+
+    import torch
+
+    from headprobe.stats.bootstrap import PerUnit, save_per_unit
+
+    runs = []
+    for seed in (0, 1):
+        for name, heads, shift in (("none", [{"name": "head", "type": "identity"}], 0.0),
+                                   ("mlp", [{"name": "head", "type": "mlp", "depth": 2, "act": "relu",
+                                             "bn_hidden": True}], 0.5)):
+            path = tmp_path / f"{name}-{seed}"
+            (path / "per_unit").mkdir(parents=True)
+            values = torch.tensor([0.0, 1.0] * 10, dtype=torch.float64)
+            save_per_unit(path / "per_unit" / "backbone.safetensors",
+                          {"rotation.acc": PerUnit((values + shift).clamp(max=1.0), "test images")})
+            (path / "results.json").write_text(json.dumps({
+                "status": "complete", "recipe": {"seed": seed, "heads": heads}, "data": {"source": "x", "n_test": 20},
+                "protocol": {"views_probed": {"seed": seed}},
+                "taps": {"backbone": {"metrics": {"rotation.acc": float(((values + shift).clamp(max=1.0)).mean())}}}}))
+            runs.append(path)
+    written = write_compare(runs, tmp_path)
+    paired = json.loads(written["cross_run"].read_text())
+    rot = paired["arms"]["mlp d2 relu bn"]["metrics"]["rotation.acc"]
+    assert rot["difference"] == pytest.approx(0.25) and rot["n_seeds"] == 2 and rot["n_units"] == 20
+    assert "Across runs: no head vs each arm" in written["html"].read_text()
+    assert main(["compare", *map(str, runs), "--out", str(tmp_path / "out")]) == 0
+    assert "mlp d2 relu bn vs no head, backbone rotation.acc: +0.2500" in capsys.readouterr().out

@@ -130,3 +130,24 @@ def test_head_out_dims_follow_the_projection_head_rule(config):
                           out_dim=config["out_dim"])
     assert head_out_dims(results) == {"h": head.out_dim}
 
+
+
+def test_relative_lambda_min_is_scale_free_and_keeps_the_collapse_flag_and_bound(tmp_path):
+    from headprobe.report.geometry_plots import plot_lambda_over_training, relative_lambda_min
+
+    records = [{"step": 1, "lambda_min": -2e-6, "lambda_max": 4e-3, "error_bound_min": 4e-7, "collapsed": True,
+                "lambda_min_converged": True},
+               {"step": 2, "lambda_min": -1e-9, "lambda_max": 2e-3, "collapsed": False, "lambda_min_converged": False},
+               {"step": 3, "lambda_min": -1.0, "lambda_max": 0.0},  # no positive scale: left out
+               {"step": 4, "lambda_min": 1e-3, "lambda_max": 1e-2}]  # written before the flag
+    r = relative_lambda_min(records)
+    assert r["step"] == [1, 2, 4]
+    assert r["ratio"] == pytest.approx([-5e-4, -5e-7, 0.1])
+    assert r["bound"] == pytest.approx([1e-4, 0.0, 0.0])
+    assert r["collapsed"] == [True, False, None] and r["converged"] == [True, False, None]
+    scaled = relative_lambda_min([{**x, **{k: x[k] * 1e6 for k in ("lambda_min", "lambda_max", "error_bound_min")
+                                          if k in x}} for x in records])
+    assert scaled["ratio"] == pytest.approx(r["ratio"]) and scaled["bound"] == pytest.approx(r["bound"])
+    path = plot_lambda_over_training({"h": [{**x, "out_std": 0.01, "collapse_bound": 0.02} for x in records]},
+                                     tmp_path / "l.png")
+    assert path.is_file() and path.stat().st_size > 10_000

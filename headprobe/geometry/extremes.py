@@ -15,14 +15,15 @@ from headprobe.geometry.hessian import lanczos
 
 
 def scaled_extremes(op: Callable[[torch.Tensor], torch.Tensor], dim: int, dtype: torch.dtype, device, k: int,
-                    tol: float, max_iter: int, seed: int) -> dict:
+                    tol: float, max_iter: int, seed: int, eigenvectors: bool = False) -> dict:
     """k eigenvalues from each end of the symmetric operator op: (dim,) → (dim,), by Lanczos relative to its scale.
 
     The scale s = ‖op u‖ for a random unit u (one product; the RMS eigenvalue in expectation, 1 when op = 0) makes
     tol relative: on op/s a floor of 1 is s, every eigenvalue to tol·max(s, |λ|), finer than lanczos's tol·‖H‖.
     Returns {"values" (2k ascending), "residuals", "error_bounds", "converged" (every value), "converged_min",
     "converged_max" (the smallest and the largest value on their own), "n_iter", "max_iter" (the cap, at most
-    dim), "scale", "residual_kind", "roundoff" (√dim·eps·max|λ| in the products' dtype)}.
+    dim), "scale", "residual_kind", "roundoff" (√dim·eps·max|λ| in the products' dtype), "vectors" ((dim, 2k)
+    float64 unit Ritz vectors with eigenvectors=True, their residuals then explicit: one product each; else None)}.
 
     >>> out = scaled_extremes(lambda v: torch.arange(1.0, 5.0, dtype=v.dtype) * v, 4, torch.float64, "cpu", 1,
     ...                       1e-9, 4, seed=0)
@@ -35,12 +36,13 @@ def scaled_extremes(op: Callable[[torch.Tensor], torch.Tensor], dim: int, dtype:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="lanczos stopped")
         res = lanczos(lambda v: op(v) / scale, dim, k=k, which="both", max_iter=cap, tol=tol,
-                      seed=seed, dtype=torch.float64, device=device, scale=1.0)
+                      seed=seed, dtype=torch.float64, device=device, scale=1.0,
+                      eigenvectors=eigenvectors)
     values = res.eigenvalues * scale
     return {"values": values, "residuals": res.residuals * scale, "error_bounds": res.error_bounds * scale,
             "converged": bool(res.converged.all()), "converged_min": bool(res.converged[0]),
             "converged_max": bool(res.converged[-1]), "n_iter": res.n_iter, "max_iter": cap, "scale": scale,
-            "residual_kind": res.residual_kind,
+            "residual_kind": res.residual_kind, "vectors": res.eigenvectors,
             "roundoff": math.sqrt(dim) * torch.finfo(dtype).eps * float(values.abs().max())}
 
 

@@ -1,10 +1,19 @@
-"""The split H = G + M of a tracked loss Hessian w.r.t. the representation batch, by Lanczos on products only.
+"""The split H = G + M of a tracked loss Hessian w.r.t. the representation batch, by Lanczos on products only, and
+the attribution of a negative λ_min to the objective, the predictor's BatchNorm or the head.
 
 A negative λ_min alone says nothing about the head: SimSiam's ∇²_h L is indefinite, so the G-term J_hᵀ ∇²_h L J_h
-has negative curvature for every head, linear included. `split_curvature` measures λ_min of the G-term, the size
-of the M-term Σ_i [∇_h L]_i ∇²_z h_i (zero for linear and ReLU heads without BatchNorm) and λ_min of ∇²_h L, so
-each negative λ_min is attributed to the loss (the G-term alone is negative) or to the head (it is not: the
-M-term made it). `geometry.tracking.curvature_snapshot(split=True)` adds its keys to each tracked record.
+has negative curvature for every head, linear included; and SimSiam's predictor normalises with batch statistics,
+which couples the samples and bends the loss -- the BatchNorm escape route the paper names for linear and ReLU
+heads, not the head's own curvature. `split_curvature` measures λ_min of the G-term, of the M-term Σ_i [∇_h L]_i
+∇²_z h_i (zero for linear and ReLU heads without BatchNorm), of ∇²_h L, and of H with the predictor's BatchNorm on
+running statistics; then it attributes λ_min by share: at the unit eigenvector v of λ_min,
+
+    λ_min = vᵀMv + (Jv)ᵀ A_run (Jv) + (Jv)ᵀ (A − A_run) (Jv)     (head + objective + predictor_bn),
+
+A = ∇²_h L with the predictor's BatchNorm on batch statistics (as in the training step), A_run the same with it on
+running statistics (the predictor a fixed map, piecewise linear for SimSiam's ReLU predictor, so A_run is the
+objective proper seen through it). The part with the most negative Rayleigh quotient is the source. Its share
+(quotient / λ_min) is recorded with the others. `geometry.tracking.curvature_snapshot(split=True)` adds the keys.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from torch import nn
 
 from headprobe.geometry.extremes import negative_beyond_bound, scaled_extremes
 from headprobe.geometry.hessian import HessianVectorProduct, hvp_fn
+from headprobe.geometry.pullback import BATCHNORMS, batchnorm_mode
 
 
 class SplitOperators:
@@ -34,6 +44,7 @@ class SplitOperators:
         def pair(x: torch.Tensor) -> torch.Tensor:
             return torch.cat([head(x[:n]), head(x[n:])])
 
+        self.pair = pair
         self.z = z.detach().requires_grad_(True)
         self.h = pair(self.z)
         h0 = self.h.detach()
@@ -67,12 +78,42 @@ class SplitOperators:
         return self.m_term(v)
 
 
+PARTS = ("head", "objective", "predictor_bn")
+
+
+def has_batchnorm(module: nn.Module | None) -> bool:
+    """Whether `module` holds a BatchNorm layer (None: no module, no BatchNorm)."""
+    return module is not None and any(isinstance(m, BATCHNORMS) for m in module.modules())
+
+
+def curvature_shares(ops: SplitOperators, v: torch.Tensor, loss_h_running: HessianVectorProduct | None) -> dict:
+    """The Rayleigh quotients of the parts of H at the unit vector v: (2B·D,) and the one that is most negative.
+
+    "rayleigh_head" vᵀMv; "rayleigh_objective" (Jv)ᵀ A_run (Jv), A_run = ∇²_h L with the predictor's BatchNorm on
+    running statistics (`loss_h_running`; None: no predictor BatchNorm, A_run = A); "rayleigh_predictor_bn" (Jv)ᵀ
+    (A − A_run)(Jv); "rayleigh_sum" their sum (vᵀHv); "share_<part>" each quotient / the sum (they add up to 1);
+    "curvature_source_by_share" the part with the most negative quotient."""
+    v = v.to(device=ops.device, dtype=ops.dtype)
+    jv = ops.jacobian(v)
+    batch = float(jv @ ops.loss_h(jv.to(ops.loss_h.dtype)).to(ops.dtype))
+    running = batch if loss_h_running is None else float(jv @ loss_h_running(jv.to(loss_h_running.dtype)).to(ops.dtype))
+    quotients = {"head": float(v @ ops.m_product(v)), "objective": running, "predictor_bn": batch - running}
+    total = sum(quotients.values())
+    out = {f"rayleigh_{part}": q for part, q in quotients.items()}
+    out["rayleigh_sum"] = total
+    out |= {f"share_{part}": (q / total if total != 0 else math.nan) for part, q in quotients.items()}
+    out["curvature_source_by_share"] = min(PARTS, key=quotients.get)
+    return out
+
+
 def split_curvature(head: nn.Module, loss_of_h, z: torch.Tensor, full_hvp, full: dict, k: int, tol: float,
                     max_iter: int, seed: int, predictor: nn.Module | None) -> dict:
-    """λ_min of the G-term, size of the M-term, λ_min of ∇²_h L, and where a negative λ_min of H comes from.
+    """λ_min of the G-term, of the M-term, of ∇²_h L and of H with the predictor's BatchNorm on running statistics,
+    and the share each part of H has in a negative λ_min (`curvature_shares`).
 
-    z: (2B, D) the stacked batch; full_hvp: products with H; full: `scaled_extremes` of H. The keys are listed in
-    `geometry.tracking.curvature_snapshot`'s docstring."""
+    z: (2B, D) the stacked batch; full_hvp: products with H; full: `scaled_extremes` of H with its Ritz vectors.
+    Call it with the head and predictor in the mode of the training step (BatchNorm on batch statistics). The keys
+    are listed in `geometry.tracking.curvature_snapshot`'s docstring."""
     ops = SplitOperators(head, loss_of_h, z)
     g = scaled_extremes(ops.g_term, ops.dim, ops.dtype, ops.device, k, tol, max_iter, seed)
     m = scaled_extremes(ops.m_product, ops.dim, ops.dtype, ops.device, k, tol, max_iter, seed)
@@ -83,9 +124,19 @@ def split_curvature(head: nn.Module, loss_of_h, z: torch.Tensor, full_hvp, full:
     consistency = float((ops.g_term(u) + ops.m_product(u) - hu).norm() / hu.norm()) if hu.norm() > 0 else 0.0
     h_norm = float(full["values"].abs().max())
     m_norm = float(m["values"].abs().max())
-    source = "none"
-    if negative_beyond_bound(full):
-        source = "loss" if negative_beyond_bound(g) else "head"
+    negative = negative_beyond_bound(full)
+    extra: dict = {"predictor_batchnorm": has_batchnorm(predictor)}
+    loss_h_running, n_running = None, 0
+    if extra["predictor_batchnorm"]:
+        with batchnorm_mode(predictor, "running"):  # graphs built here keep running statistics in every product
+            loss_h_running = hvp_fn(loss_of_h, ops.h.detach())
+            full_running = hvp_fn(lambda x: loss_of_h(ops.pair(x)), ops.z.detach())
+        r = scaled_extremes(full_running, full_running.dim, full_running.dtype, ops.device, k, tol, max_iter, seed)
+        n_running = r["n_iter"] + 1
+        extra |= {"lambda_min_predictor_bn_running": float(r["values"][0]),
+                  "error_bound_min_predictor_bn_running": float(r["error_bounds"][0]),
+                  "negative_predictor_bn_running": negative_beyond_bound(r)}
+    shares = curvature_shares(ops, full["vectors"][:, 0], loss_h_running)
     return {
         "lambda_min_gterm": float(g["values"][0]),
         "lambda_max_gterm": float(g["values"][-1]),
@@ -98,12 +149,16 @@ def split_curvature(head: nn.Module, loss_of_h, z: torch.Tensor, full_hvp, full:
         "lambda_max_loss_h": float(a["values"][-1]),
         "error_bound_min_loss_h": float(a["error_bounds"][0]),
         "dim_loss_h": ops.loss_h.dim,
-        "negative_beyond_bound": negative_beyond_bound(full),
+        "negative_beyond_bound": negative,
         "negative_gterm": negative_beyond_bound(g),
         "negative_loss_h": negative_beyond_bound(a),
-        "curvature_source": source,
+        **extra,
+        **shares,
+        "curvature_source": shares["curvature_source_by_share"] if negative else "none",
+        "attribution_rule": "by share: the part of H with the most negative Rayleigh quotient at λ_min's "
+                            "eigenvector, where λ_min < −max(error bound, round-off)",
         "split_consistency": consistency,
         "split_converged": g["converged"] and m["converged"] and a["converged"],
         "gterm_predictor": "in the loss" if predictor is not None else "none",
-        "n_hvp_split": 2 * g["n_iter"] + m["n_iter"] + a["n_iter"] + 6,
+        "n_hvp_split": 2 * g["n_iter"] + m["n_iter"] + a["n_iter"] + 6 + n_running + 4,
     }

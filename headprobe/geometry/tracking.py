@@ -6,7 +6,8 @@ ReLU head: "collapse is unstable only for smooth heads" (PAPER.md claim 4). `cur
 λ_min and λ_max by Lanczos (`geometry.extremes`), with residuals, error bounds, whether λ_min itself converged and
 the number of Hessian-vector products, together with the collapse statistics of the head outputs
 (`geometry.collapse`). With `split=True` it also splits H = G + M (`geometry.gm_split`), so each negative λ_min is
-attributed to the loss or to the head.
+attributed by share to the objective, the predictor's BatchNorm or the head; `controls=True` adds the controls of
+`geometry.controls` at the same state.
 
 BatchNorm is in "batch" mode by default: it normalises with the statistics of the batch, as in the training step
 whose curvature is measured, and leaves its running statistics alone. The snapshot takes gradients with
@@ -22,7 +23,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from headprobe.geometry.collapse import output_statistics
+from headprobe.geometry.collapse import collapse_criterion, output_statistics
+from headprobe.geometry.controls import head_controls
 from headprobe.geometry.effective import scalar_loss
 from headprobe.geometry.extremes import scaled_extremes
 from headprobe.geometry.gm_split import split_curvature
@@ -36,7 +38,9 @@ WRT = ("representation", "head")
 def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, objective_fn: ObjectiveFn, k: int = 1,
                        tol: float = 1e-3, max_iter: int = 40, wrt: str = "representation",
                        predictor: nn.Module | None = None, batchnorm: str = "batch", seed: int = 0,
-                       split: bool = False, stat_rows: torch.Tensor | None = None) -> dict:
+                       split: bool = False, stat_rows: torch.Tensor | None = None,
+                       collapse_threshold: float | None = None, controls: bool = False,
+                       objective_without_predictor: ObjectiveFn | None = None) -> dict:
     """λ_min, λ_max of the loss Hessian on one batch, by Lanczos, and collapse statistics of the head outputs.
 
     z1, z2: (B, D) backbone representations of two views. The loss is objective_fn(head(z1), head(z2)) (a tensor
@@ -59,16 +63,25 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
     without it, `symmetric_simsiam(predictor)`, to measure the Hessian of the loss function itself.
 
     split=True (wrt="representation" only) adds the split H = G + M (PAPER.md claim 3), each piece by Lanczos on
-    its own products at the same tol and max_iter: the loss L(h) is objective_fn with the predictor inside it
-    ("gterm_predictor": "in the loss"), so the M-term is the head's curvature alone. Adds "lambda_min_gterm",
-    "lambda_max_gterm", "error_bound_min_gterm" (G = J_hᵀ ∇²_h L J_h); "lambda_min_mterm", "lambda_max_mterm",
-    "m_norm_ratio" (‖M‖₂/‖H‖₂ from the Ritz extremes; 0 for linear and ReLU heads without BatchNorm);
-    "lambda_min_loss_h", "lambda_max_loss_h", "error_bound_min_loss_h", "dim_loss_h" (∇²_h L itself); booleans
-    "negative_beyond_bound" (λ_min < −max(error bound, round-off)), "negative_gterm", "negative_loss_h" (the same
-    test on each piece); "curvature_source": "none" (H not negative), "loss" (the G-term alone is negative: the
-    loss's indefinite ∇²_h L seen through J_h, any head) or "head" (H is negative and the G-term is not: the
-    M-term made it); "split_consistency" ‖(G + M − H)u‖/‖Hu‖ for a random unit u; "split_converged"; "n_hvp_split"
-    (a G product is a Jacobian round trip plus one ∇²_h L product, counted as two). It costs about 4× the snapshot.
+    its own products at the same tol and max_iter (`geometry.gm_split`): the loss L(h) is objective_fn with the
+    predictor inside it ("gterm_predictor": "in the loss"), so the M-term is the head's curvature alone. Adds
+    "lambda_min_gterm", "lambda_max_gterm", "error_bound_min_gterm" (G = J_hᵀ ∇²_h L J_h); "lambda_min_mterm",
+    "lambda_max_mterm", "m_norm_ratio" (‖M‖₂/‖H‖₂ from the Ritz extremes; 0 for linear and ReLU heads without
+    BatchNorm); "lambda_min_loss_h", "lambda_max_loss_h", "error_bound_min_loss_h", "dim_loss_h" (∇²_h L itself);
+    "predictor_batchnorm" and, where the predictor has BatchNorm, "lambda_min_predictor_bn_running",
+    "error_bound_min_predictor_bn_running", "negative_predictor_bn_running" (λ_min of H with the predictor's
+    BatchNorm on running statistics, the head's still on batch statistics); booleans "negative_beyond_bound"
+    (λ_min < −max(error bound, round-off)), "negative_gterm", "negative_loss_h" (the same test on each piece); the
+    shares at λ_min's eigenvector v (`gm_split.curvature_shares`): "rayleigh_head" (vᵀMv), "rayleigh_objective",
+    "rayleigh_predictor_bn", "rayleigh_sum", "share_head", "share_objective", "share_predictor_bn" (each / the
+    sum); "curvature_source": "none" (H not negative beyond its bound) or the part with the most negative quotient
+    ("head", "objective", "predictor_bn"), with "attribution_rule"; "split_consistency" ‖(G + M − H)u‖/‖Hu‖ for a
+    random unit u; "split_converged"; "n_hvp_split". It costs about 4-5× the snapshot.
+
+    collapse_threshold: the run's `geometry.collapse_threshold` t; the record then says "collapsed" (out_std ≤
+    t/√out, `collapse.collapse_criterion`) and "collapse_bound" (t/√out), so a point taken after the head left
+    collapse is not counted as evidence about a collapsed state. controls=True adds `controls.head_controls` at
+    the same state (objective_without_predictor: the objective with the predictor removed, for "no_predictor").
 
     Returns a flat, JSON-ready dict: "wrt", "dim", "loss", "lambda_min", "lambda_max", "eigenvalues" (2k,
     ascending), "residual_min", "residual_max", "error_bound_min", "error_bound_max", "converged", "n_hvp",
@@ -85,9 +98,9 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
     start = time.perf_counter()
     if wrt not in WRT:
         raise ValueError(f"wrt={wrt!r} is unknown; use 'representation' (the batch z) or 'head' (its parameters).")
-    if split and wrt != "representation":
-        raise ValueError("split=True splits the Hessian w.r.t. the representation (G- and M-terms); use "
-                         "wrt='representation' or split=False.")
+    if (split or controls) and wrt != "representation":
+        raise ValueError("split=True and controls=True measure the Hessian w.r.t. the representation (G- and "
+                         "M-terms, controls); use wrt='representation' or leave both False.")
     for name, z in (("z1", z1), ("z2", z2)):
         if not isinstance(z, torch.Tensor) or z.ndim != 2 or not torch.is_floating_point(z):
             raise ValueError(f"{name} must be a floating-point batch (B, D), got "
@@ -109,14 +122,21 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
             hvp = hvp_fn(lambda z: scalar_loss(objective_fn(head(z[:n]), head(z[n:]))), torch.cat([z1, z2]))
         else:
             hvp = hvp_fn(lambda m: scalar_loss(objective_fn(m(z1), m(z2))), head)
-        full = scaled_extremes(hvp, hvp.dim, hvp.dtype, hvp.device, k, tol, max_iter, seed)
+        full = scaled_extremes(hvp, hvp.dim, hvp.dtype, hvp.device, k, tol, max_iter, seed, eigenvectors=split)
         n_hvp = hvp.calls
         if split:
             extra = split_curvature(head, loss_of_h, torch.cat([z1, z2]), hvp, full, k, tol, max_iter, seed, predictor)
+        if controls:
+            extra |= head_controls(head, torch.cat([z1, z2]), objective_fn, objective_without_predictor, k, tol,
+                                   max_iter, seed)
         with torch.no_grad():
             h1 = head(rows.to(dtype=z1.dtype))
     values = full["values"]
     lambda_min = float(values[0])
+    stats = output_statistics(h1)
+    if collapse_threshold is not None:
+        verdict = collapse_criterion(stats["out_std"], h1.shape[1], collapse_threshold)
+        extra |= {"collapsed": verdict["collapsed"], "collapse_bound": verdict["threshold"]}
     return {
         "wrt": wrt,
         "dim": hvp.dim,
@@ -137,7 +157,7 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
         "residual_kind": full["residual_kind"],
         "scale": full["scale"],
         "negative_curvature": lambda_min < -full["roundoff"],
-        **output_statistics(h1),
+        **stats,
         "stats_rows": len(rows),
         **extra,
         "batchnorm": batchnorm,

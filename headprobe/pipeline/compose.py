@@ -330,7 +330,7 @@ def run_sweep(
     if process_state().is_main_process:
         from headprobe.report.compare import write_compare
 
-        write_compare([r.path for r in results], root)
+        written = write_compare([r.path for r in results], root)
         if not quiet:
             from rich.console import Console
 
@@ -338,5 +338,11 @@ def run_sweep(
             from headprobe.report.table import compare_table
 
             Console().print(compare_table({r.path.name: read_results(r.path) for r in results}))
+            if "cross_run" in written:  # a head ablation with a no-head arm: the backbones compared across runs
+                import json
+
+                from headprobe.stats.cross_run import answer_lines
+
+                print("\n".join(answer_lines(json.loads(written["cross_run"].read_text()))))
             print(f"comparison: {root / 'compare.html'}")
     return results

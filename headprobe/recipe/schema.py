@@ -325,6 +325,10 @@ class GeometrySpec:
     track_stat_rows: int = field(default=1024, metadata=at_least(2))
     # Split each tracked λ_min into G-term (the loss seen through J_h), M-term (the head's curvature) and ∇²_h L.
     track_split: bool = True
+    # At each tracked point also the controls of `geometry.controls` at the same state: the predictor removed, the
+    # head's activation swapped (piecewise-linear ↔ smooth) at the same weights, and a loss convex in h whose
+    # gradient does not vanish at collapse (½‖h − t‖², fixed random t). About 3 more Lanczos runs per point.
+    track_controls: bool = False
     # Claim 4's start: a number c starts every head collapsed by `geometry.collapse.collapsed_init` (first layer
     # scaled by collapse_scale plus a shared offset c per unit); null = heads as built (init_scale and all).
     collapse_offset: float | None = None

@@ -2,13 +2,15 @@
 
 "Collapse is unstable only for smooth heads" (PAPER.md claim 4): at a collapsed start a Swish/GELU head has
 λ_min < 0 (a strict saddle), linear and ReLU heads do not. The paper counts λ_min < 0 in 72/100 epochs for a
-Swish head started collapsed and 1/100 for a ReLU head. A negative λ_min can come from the loss, though:
-SimSiam's ∇²_h L is indefinite, so its G-term J_hᵀ ∇²_h L J_h is negative for any head. `summarise_collapse`
-counts, per head, the tracked points with λ_min < −max(error bound, round-off) and splits them by the record's
-"curvature_source" (`geometry.tracking.curvature_snapshot(split=True)`): "loss" (the G-term alone is negative)
-or "head" (it is not; the M-term made λ_min negative). Next to it: whether the head started collapsed by the
-run's step-0 criterion (protocol.train.collapse_start) and whether its outputs escaped collapse (out_std of the
-last training record above the same threshold).
+Swish head started collapsed and 1/100 for a ReLU head. Only points taken while the head is still collapsed bear on
+that: `summarise_collapse` counts, per head, the tracked points whose state is collapsed by the recorded criterion
+(the record's "collapsed": out_std ≤ threshold/√out), and among them those with λ_min < −max(error bound,
+round-off), split by the record's "curvature_source" -- attributed by share at λ_min's eigenvector
+(`geometry.gm_split`): "head" (the M-term), "objective" (∇²_h L with the predictor's BatchNorm on running
+statistics, through J_h) or "predictor_bn" (the predictor's BatchNorm on batch statistics). The answer reads
+"λ_min < −bound at k of n collapsed points; the head's share the largest at j". Points after escape are counted
+apart. Next to it: whether the head started collapsed by the run's step-0 criterion (protocol.train.collapse_start)
+and whether its outputs escaped collapse (out_std of the last training record above the same threshold).
 """
 
 from __future__ import annotations
@@ -29,12 +31,29 @@ def _paper(config: dict) -> str:
     return PAPER.get(str(config.get("act")), "")
 
 
+SOURCES = ("head", "objective", "predictor_bn")
+
+
+def point_collapsed(record: dict, threshold: float | None) -> bool | None:
+    """Whether a tracked point's state is collapsed: its "collapsed" flag, else out_std ≤ the run's step-0 threshold
+    (records written before the flag); None when neither is known."""
+    if isinstance(record.get("collapsed"), bool):
+        return record["collapsed"]
+    value = record.get("out_std")
+    if threshold is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return bool(value <= threshold)
+
+
 def summarise_collapse(results: dict, records: Sequence[dict]) -> dict:
     """{head: summary} for every head with split curvature records (none: {}). A summary holds "n_points",
-    "negative", "from_loss", "from_head" (counts), their fractions "negative_frac", "from_loss_frac",
-    "from_head_frac", "m_norm_ratio_median", "loss_h_indefinite_frac", "collapsed_start" (bool or None when the
-    run did not record it), "out_std_start", "threshold", "out_std_uniform", "out_std_end" (last training
-    record), "escaped" (out_std_end > threshold; None when either is unknown), "paper"."""
+    "n_collapsed" (points whose state is collapsed, `point_collapsed`), "n_unknown" (no criterion recorded),
+    "negative" (λ_min < −bound among the collapsed points), "from_head", "from_objective", "from_predictor_bn"
+    (those by share), "negative_after_escape" (negative points whose state is not collapsed), "negative_frac"
+    (negative / n_collapsed, None without collapsed points), "answer" (the sentence), "m_norm_ratio_median",
+    "loss_h_indefinite_frac" (over the collapsed points), "collapsed_start" (bool or None when the run did not record
+    it), "out_std_start", "threshold", "out_std_uniform", "out_std_end" (last training record), "escaped" (out_std_end
+    > threshold; None when either is unknown), "paper"."""
     start = results.get("protocol", {}).get("train", {}).get("collapse_start") or {}
     out: dict = {}
     for name, head in results.get("heads", {}).items():
@@ -44,18 +63,24 @@ def summarise_collapse(results: dict, records: Sequence[dict]) -> dict:
             continue
         train = [r for r in records if r.get("stage") == "train" and r.get("head") == name
                  and isinstance(r.get("out_std"), (int, float)) and math.isfinite(r["out_std"])]
-        n = len(points)
-        counts = {src: sum(r["curvature_source"] == src for r in points) for src in ("loss", "head")}
-        negative = counts["loss"] + counts["head"]
         begin = start.get(name, {})
         threshold = begin.get("threshold")
+        states = [point_collapsed(r, r.get("collapse_bound", threshold)) for r in points]
+        collapsed = [r for r, c in zip(points, states, strict=True) if c]
+        negative = [r for r in collapsed if r["curvature_source"] != "none"]
+        counts = {src: sum(r["curvature_source"] == src for r in negative) for src in SOURCES}
+        after = sum(r["curvature_source"] != "none" for r, c in zip(points, states, strict=True) if c is False)
         end = train[-1]["out_std"] if train else None
-        ratios = [r["m_norm_ratio"] for r in points if isinstance(r.get("m_norm_ratio"), (int, float))]
+        ratios = [r["m_norm_ratio"] for r in collapsed if isinstance(r.get("m_norm_ratio"), (int, float))]
+        n = len(collapsed)
         out[name] = {
-            "n_points": n, "negative": negative, "from_loss": counts["loss"], "from_head": counts["head"],
-            "negative_frac": negative / n, "from_loss_frac": counts["loss"] / n, "from_head_frac": counts["head"] / n,
+            "n_points": len(points), "n_collapsed": n, "n_unknown": sum(c is None for c in states),
+            "negative": len(negative), **{f"from_{src}": counts[src] for src in SOURCES},
+            "negative_after_escape": after, "negative_frac": len(negative) / n if n else None,
+            "answer": (f"λ_min < −bound at {len(negative)} of {n} collapsed points; the head's share the largest "
+                       f"at {counts['head']}" if n else f"no collapsed point among {len(points)} tracked"),
             "m_norm_ratio_median": statistics.median(ratios) if ratios else None,
-            "loss_h_indefinite_frac": sum(bool(r.get("negative_loss_h")) for r in points) / n,
+            "loss_h_indefinite_frac": sum(bool(r.get("negative_loss_h")) for r in collapsed) / n if n else None,
             "collapsed_start": begin.get("collapsed"), "out_std_start": begin.get("out_std"),
             "threshold": threshold, "out_std_uniform": begin.get("out_std_uniform", points[0].get("out_std_uniform")),
             "out_std_end": end,
@@ -71,18 +96,22 @@ def collapse_table(summary: dict) -> str:
         return ""
     rows = []
     for name, s in summary.items():
-        rows.append([name, f"{s['negative']}/{s['n_points']}", s["negative_frac"], s["from_loss_frac"],
-                     s["from_head_frac"], s["m_norm_ratio_median"], s["loss_h_indefinite_frac"], s["collapsed_start"],
-                     s["out_std_start"], s["threshold"], s["out_std_end"], s["out_std_uniform"], s["escaped"],
+        rows.append([name, f"{s['negative']}/{s['n_collapsed']}", s["negative_frac"], s["from_head"],
+                     s["from_objective"], s["from_predictor_bn"], s["negative_after_escape"],
+                     f"{s['n_collapsed']}/{s['n_points']}", s["m_norm_ratio_median"], s["loss_h_indefinite_frac"],
+                     s["collapsed_start"], s["out_std_start"], s["threshold"], s["out_std_end"], s["escaped"],
                      s["paper"]])
-    header = ["head", "λ_min < −bound", "fraction", "from the loss", "from the head", "median ‖M‖/‖H‖",
-              "∇²_h L indefinite", "collapsed at step 0", "out_std step 0", "threshold", "out_std end", "1/√d",
-              "escaped", "paper (λ_min < 0)"]
-    legend = ("<p class='legend'>Per tracked point: λ_min of the loss Hessian w.r.t. the representation batch "
-              "below −max(Lanczos error bound, round-off). “From the loss”: the G-term J_hᵀ∇²_hL J_h alone "
-              "(predictor inside the loss) is negative too; “from the head”: it is not, so the M-term "
-              "Σ_i[∇_hL]_i∇²_z h_i made it. Claim 4 is about the head column. Collapsed at step 0: out_std ≤ "
-              "threshold; escaped: out_std of the last training record above it.</p>")
+    header = ["head", "λ_min < −bound (collapsed points)", "fraction", "largest share: head", "objective",
+              "predictor BN", "negative after escape", "collapsed / tracked", "median ‖M‖/‖H‖",
+              "∇²_h L indefinite", "collapsed at step 0", "out_std step 0", "threshold", "out_std end", "escaped",
+              "paper (λ_min < 0)"]
+    legend = ("<p class='legend'>Counted over the tracked points whose state is collapsed (out_std ≤ threshold, "
+              "recorded per point); negative: λ_min of the loss Hessian w.r.t. the representation batch below "
+              "−max(Lanczos error bound, round-off). Each negative point goes to the part of H with the most "
+              "negative Rayleigh quotient at λ_min's eigenvector v: the head (vᵀMv, M = Σ_i[∇_hL]_i∇²_z h_i), the "
+              "objective ((Jv)ᵀ∇²_hL(Jv) with the predictor's BatchNorm on running statistics) or the predictor's "
+              "BatchNorm on batch statistics (the rest of the G-term). Claim 4 is about the head column. Negative "
+              "after escape: points past the threshold, not evidence about collapse.</p>")
     return f"<h3>{esc('Collapse: where negative curvature comes from (claim 4)')}</h3>" + table(
         header, rows, numeric_from=1) + legend
 

@@ -3,6 +3,9 @@
 `write_compare(run_dirs, out_dir)` writes ``compare.csv`` (long format, one `pandas.read_csv` away: a ``run``
 column, then the columns of each run's ``results.csv``, `tidy.TIDY_COLUMNS`) and a self-contained ``compare.html``
 (one row per (tap, metric), one column per run); `compare_table` in `table.py` prints those rows in the terminal.
+Where the runs are a head ablation with a "no head" arm (`stats.cross_run.compare_sweep`), it also writes
+``cross_run.json``: each arm's backbone against the no-head backbone, paired on test images, with intervals over
+seeds and images, and compare.html shows it.
 
 >>> write_compare(["runs/depth1", "runs/depth2"], "runs")  # doctest: +SKIP
 {'csv': PosixPath('runs/compare.csv'), 'html': PosixPath('runs/compare.html')}
@@ -15,7 +18,7 @@ from pathlib import Path
 
 from headprobe.record.tidy import compare_long_csv
 
-from .markup import esc, fmt, page
+from .markup import esc, fmt, page, table
 
 
 def run_labels(run_dirs: Sequence[str | Path]) -> dict[str, Path]:
@@ -61,7 +64,27 @@ def _run_summary(label: str, path: Path, results: dict) -> list:
             heads, (recipe.get("objective") or {}).get("name") or "—", verdicts, results.get("status", "?")]
 
 
-def compare_html(runs: Mapping[str, dict], paths: Mapping[str, Path]) -> str:
+def paired_section(paired: Mapping | None) -> str:
+    """compare.html's section for `cross_run.compare_sweep`'s output; '' without one."""
+    if not paired:
+        return ""
+    rows = []
+    for label, arm in paired["arms"].items():
+        for metric, r in arm["metrics"].items():
+            rows.append([label, f"{arm['tap_a']} · {metric}", r["claim"], r["b"], r["a"], r["difference"],
+                         f"[{fmt(r['ci95'][0])}, {fmt(r['ci95'][1])}]",
+                         "—" if r["ci95_seeds"] is None else f"[{fmt(r['ci95_seeds'][0])}, {fmt(r['ci95_seeds'][1])}]",
+                         r.get("resolved", "—"), f"{r['n_seeds']} × {r['n_units']}"])
+    header = ["arm", "tap · metric", "claim", paired["reference"], "arm", "difference", "95% (seeds × images)",
+              "95% t over seeds", "resolved", "seeds × units"]
+    legend = ("<p class='legend'>Each arm's run against the reference arm's run of the same seed, paired on the same "
+              "test images (views: the same held-out views); 95%: two-level bootstrap (seeds with replacement, then "
+              "images); resolved: Holm over the evidence metrics of an arm. The claim: a backbone trained with a "
+              "head keeps more information and is less invariant than one trained without.</p>")
+    return f"<h2>Across runs: {esc(paired['reference'])} vs each arm</h2>{legend}" + table(header, rows, numeric_from=3)
+
+
+def compare_html(runs: Mapping[str, dict], paths: Mapping[str, Path], paired: Mapping | None = None) -> str:
     header, rows = compare_rows(runs)
     info = [_run_summary(label, paths[label], results) for label, results in runs.items()]
     info_html = ("<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in (
@@ -80,17 +103,26 @@ def compare_html(runs: Mapping[str, dict], paths: Mapping[str, Path]) -> str:
                   + f"</tr></thead><tbody>{''.join(body_rows)}</tbody></table>")
     legend = "<p class='legend'>Bold: the best accuracy in a row. —: the run did not measure it.</p>"
     head = (f"<h1>headprobe compare</h1><p class='sub'>{len(runs)} runs · {len(rows)} (tap, metric) rows</p>")
-    return page("headprobe compare", head, f"<h2>Runs</h2>{info_html}<h2>Metrics</h2>{legend}{table_html}")
+    return page("headprobe compare", head,
+                f"<h2>Runs</h2>{info_html}{paired_section(paired)}<h2>Metrics</h2>{legend}{table_html}")
 
 
 def write_compare(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
-    """Read each run's results.json and write out_dir/compare.csv and out_dir/compare.html."""
+    """Read each run's results.json and write out_dir/compare.csv and out_dir/compare.html, and out_dir/cross_run.json
+    where the runs are a head ablation with a "no head" arm (`stats.cross_run.compare_sweep`)."""
+    import json
+
     from headprobe.record.directory import atomic_write_text, read_results
+    from headprobe.stats.cross_run import compare_sweep
 
     paths = run_labels(run_dirs)
     runs = {label: read_results(path) for label, path in paths.items()}
     out_dir = Path(out_dir)
     written = {"csv": out_dir / "compare.csv", "html": out_dir / "compare.html"}
+    paired = compare_sweep(list(paths.values()))
+    if paired is not None:
+        written["cross_run"] = out_dir / "cross_run.json"
+        atomic_write_text(written["cross_run"], json.dumps(paired, indent=1, default=str))
     atomic_write_text(written["csv"], compare_long_csv(runs))
-    atomic_write_text(written["html"], compare_html(runs, paths))
+    atomic_write_text(written["html"], compare_html(runs, paths, paired))
     return written

@@ -26,47 +26,86 @@ def convergence_flags(records: Sequence[dict], key: str) -> list[bool | None]:
     return flags
 
 
+def relative_lambda_min(records: Sequence[dict]) -> dict[str, list]:
+    """The scale-free λ_min of each record holding λ_min and λ_max > 0: {"step", "ratio" (λ_min/λ_max), "bound"
+    (error_bound_min/λ_max, 0 where the record has none), "collapsed" (the record's flag; None: not recorded),
+    "converged" (`convergence_flags`' value for λ_min)}."""
+    out: dict[str, list] = {"step": [], "ratio": [], "bound": [], "collapsed": [], "converged": []}
+    for r in records:
+        low, high = r.get("lambda_min"), r.get("lambda_max")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
+            continue
+        if high <= 0:
+            continue
+        bound = r.get("error_bound_min")
+        out["step"].append(r["step"])
+        out["ratio"].append(low / high)
+        out["bound"].append(bound / high if isinstance(bound, (int, float)) and math.isfinite(bound) else 0.0)
+        out["collapsed"].append(r.get("collapsed") if isinstance(r.get("collapsed"), bool) else None)
+        out["converged"].append(convergence_flags([r], "lambda_min")[0])
+    return out
+
+
+def _legend_marks() -> list:
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], color="grey", marker="o", linestyle="", label="collapsed (out_std ≤ threshold)"),
+            Line2D([], [], color="grey", marker="o", markerfacecolor="none", linestyle="", label="not collapsed"),
+            Line2D([], [], color="grey", marker="x", linestyle="", label="λ_min not converged")]
+
+
 def plot_lambda_over_training(history: Mapping[str, Sequence[dict]], path: Path,
                               colors: Mapping[str, str] | None = None) -> Path:
-    """λ_max and λ_min of the loss Hessian against the training step, from the "geometry" records tracking writes;
-    λ_min on a symmetric-log axis around 0, with the G-term's λ_min dashed where the records split the Hessian
-    (`curvature_snapshot(split=True)`). Points whose Lanczos run did not converge (`convergence_flags`) are hollow."""
+    """Three panels against the training step, from the "geometry" records tracking writes: λ_max of the loss
+    Hessian (log axis when positive); λ_min/λ_max, scale-free on a linear axis, with ± error_bound_min/λ_max as
+    error bars; and out_std with each head's collapse bound. Filled markers: the point's state is collapsed by the
+    recorded criterion; hollow: it is not (or not recorded); ×: λ_min's Lanczos run did not converge."""
     if not any(series(recs, "lambda_min")[0] or series(recs, "lambda_max")[0] for recs in history.values()):
         raise ValueError("no lambda_min / lambda_max in the tracked geometry records")
     colors = colors or head_colors(list(history))
-    fig = new_figure(11, 3.8)
-    hollow_any = False
-    for k, key in enumerate(("lambda_max", "lambda_min")):
-        ax = fig.add_subplot(1, 2, k + 1)
-        values = []
-        for head, recs in history.items():
-            steps, vals = series(recs, key)
-            values += vals
-            if steps:
-                flags = convergence_flags(recs, key)
-                ax.plot(steps, vals, color=colors[head], label=head, linewidth=1.3)
-                done = [i for i, f in enumerate(flags) if f is not False]
-                open_ = [i for i, f in enumerate(flags) if f is False]
-                ax.scatter([steps[i] for i in done], [vals[i] for i in done], s=14, color=colors[head], zorder=3)
-                if open_:
-                    hollow_any = True
-                    ax.scatter([steps[i] for i in open_], [vals[i] for i in open_], s=30, facecolors="none",
-                               edgecolors=colors[head], zorder=3, label=f"{head}: not converged")
-            g_steps, g_vals = series(recs, "lambda_min_gterm") if key == "lambda_min" else ([], [])
-            if g_steps:  # the G-term alone (the loss seen through J_h): where it is negative, the loss is to blame
-                values += g_vals
-                ax.plot(g_steps, g_vals, color=colors[head], label=f"{head} G-term", linestyle="--", linewidth=1.0)
-        nonzero = [abs(v) for v in values if v and math.isfinite(v)]
-        if key == "lambda_min" and nonzero:
-            ax.set_yscale("symlog", linthresh=max(min(nonzero), 1e-12))
-            ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_title(f"λ_{key.split('_')[1]} of the loss Hessian", fontsize=10)
+    fig = new_figure(14, 4.2)
+    top, rel, std = (fig.add_subplot(1, 3, k) for k in (1, 2, 3))
+    maxima = []
+    for head, recs in history.items():
+        color = colors[head]
+        steps, vals = series(recs, "lambda_max")
+        maxima += vals
+        if steps:
+            top.plot(steps, vals, color=color, label=head, linewidth=1.3, marker=".")
+        r = relative_lambda_min(recs)
+        if r["step"]:
+            rel.plot(r["step"], r["ratio"], color=color, linewidth=1.0, label=head)
+            rel.errorbar(r["step"], r["ratio"], yerr=r["bound"], fmt="none", ecolor=color, elinewidth=0.8, capsize=2)
+            for i, step in enumerate(r["step"]):
+                filled = r["collapsed"][i] is True
+                rel.scatter([step], [r["ratio"][i]], s=22, zorder=3, edgecolors=color,
+                            facecolors=color if filled else "none")
+                if r["converged"][i] is False:
+                    rel.scatter([step], [r["ratio"][i]], s=40, marker="x", color=color, zorder=4)
+        s_steps, s_vals = series(recs, "out_std")
+        if s_steps:
+            std.plot(s_steps, s_vals, color=color, linewidth=1.2, marker=".", label=head)
+            bounds = [b for b in (rec.get("collapse_bound") for rec in recs) if isinstance(b, (int, float))]
+            if bounds:
+                std.axhline(bounds[0], color=color, linestyle=":", linewidth=1.0)
+    if maxima and min(maxima) > 0:
+        top.set_yscale("log")
+    top.set_title("λ_max of the loss Hessian", fontsize=10)
+    top.set_ylabel("λ_max")
+    rel.axhline(0, color="black", linewidth=0.8)
+    rel.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2), useMathText=True)
+    rel.set_title("λ_min / λ_max (bars: ± error bound / λ_max)", fontsize=10)
+    rel.set_ylabel("λ_min / λ_max")
+    rel.legend(handles=[*rel.get_legend_handles_labels()[0], *_legend_marks()], fontsize=7)
+    std.set_title("out_std of the head outputs (dotted: collapse bound)", fontsize=10)
+    std.set_ylabel("out_std")
+    if std.lines:
+        std.set_yscale("log")
+    for ax in (top, rel, std):
         ax.set_xlabel("training step")
-        ax.set_ylabel("eigenvalue")
-        if values:
-            ax.legend(fontsize=7)
-    hollow = "; hollow: Lanczos did not converge" if hollow_any else ""
-    fig.suptitle(f"Curvature over training (λ_min < 0: the loss has a descent direction{hollow})")
+    if maxima:
+        top.legend(fontsize=7)
+    fig.suptitle("Curvature over training (λ_min < 0: the loss has a descent direction)")
     return save(fig, path)
 
 
