@@ -20,7 +20,8 @@ import torch
 from _common import Report, interleaved, parse_args
 
 from headprobe.data.augment import PARAM_NAMES
-from headprobe.probes.suite import AUG_R2_ALPHAS, TapData, augment_r2
+from headprobe.probes.augment_r2 import AUG_R2_ALPHAS, augment_r2
+from headprobe.probes.suite import TapData
 
 FOLDS = 5
 

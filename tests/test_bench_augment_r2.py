@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from headprobe.probes.suite import TapData, augment_r2
+from headprobe.probes.augment_r2 import augment_r2
+from headprobe.probes.suite import TapData
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from headprobe.data.augment import PARAM_NAMES
-from headprobe.probes.suite import AUG_R2_ALPHAS, TapData, _grouped_ridge_cv, _ridge_predictions, augment_r2, view_mi
+from headprobe.probes.augment_r2 import AUG_R2_ALPHAS, augment_r2, grouped_ridge_cv, ridge_predictions
+from headprobe.probes.suite import TapData, view_mi
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -104,7 +105,7 @@ def test_augment_r2_with_every_parameter_constant_reports_no_mean():
     assert out.metrics == {} and set(out.protocol["skipped"]) == set(PARAM_NAMES)
 
 
-def test_grouped_ridge_cv_matches_sklearn_refits_fold_by_fold():
+def testgrouped_ridge_cv_matches_sklearn_refits_fold_by_fold():
     from sklearn.linear_model import Ridge
     from sklearn.preprocessing import StandardScaler
 
@@ -113,7 +114,7 @@ def test_grouped_ridge_cv_matches_sklearn_refits_fold_by_fold():
     x[:, 3] = 2.5  # a constant feature is only centred
     y = rng.normal(size=(36, 2)) + x[:, :1]
     groups, alphas, folds = np.repeat(np.arange(12), 3), [0.01, 1.0, 100.0], 4
-    got = _grouped_ridge_cv(x, y, groups, alphas, folds, seed=5)
+    got = grouped_ridge_cv(x, y, groups, alphas, folds, seed=5)
     # Same fold assignment as the probe: a seeded permutation of the groups, dealt round-robin.
     order = np.random.default_rng(5).permutation(np.arange(12)).tolist()
     fold_of = dict(zip(order, np.arange(12) % folds, strict=True))
@@ -140,10 +141,10 @@ def relu_tap_views(n_images=337, views=4, dim=512, seed=0):
     return x, y, np.repeat(np.arange(n_images), views)
 
 
-def test_grouped_ridge_cv_matches_an_svd_reference_at_the_quickstart_scale():
+def testgrouped_ridge_cv_matches_an_svd_reference_at_the_quickstart_scale():
     x, y, groups = relu_tap_views()
     grid = sorted(AUG_R2_ALPHAS)
-    got = _grouped_ridge_cv(x, y, groups, grid, 5, seed=0)
+    got = grouped_ridge_cv(x, y, groups, grid, 5, seed=0)
     order = np.random.default_rng(0).permutation(np.unique(groups)).tolist()
     fold_of = dict(zip(order, np.arange(len(order)) % 5, strict=True))
     fold = np.array([fold_of[g] for g in groups])
@@ -168,7 +169,7 @@ def test_grouped_ridge_cv_matches_an_svd_reference_at_the_quickstart_scale():
     assert best[: y.shape[1]] == best[y.shape[1] :]
 
 
-def test_ridge_predictions_match_sklearn_per_target_at_the_quickstart_scale():
+def testridge_predictions_match_sklearn_per_target_at_the_quickstart_scale():
     from sklearn.linear_model import Ridge
     from sklearn.preprocessing import StandardScaler
 
@@ -177,7 +178,7 @@ def test_ridge_predictions_match_sklearn_per_target_at_the_quickstart_scale():
     scaler = StandardScaler().fit(fit)
     xs, xt = scaler.transform(fit), scaler.transform(held_out)
     alphas = [AUG_R2_ALPHAS[(3 * t) % len(AUG_R2_ALPHAS)] for t in range(y.shape[1])]
-    got = _ridge_predictions(xs, y[:1348], xt, alphas)
+    got = ridge_predictions(xs, y[:1348], xt, alphas)
     for t, alpha in enumerate(alphas):
         expected = Ridge(alpha=alpha).fit(xs, y[:1348, t]).predict(xt)
         np.testing.assert_allclose(got[:, t], expected, rtol=1e-7, atol=1e-9 * np.abs(expected).max())

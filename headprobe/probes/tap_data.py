@@ -60,3 +60,13 @@ class ProbeOutput:
 
 class MissingInputError(ValueError):
     """A probe asked for data this run does not produce; the message says which recipe key adds it."""
+
+
+def need_views(tap: TapData, probe: str) -> torch.Tensor:
+    """The tap's augmented-view features, or a `MissingInputError` saying the recipe needs heads for them."""
+    if tap.views is None:
+        raise MissingInputError(
+            f"probe {probe!r} measures augmented views, which exist only when the recipe trains heads "
+            "(add a `heads:` section) — or remove probes." + probe + "."
+        )
+    return tap.views

@@ -29,6 +29,7 @@ from torch import nn
 
 from headprobe.parallel.collectives import all_finite, all_rows, mean_over_ranks
 from headprobe.train.checkpoint import load_trainable_state, restore_checkpoint, save_checkpoint, trainable_state
+from headprobe.train.curvature import track_curvature, tracked_stat_rows
 from headprobe.train.heads import Predictor, ProjectionHead, registered_head
 from headprobe.train.stats import collapse_stats, update_stats  # noqa: F401  (train.py re-exports collapse_stats)
 
@@ -229,45 +230,6 @@ class Optimisation:
                 s.predictor.load_state_dict(s.last_good["predictor"], strict=True)
 
 
-def tracked_stat_rows(source: StepSource, track, seed: int) -> torch.Tensor | None:
-    """The fixed rows whose head outputs give every tracked record's collapse statistics: `track.track_stat_rows`
-    of a source's cached view features (`views`: (N, K, D), `geometry.collapse.fixed_stat_rows`, drawn with
-    (seed, "collapse rows")); None for a source without cached views (a tuned backbone changes every
-    representation, so its records take the statistics on the step's whole batch instead)."""
-    from headprobe.geometry.collapse import fixed_stat_rows
-
-    views = getattr(source, "views", None)
-    if not isinstance(views, torch.Tensor) or views.ndim != 3:
-        return None
-    return fixed_stat_rows(views, track.track_stat_rows, seed_of(seed, "collapse rows"))
-
-
-def track_curvature(state: HeadState, objective, options: dict, z1: torch.Tensor, z2: torch.Tensor, track,
-                    step: int, per_epoch: int, seed: int, log, stat_rows: torch.Tensor | None = None) -> None:
-    """Append (and log) a "geometry" record of `state`'s head on z1, z2: (b, D), taken before step `step`'s
-    update: `geometry.tracking.curvature_snapshot` on the first `track.track_rows` rows, its collapse statistics
-    on `stat_rows` (`tracked_stat_rows`: the same rows at every step; None: all b rows of the step's batch)."""
-    from headprobe.geometry.analyse import objective_closure
-    from headprobe.geometry.tracking import curvature_snapshot
-
-    rows = min(track.track_rows, len(z1))
-    fixed = stat_rows is not None
-    controls = getattr(track, "track_controls", False)
-    without = objective_closure(objective, options, nn.Identity()) if controls and state.predictor is not None else None
-    snap = curvature_snapshot(state.head, z1[:rows], z2[:rows], objective_closure(objective, options, state.predictor),
-                              predictor=state.predictor, max_iter=track.track_max_iter, seed=seed,
-                              split=getattr(track, "track_split", False), stat_rows=stat_rows if fixed else z1,
-                              collapse_threshold=getattr(track, "collapse_threshold", None), controls=controls,
-                              objective_without_predictor=without)
-    snap.pop("cov_top_eigenvalues", None)
-    record = {"stage": "geometry", "head": state.name, "step": step + 1, "epoch": step // per_epoch,
-              **{k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in snap.items()},
-              "stats_rows_fixed": fixed}
-    state.history.append(record)
-    if log is not None:
-        log(record)
-
-
 def _log_step(group: Optimisation, out: StepOutput, step: int, per_epoch: int, source: StepSource, log) -> None:
     """One "train" record per head of `group`: loss and terms (averaged over processes: the global batch's),
     collapse statistics of the gathered outputs, its gradient, and with a tuned backbone the summed loss and the
@@ -334,7 +296,7 @@ def _train_steps(source: StepSource, groups: list[Optimisation], steps: range, t
     from headprobe.parallel.signals import atomic_step
 
     tracking = track is not None and bool(track.track_every)
-    stat_rows = tracked_stat_rows(source, track, seed) if tracking else None
+    stat_rows = tracked_stat_rows(source, track, seed_of(seed, "collapse rows")) if tracking else None
     done, in_step = steps.start, False
     try:
         with source.running():
