@@ -217,7 +217,7 @@ PROBES.add("invariance", "headprobe.probes.suite:invariance",
            "alignment, uniformity, view cosine and LiDAR over the augmented views", needs=("views",))
 PROBES.add("view_mi", "headprobe.probes.suite:view_mi",
            "MI between two views: InfoNCE (cosine critic, with its log B ceiling) and Gaussian/CCA", needs=("views",))
-PROBES.add("augment_r2", "headprobe.probes.augment_r2:augment_r2",
+PROBES.add("augment_r2", "headprobe.probes.suite:augment_r2",
            "R² of a ridge regression of each augmentation parameter from a view's representation", needs=("views",))
 PROBES.add("rotation", "headprobe.probes.suite:rotation",
            "4-way rotation prediction (0/90/180/270°), linear and MLP: the paper's guillotine measure",

@@ -23,6 +23,7 @@ from headprobe.stats.bootstrap import (
 from ..checks import check_features
 
 # The probe interface (what a probe receives and returns) lives in tap_data.py; it is importable from here too.
+from .augment_r2 import augment_r2  # noqa: F401  (registered from here, with the other built-in probes)
 from .tap_data import MissingInputError, ProbeOutput, TapData, need_views
 
 

@@ -7,16 +7,7 @@ value, the allowed values and a "did you mean".
 """
 
 from .checks import check_recipe, declared_shape, known_train_size, patch_size
-from .loading import (
-    MAX_FOLDER_BYTES,
-    apply_override,
-    dump_recipe,
-    expand_sweep,
-    load_recipe,
-    resolve_recipe_data,
-    set_value,
-    sweep_folder_name,
-)
+from .loading import apply_override, dump_recipe, expand_sweep, load_recipe, resolve_recipe_data, set_value
 from .schema import (
     NAME_PATTERN,
     PROBE_SPECS,
@@ -44,6 +35,7 @@ from .schema import (
     TrainSpec,
     ViewMISpec,
 )
+from .sweeps import MAX_FOLDER_BYTES, sweep_folder_name
 
 __all__ = [
     "MAX_FOLDER_BYTES", "NAME_PATTERN", "PROBE_SPECS", "AugmentR2Spec",

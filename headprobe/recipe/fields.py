@@ -44,3 +44,13 @@ def at_least(low: float) -> dict:
 
 def within(low: float, high: float, open_high: bool = False) -> dict:
     return {"range": Range(low, high, open_high=open_high)}
+
+
+def registered(registry) -> dict:
+    """Metadata of a name field (or list of names) whose values are `registry`'s names."""
+    return {"registry": registry}
+
+
+POSITIVE = {"range": Range(0, open_low=True)}
+# A share of the images: 0 or 1 would leave one side of the split empty.
+FRACTION = {"range": Range(0, 1, open_low=True, open_high=True)}

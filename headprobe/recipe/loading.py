@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import math
 import re
 import types
@@ -28,7 +27,7 @@ from headprobe.recipe.safe_yaml import AliasLimitError, BoundedAliasLoader
 from ..registry import Registry
 from .checks import check_recipe
 from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unknown_name
-from .sweeps import sweep_items
+from .sweeps import NO_SWEEP, sweep_folder_name, sweep_items
 
 
 class _NotFinite(RecipeError):
@@ -228,10 +227,6 @@ def _sweep_items(recipe: Recipe) -> list[tuple[str, list[str]]]:
     return sweep_items(recipe.sweep, recipe.sweep_zip, recipe.sweep_labels)
 
 
-# What makes one run of a sweep a plain run.
-NO_SWEEP = ["sweep={}", "sweep_zip={}", "sweep_labels=null"]
-
-
 def expand_sweep(source: str | Path | dict, overrides: list[str] | None = None) -> list[tuple[str, list[str]]]:
     """A recipe with `sweep: {key: [values], ...}` (and/or `sweep_zip`, `sweep_labels`) → [(label, overrides)], one
     per run (`sweeps.sweep_items`). Every run's recipe is validated (by `load_recipe`), before anything runs. A
@@ -241,23 +236,6 @@ def expand_sweep(source: str | Path | dict, overrides: list[str] | None = None) 
     if not combos:
         return [("", list(overrides or []))]
     return [(sweep_folder_name(label), list(overrides or []) + items + NO_SWEEP) for label, items in combos]
-
-
-# Folder names are at most 255 bytes on common file systems; a longer sweep label is cut with a hash.
-MAX_FOLDER_BYTES = 200
-
-
-def sweep_folder_name(label: str) -> str:
-    """A sweep combination's label → its run folder's name: '/' replaced, and a label over `MAX_FOLDER_BYTES`
-    bytes cut and suffixed with a hash of the whole label (each run's config.yaml and results.json keep the full
-    values)."""
-    name = label.replace("/", "_").replace("\0", "_")
-    raw = name.encode()
-    if len(raw) <= MAX_FOLDER_BYTES:
-        return name
-    digest = hashlib.sha256(raw).hexdigest()[:12]
-    head = raw[: MAX_FOLDER_BYTES - len(digest) - 1].decode(errors="ignore")
-    return f"{head}-{digest}"
 
 
 # --- the generic checker: types, declared ranges, registered names --------------------------

@@ -12,6 +12,7 @@ that differ between the blocks, ``backbone.id=offline:dinov2-vits14``, never a d
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Mapping
 from typing import Any
@@ -112,3 +113,23 @@ def sweep_items(sweep: Mapping[str, Any] | None, zipped: Mapping[str, Any] | Non
 def sweep_size(sweep: Mapping[str, Any] | None, zipped: Mapping[str, Any] | None) -> int:
     """How many runs a sweep makes (0 without one)."""
     return len(sweep_items(sweep, zipped, None))
+
+
+# What makes one run of a sweep a plain run.
+NO_SWEEP = ["sweep={}", "sweep_zip={}", "sweep_labels=null"]
+
+# Folder names are at most 255 bytes on common file systems; a longer sweep label is cut with a hash.
+MAX_FOLDER_BYTES = 200
+
+
+def sweep_folder_name(label: str) -> str:
+    """A sweep combination's label → its run folder's name: '/' replaced, and a label over `MAX_FOLDER_BYTES`
+    bytes cut and suffixed with a hash of the whole label (each run's config.yaml and results.json keep the full
+    values)."""
+    name = label.replace("/", "_").replace("\0", "_")
+    raw = name.encode()
+    if len(raw) <= MAX_FOLDER_BYTES:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:12]
+    head = raw[: MAX_FOLDER_BYTES - len(digest) - 1].decode(errors="ignore")
+    return f"{head}-{digest}"
