@@ -9,7 +9,13 @@ import sys
 import pytest
 import yaml
 
-from headprobe.parallel.threads import cgroup_cpu_quota, choose_threads, prefer_passive_waiting, usable_cpus
+from headprobe.parallel.threads import (
+    busy_elsewhere,
+    cgroup_cpu_quota,
+    choose_threads,
+    prefer_passive_waiting,
+    usable_cpus,
+)
 
 
 def _v2(tmp_path, cpu_max: dict[str, str], own: str = "/job/step"):
@@ -55,7 +61,7 @@ def test_usable_cpus_is_the_affinity_capped_by_the_quota_rounded_down():
 
 
 def test_the_overrides_in_order_environment_recipe_omp_then_auto():
-    machine = {"affinity": 8, "quota": None, "load": 0.0, "machine_cpus": 8}
+    machine = {"affinity": 8, "quota": None, "busy": 0.0, "machine_cpus": 8}
     both = {"HEADPROBE_THREADS": "3", "OMP_NUM_THREADS": "5"}
     assert (choose_threads(2, both, **machine).count, choose_threads(2, both, **machine).source) == \
         (3, "HEADPROBE_THREADS")
@@ -65,21 +71,49 @@ def test_the_overrides_in_order_environment_recipe_omp_then_auto():
     assert (auto.count, auto.source) == (8, "auto") and "8 usable CPUs" in auto.rule
 
 
-@pytest.mark.parametrize(("load", "expected"), [(0.0, 4), (1.2, 3), (2.6, 1), (15.0, 1)])
-def test_auto_takes_no_more_threads_than_the_load_leaves_idle(load, expected):
-    assert choose_threads(None, {}, affinity=4, quota=None, load=load, machine_cpus=4).count == expected
+@pytest.mark.parametrize(("busy", "expected"), [(0.0, 4), (1.2, 3), (2.6, 1), (15.0, 1)])
+def test_auto_takes_no_more_threads_than_other_work_leaves_idle(busy, expected):
+    assert choose_threads(None, {}, affinity=4, quota=None, busy=busy, machine_cpus=4).count == expected
 
 
 def test_auto_shares_the_cpus_among_the_local_processes_and_the_quota():
-    assert choose_threads(None, {"LOCAL_WORLD_SIZE": "2"}, affinity=8, quota=None, load=0.0,
+    assert choose_threads(None, {"LOCAL_WORLD_SIZE": "2"}, affinity=8, quota=None, busy=0.0,
                           machine_cpus=8).count == 4
-    assert choose_threads(None, {}, affinity=64, quota=6.0, load=0.0, machine_cpus=64).count == 6
+    assert choose_threads(None, {}, affinity=64, quota=6.0, busy=0.0, machine_cpus=64).count == 6
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])
 def test_a_bad_thread_variable_is_refused_with_the_fix(value):
     with pytest.raises(ValueError, match=f"HEADPROBE_THREADS='{value}' is not a thread count.*whole number"):
-        choose_threads(None, {"HEADPROBE_THREADS": value}, affinity=2, quota=None, load=0.0, machine_cpus=2)
+        choose_threads(None, {"HEADPROBE_THREADS": value}, affinity=2, quota=None, busy=0.0, machine_cpus=2)
+
+
+def test_busy_elsewhere_reads_the_runnable_threads_less_its_own(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3 4\nprocs_running 5\nprocs_blocked 0\n")
+    assert busy_elsewhere(stat, samples=3, interval_s=0.0) == (4.0,
+                                                           "runnable threads elsewhere now (median of 3 reads)")
+    stat.write_text("cpu  1 2 3 4\nprocs_running 1\n")  # only the reader itself: a quiet machine
+    assert busy_elsewhere(stat, samples=2, interval_s=0.0)[0] == 0.0
+    busy, how = busy_elsewhere(tmp_path / "missing", samples=2, interval_s=0.0)  # not Linux: the load average
+    assert how == "the 1-minute load average" and busy == pytest.approx(os.getloadavg()[0], abs=2.0)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux's /proc/stat")
+def test_busy_elsewhere_counts_busy_processes_that_are_running_now():
+    quiet, _ = busy_elsewhere()
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        import time
+
+        time.sleep(0.5)  # past their start-up
+        loaded, _ = busy_elsewhere()
+    finally:
+        for job in spinners:
+            job.kill()
+            job.wait()
+    # Three spinners are runnable whenever they are sampled, whatever else the machine is doing.
+    assert loaded >= 3 and loaded >= quiet
 
 
 def test_passive_waiting_is_set_only_before_torch_and_never_over_the_users_choice():

@@ -12,17 +12,21 @@ The count, first of:
 2. the recipe's ``runtime.threads``;
 3. an explicit ``OMP_NUM_THREADS``;
 4. automatic: the usable CPUs (affinity ∩ cgroup quota, rounded down) shared among the node's local processes
-   (``LOCAL_WORLD_SIZE``), and no more than the CPUs the machine's 1-minute load average leaves idle (at least one):
-   a thread that has to wait for a busy core stalls every parallel region it takes part in.
+   (``LOCAL_WORLD_SIZE``), and no more than the CPUs that other work leaves idle (at least one): a thread that has
+   to wait for a busy core stalls every parallel region it takes part in. Other work is counted now, not over the
+   last minute: the median of ten samples of the runnable threads in ``/proc/stat`` (``procs_running``), less this
+   process's own (`busy_elsewhere`). The 1-minute load average, the fallback where /proc/stat is missing, still
+   counts jobs that have just finished: on a quiet machine, a run started right after another chose one thread
+   where two were 1.3x faster (`benchmarks/results/threads.json`).
 
 `prefer_passive_waiting` makes OpenMP threads sleep rather than spin between parallel regions (``OMP_WAIT_POLICY``
 is read once, when torch loads its OpenMP runtime, so the CLI sets it before importing torch).
 
 >>> usable_cpus(affinity=8, quota=2.5)
 (2, 'affinity 8 CPUs, cgroup quota 2.5 CPUs')
->>> choose_threads(None, environ={}, affinity=4, quota=None, load=0.0, machine_cpus=4).count
+>>> choose_threads(None, environ={}, affinity=4, quota=None, busy=0.0, machine_cpus=4).count
 4
->>> choose_threads(None, environ={}, affinity=4, quota=None, load=3.2, machine_cpus=4).count
+>>> choose_threads(None, environ={}, affinity=4, quota=None, busy=3.2, machine_cpus=4).count
 1
 """
 
@@ -34,11 +38,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["ThreadChoice", "apply_threads", "cgroup_cpu_quota", "choose_threads", "configure_threads",
-           "prefer_passive_waiting", "usable_cpus"]
+__all__ = ["ThreadChoice", "apply_threads", "busy_elsewhere", "cgroup_cpu_quota", "choose_threads",
+           "configure_threads", "prefer_passive_waiting", "usable_cpus"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
+PROC_STAT = Path("/proc/stat")
 _UNSET = object()
 
 
@@ -124,6 +129,29 @@ def usable_cpus(affinity: int | None = None, quota: float | None | object = _UNS
     return max(1, count), where
 
 
+def busy_elsewhere(proc_stat: Path = PROC_STAT, samples: int = 10, interval_s: float = 0.01) -> tuple[float, str]:
+    """(CPUs busy with other work now, how that was measured): the median over `samples` reads of the runnable
+    threads (``procs_running`` in /proc/stat), less the one reading it; the 1-minute load average where
+    /proc/stat has no such line (not Linux), 0 where neither exists."""
+    import statistics
+    import time
+
+    counts = []
+    for i in range(samples):
+        text = _read(proc_stat) or ""
+        running = [line.split()[1] for line in text.splitlines() if line.startswith("procs_running ")]
+        if not running:
+            break
+        counts.append(max(0, int(running[0]) - 1))
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    if counts:
+        return float(statistics.median(counts)), f"runnable threads elsewhere now (median of {len(counts)} reads)"
+    if hasattr(os, "getloadavg"):
+        return os.getloadavg()[0], "the 1-minute load average"
+    return 0.0, "no load measure on this system"
+
+
 def _positive_int(text: str, name: str) -> int:
     try:
         value = int(text)
@@ -136,12 +164,12 @@ def _positive_int(text: str, name: str) -> int:
 
 
 def choose_threads(requested: int | None, environ: Mapping[str, str] | None = None, *,
-                   affinity: int | None = None, quota: float | None | object = _UNSET, load: float | None = None,
+                   affinity: int | None = None, quota: float | None | object = _UNSET, busy: float | None = None,
                    machine_cpus: int | None = None, local_processes: int | None = None) -> ThreadChoice:
     """The intra-op thread count (module docstring: HEADPROBE_THREADS, then `requested` (the recipe's
     runtime.threads), then OMP_NUM_THREADS, then automatic). The keyword arguments stand in for the machine in
-    tests: affinity and cgroup quota (`usable_cpus`), the 1-minute load average, the machine's CPU count and the
-    local processes (default ``LOCAL_WORLD_SIZE``)."""
+    tests: affinity and cgroup quota (`usable_cpus`), the CPUs busy with other work (`busy_elsewhere`), the
+    machine's CPU count and the local processes (default ``LOCAL_WORLD_SIZE``)."""
     environ = os.environ if environ is None else environ
     if environ.get("HEADPROBE_THREADS", "").strip():
         count = _positive_int(environ["HEADPROBE_THREADS"].strip(), "HEADPROBE_THREADS")
@@ -155,13 +183,13 @@ def choose_threads(requested: int | None, environ: Mapping[str, str] | None = No
     if local_processes is None:
         local_processes = int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     per_process = max(1, cpus // max(1, local_processes))
-    load = os.getloadavg()[0] if load is None and hasattr(os, "getloadavg") else (load or 0.0)
+    busy, measured = busy_elsewhere() if busy is None else (busy, "given")
     machine_cpus = machine_cpus or os.cpu_count() or cpus
-    idle = round(machine_cpus - load)
+    idle = round(machine_cpus - busy)
     count = min(per_process, max(1, idle))
     rule = (f"auto: {cpus} usable CPUs ({where}) / {local_processes} local process"
-            f"{'es' if local_processes > 1 else ''} = {per_process}; the 1-minute load {load:.1f} on the machine's "
-            f"{machine_cpus} CPUs leaves {max(0, idle)} idle; {count} thread{'s' if count > 1 else ''}")
+            f"{'es' if local_processes > 1 else ''} = {per_process}; {busy:g} CPUs busy elsewhere ({measured}) of "
+            f"the machine's {machine_cpus} leave {max(0, idle)} idle; {count} thread{'s' if count > 1 else ''}")
     return ThreadChoice(count, "auto", rule)
 
 
