@@ -16,8 +16,8 @@ The count, first of:
    to wait for a busy core stalls every parallel region it takes part in. Other work is counted now, not over the
    last minute: the median of ten samples of the runnable threads in ``/proc/stat`` (``procs_running``), less this
    process's own (`busy_elsewhere`). The 1-minute load average, the fallback where /proc/stat is missing, still
-   counts jobs that have just finished: on a quiet machine, a run started right after another chose one thread
-   where two were 1.3x faster (`benchmarks/results/threads.json`).
+   counts jobs that have just finished: on a quiet machine, a run started right after another took one thread
+   where two were faster. Measured: `benchmarks/bench_threads.py`, `benchmarks/results/threads.json`.
 
 `prefer_passive_waiting` makes OpenMP threads sleep rather than spin between parallel regions (``OMP_WAIT_POLICY``
 is read once, when torch loads its OpenMP runtime, so the CLI sets it before importing torch).
