@@ -68,7 +68,8 @@ def feature_key(backbone, data_info: dict, split: str, precision: str) -> tuple[
 
 
 def effective_precision(requested: str, device: torch.device) -> str:
-    # Autocast is used only on GPUs: on CPU bf16 is slower than fp32 for these models and changes numbers.
+    # Autocast is used only on GPUs: on a CPU without AMX, bf16 products are slower than fp32 ones (1.87x the time
+    # on the benchmarks' Intel machine, `benchmarks/results/knn.json`, prefilter_choice) and bf16 changes numbers.
     return requested if device.type == "cuda" else "fp32"
 
 

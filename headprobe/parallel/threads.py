@@ -2,9 +2,10 @@
 
 `os.cpu_count()` counts the machine, not the job: a SLURM job or a container gets a CPU affinity mask (cpuset) and
 a cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), and torch's default
-of one thread per machine core then spins threads against other jobs. On a 2-core machine shared with other jobs
-(load 12-22), torch's default two threads made 10 head-training steps 7-12x slower than one thread (issue 31;
-`benchmarks/bench_threads.py` measures it, `benchmarks/results/threads.json`).
+of one thread per machine core then spins threads against other jobs. On a 2-core machine shared with other jobs,
+torch's default two threads made 10 head-training steps and a linear probe 2.8x slower than one thread at load 11,
+and 4.4x with four busy processes added; this module's choice was the fastest setting, or within 2% of it
+(`benchmarks/bench_threads.py`, `benchmarks/results/threads.json`).
 
 The count, first of:
 
@@ -17,7 +18,7 @@ The count, first of:
    last minute: the median of ten samples of the runnable threads in ``/proc/stat`` (``procs_running``), less this
    process's own (`busy_elsewhere`). The 1-minute load average, the fallback where /proc/stat is missing, still
    counts jobs that have just finished: on a quiet machine, a run started right after another chose one thread
-   where two were 1.3x faster (`benchmarks/results/threads.json`).
+   where two were faster.
 
 `prefer_passive_waiting` makes OpenMP threads sleep rather than spin between parallel regions (``OMP_WAIT_POLICY``
 is read once, when torch loads its OpenMP runtime, so the CLI sets it before importing torch).
