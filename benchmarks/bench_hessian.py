@@ -1,8 +1,13 @@
-"""Extreme Hessian eigenvalues: headprobe `lanczos` against power iteration with a shift (the PyHessian approach).
+"""Extreme Hessian eigenvalues: headprobe `lanczos` against power iteration with a shift (the PyHessian approach)
+and against scipy's `eigsh` (ARPACK's implicitly restarted Lanczos) on the same Hessian-vector products.
 
 PyHessian: λ_max by power iteration on H, then λ_min by power iteration on H − λ_max·I. Both methods stop at the
 same rule, residual ‖Hv − λv‖ < tol·max(1, |λ|) with tol = 1e-3, and the count is Hessian-vector products (HVPs),
-the cost that dominates for a real loss. Two operators, each with its exact eigenvalues for reference:
+the cost that dominates for a real loss. scipy: `eigsh(LinearOperator, k=2, which="BE")` (one eigenvalue from each
+end) from the same start vector; ARPACK's tolerance is relative to each eigenvalue, not to ‖H‖ as `lanczos`'s is, so
+it is run at tol = 1e-3 and, to give the library its best case, at every tol of `EIGSH_TOLS`: the fewest HVPs with
+which it lands within the accuracy `lanczos` promises (TOL·‖H‖ of each exact end, `accuracy`) is the one compared.
+Two operators, each with its exact eigenvalues for reference:
 
 (a) a synthetic symmetric matrix QΛQᵀ whose spectrum looks like a network's (a few large outliers, a dense bulk
     around zero with negative values);
@@ -24,6 +29,8 @@ from _common import Report, device, parse_args, timed
 
 TOL = 1e-3
 TARGET = 3.0
+# The tolerances scipy's eigsh is tried at (its best case is the cheapest one within lanczos's accuracy).
+EIGSH_TOLS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3)
 
 
 def synthetic_operator(dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,16 +91,58 @@ def headprobe_lanczos(matvec, dim: int, seed: int, cap: int) -> dict:
             "converged": bool(res.converged.all())}
 
 
+def scipy_eigsh(matvec, dim: int, seed: int, tol: float) -> dict:
+    """λ_min and λ_max by `scipy.sparse.linalg.eigsh(k=2, which="BE")` on the same products, from the start vector
+    `lanczos` draws for this seed; HVPs counted as ARPACK asks for them."""
+    import numpy as np
+    from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
+
+    count = [0]
+    dev = device()
+
+    def product(x: np.ndarray) -> np.ndarray:
+        count[0] += 1
+        v = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64).reshape(-1)).to(dev)
+        return matvec(v).cpu().numpy()
+
+    start = torch.randn(dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).numpy()
+    operator = LinearOperator((dim, dim), matvec=product, dtype=np.float64)
+    try:
+        values, converged = eigsh(operator, k=2, which="BE", tol=tol, v0=start, return_eigenvectors=False), True
+    except ArpackNoConvergence as stopped:
+        values, converged = stopped.eigenvalues, False
+    values = sorted(float(v) for v in values)
+    return {"lambda_min": values[0], "lambda_max": values[-1], "n_hvp": count[0], "converged": converged}
+
+
+def accuracy(lo: float, hi: float) -> float:
+    """What `lanczos` promises at TOL: each requested eigenvalue within TOL·‖H‖ (its residual bound, ‖H‖ the larger
+    of |λ_min| and |λ_max|), so a small λ_min is known relative to the operator's scale, not to itself."""
+    return TOL * max(abs(lo), abs(hi))
+
+
+def eigsh_best_case(matvec, dim: int, seed: int, lo: float, hi: float) -> dict:
+    """The cheapest of `EIGSH_TOLS` whose λ_min and λ_max lie within `accuracy` of the exact ends, with the tol it
+    needed (the last, most accurate one when none does)."""
+    outs = [{**scipy_eigsh(matvec, dim, seed, tol), "tol": tol} for tol in EIGSH_TOLS]
+    within = [o for o in outs if max(abs(o["lambda_min"] - lo), abs(o["lambda_max"] - hi)) <= accuracy(lo, hi)]
+    return min(within, key=lambda o: o["n_hvp"]) if within else {**outs[-1], "converged": False}
+
+
 def compare(report: Report, label: str, matvec, dim: int, exact: torch.Tensor, seeds: list[int], cap: int,
             scale: float = 1.0) -> None:
-    runs = {"lanczos": [], "power": []}
-    seconds = {"lanczos": [], "power": []}
+    lo, hi = float(exact[0]), float(exact[-1])
+    methods = {"lanczos": lambda seed: headprobe_lanczos(matvec, dim, seed, cap),
+               "power": lambda seed: pyhessian(matvec, dim, seed, cap),
+               f"eigsh tol {TOL:g}": lambda seed: scipy_eigsh(matvec, dim, seed, TOL),
+               "eigsh best tol": lambda seed: eigsh_best_case(matvec, dim, seed, lo, hi)}
+    runs = {name: [] for name in methods}
+    seconds = {name: [] for name in methods}
     for seed in seeds:
-        for name, method in (("lanczos", headprobe_lanczos), ("power", pyhessian)):
-            t, out = timed(lambda method=method, seed=seed: method(matvec, dim, seed, cap))
+        for name, method in methods.items():
+            t, out = timed(lambda method=method, seed=seed: method(seed))
             runs[name].append(out)
             seconds[name].append(t)
-    lo, hi = float(exact[0]), float(exact[-1])
     summary = {}
     for name, outs in runs.items():
         hvps = [o["n_hvp"] for o in outs]
@@ -113,14 +162,29 @@ def compare(report: Report, label: str, matvec, dim: int, exact: torch.Tensor, s
                  f"<= 1/{TARGET:g} of the HVPs",
                  f"{lz['n_hvp_median']:g} vs {pw['n_hvp_median']:g} HVPs (1/{ratio:.1f}){capped}",
                  ratio >= TARGET and lz["converged_all"], ratio=ratio)
-    # Same eigenvalues: Lanczos within its stopping tolerance of the exact extremes (in the operator's units);
-    # power iteration's error is reported next to it (its residual test admits a mix of near-extreme eigenvectors).
-    allowed = [TOL * max(1.0, abs(lo)) * scale, TOL * max(1.0, abs(hi)) * scale]
-    same = lz["max_error_min"] <= allowed[0] and lz["max_error_max"] <= allowed[1]
-    report.check(f"same eigenvalues, {label}", "exact eigenvalues (dense eigh)", "Lanczos within tol of exact",
+    # Same eigenvalues: Lanczos within what its stopping rule promises (`accuracy`, in the operator's units); power
+    # iteration's error is reported next to it (its residual test admits a mix of near-extreme eigenvectors).
+    allowed = accuracy(lo, hi) * scale
+    same = lz["max_error_min"] <= allowed and lz["max_error_max"] <= allowed
+    report.check(f"same eigenvalues, {label}", "exact eigenvalues (dense eigh)", "Lanczos within tol·‖H‖ of exact",
                  f"exact [{lo * scale:.4g}, {hi * scale:.4g}]; largest error lanczos "
                  f"{max(lz['max_error_min'], lz['max_error_max']):.1e}, power "
                  f"{max(pw['max_error_min'], pw['max_error_max']):.1e}", same)
+    # eigsh at tol TOL gives at least lanczos's guarantee (ARPACK: residual <= TOL·|λ| <= TOL·‖H‖), so that is the
+    # comparison a user can make; its best case needs the answer to pick the tol, so it is reported, not targeted.
+    best = summary["eigsh best tol"]
+    best["tol_used"] = [o["tol"] for o in runs["eigsh best tol"]]
+    at_tol = summary[f"eigsh tol {TOL:g}"]
+    fewer = at_tol["n_hvp_median"] / lz["n_hvp_median"]
+    report.check(f"λ_min, λ_max at tol {TOL:g}, {label}", f"scipy eigsh (ARPACK, k=2, which='BE') at tol {TOL:g}",
+                 "<= 1x its HVPs",
+                 f"{lz['n_hvp_median']:g} vs {at_tol['n_hvp_median']:g} HVPs (1/{fewer:.2f}"
+                 f"; eigsh error {max(at_tol['max_error_min'], at_tol['max_error_max']):.1e}, lanczos "
+                 f"{max(lz['max_error_min'], lz['max_error_max']):.1e})",
+                 lz["n_hvp_median"] <= at_tol["n_hvp_median"] and at_tol["converged_all"], ratio=fewer)
+    report.note(f"{label}: eigsh's best case, the cheapest tol of {list(EIGSH_TOLS)} landing within lanczos's "
+                f"accuracy (chosen knowing the exact answer): {best['n_hvp_median']:g} HVPs (tol {best['tol_used']}) "
+                f"against lanczos's {lz['n_hvp_median']:g}.")
     if any(o["dominant_is_min"] for o in runs["power"]):
         report.note(f"{label}: |λ_min| > λ_max, so PyHessian's recipe as published (first power iteration = λ_max) "
                     "returns λ_min as λ_max; the baseline here sorts the two ends by sign instead.")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from headprobe.backbones import load_backbone
 from headprobe.ssl import SSLCheckpointError, load_pretrained_head
+from headprobe.ssl.vit import vit_from_keys
 
 DIM, DEPTH, HEADS, PATCH, HIDDEN, BOTTLENECK, OUT = 32, 2, 2, 16, 64, 16, 128
 IMG = 32  # 2×2 patches
@@ -242,3 +243,21 @@ def test_missing_file_is_a_not_found_error(tmp_path):
 
     with pytest.raises(BackboneNotFoundError, match="no such file"):
         load_backbone(f"ssl:dino:{tmp_path / 'absent.pth'}")
+
+
+def test_any_mlp_width_builds_on_timm_blocks_and_gives_dino_forward():
+    """The blocks are timm's, sized by a ratio: an MLP width that is no multiple of the embedding width (97 of 32)
+    builds exactly, loads strictly and gives DINO's forward pass."""
+    g = torch.Generator().manual_seed(9)
+    state = vit_state(g)
+    for i in range(DEPTH):
+        b = f"blocks.{i}.mlp."
+        fc1 = torch.randn(97, DIM, generator=g) * 0.2
+        state |= {b + "fc1.weight": fc1, b + "fc1.bias": torch.randn(97, generator=g),
+                  b + "fc2.weight": torch.randn(DIM, 97, generator=g) * 0.2}
+    model = vit_from_keys(state, num_heads=HEADS, what="test", layout="DINO's")
+    model.load_state_dict(state, strict=True)
+    x = torch.randn(2, 3, IMG, IMG, generator=g)
+    with torch.no_grad():
+        got = model.norm(model(x))[:, 0]
+    torch.testing.assert_close(got, reference_vit_cls(state, x), rtol=1e-5, atol=1e-5)

@@ -47,9 +47,9 @@ def auto_workers(cpus: int | None = None, local_processes: int | None = None,
 
     - on a GPU, min(8, c − 1): the forward runs on the GPU, so every CPU but the main process's can decode;
     - on the CPU, min(8, c // 4): the forward itself needs the CPUs, and decoding in the main process costs little
-      beside it while the CPUs are few (on 2 shared cores, `benchmarks/bench_extract.py`: 0 workers ran at 0.99x the
-      bare forward, 1 worker at 0.74x); with many CPUs the forward gets faster and the serial decoding does not, so
-      a quarter of them decode.
+      beside it while the CPUs are few (on 2 shared cores 0 workers ran at 1.01x the bare forward and 1 worker at
+      0.98x of 0 workers: `benchmarks/results/extract.json`); with many CPUs the forward gets faster and the serial
+      decoding does not, so a quarter of them decode.
 
     `local_processes` defaults to ``LOCAL_WORLD_SIZE`` (set by torchrun and accelerate), so the processes of one
     node share its CPUs.

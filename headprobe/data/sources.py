@@ -123,7 +123,8 @@ FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", 
 
 
 def _read_idx(path: Path) -> np.ndarray:
-    """An IDX file (the MNIST format: big-endian magic, dims, uint8 payload), gzipped or not."""
+    """An IDX file (the MNIST format: big-endian magic, dims, uint8 payload), gzipped or not (torchvision's
+    `read_sn3_pascalvincent_tensor` opens plain files only, and Debian ships them gzipped)."""
     import gzip
 
     raw = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()

@@ -4,7 +4,8 @@ An orbit is deterministic (no randomness at all): its frames depend only on the 
 the backbone's preprocessing, so a sweep's features are cached like the clean ones (`features`), in
 ``$HEADPROBE_CACHE/orbits/<key>.safetensors``, keyed by everything `feature_key` names plus the sweep's definition,
 its values and the number of images; a hit's labels must equal the images' own. Why cache them: on a CPU the
-orbits are the largest extraction a warm run repeats (offline_orbits.yaml: 3,968 frames, 51 of its 77 s).
+orbits are the largest extraction a warm run repeats (offline_orbits.yaml: 3,968 frames, most of the run's time;
+the run's `timing` in results.json says how much).
 
 Frames are made at the backbone's input size (after resize and centre crop, before normalisation:
 `Preprocess.frame`, the processor's own for hf/open_clip/timm backbones), so rotation corners and blur sigmas are in

@@ -4,17 +4,23 @@ writer that streams tensors to disk chunk by chunk.
 
 A mapped tensor is an ordinary CPU tensor over a private (copy-on-write) mapping of the file: nothing is read until it
 is indexed. Indexing scattered rows through the mapping would map far more than the rows (the kernel maps whole
-page-cache folios around each fault: on Linux 6.18, 5,120 random 1.5 KiB rows of a 290 MiB file mapped all of it), so
-`gather_rows` reads a batch's rows with one `pread` each into a fresh tensor, which touches no mapped page: training
-over a view cache larger than memory holds the batch, not the file. Sequential passes (`mean_over_rows`) go through the
-mapping a chunk at a time and `release_pages` drops what they mapped from the resident set (the kernel's page cache
-may keep it; the next read faults it back in).
+page-cache folios around each fault: 5,120 random 1.5 KiB rows of a 293 MiB file left all of it resident,
+`benchmarks/results/choices.json`, `mapped_rows`), so `gather_rows` reads a batch's rows with one `pread` each into a
+fresh tensor, which touches no mapped page: training over a view cache larger than memory holds the batch, not the file
+(peak RSS 853 MiB over a 5.7 GiB view cache, at 0.94x the in-memory steps/s: `benchmarks/results/memmap.json`).
+Sequential passes (`mean_over_rows`) go through the mapping a chunk at a time and `release_pages` drops what they
+mapped from the resident set (the kernel's page cache may keep it; the next read faults it back in).
 
 Writing into a mapped tensor changes this process's copy only, never the file, and `release_pages` discards such
 writes: treat mapped tensors as read-only. A file replaced by a rename (how the feature cache writes) leaves existing
 mappings on the old file; a file edited in place changes them, and truncating it makes their reads fail (SIGBUS), so
 never edit a cache file in place while a run uses it: `changed_mappings` tells (the run checks it before writing
 results, `feature_cache.UnchangedCache`).
+
+Why not safetensors' own reader and writer: `safe_open` and `load_file` hand out whole tensors or contiguous slices,
+and `save_file` needs every tensor in memory; none gathers scattered rows without mapping pages, checksums in chunks
+or streams a tensor to disk. The files stay plain safetensors: `safe_open` reads them, and the cache writes with
+`save_file` wherever the tensors fit in memory.
 
 >>> entries, meta = read_header(path)  # doctest: +SKIP
 >>> views = map_tensors(path, entries)["features"]  # doctest: +SKIP

@@ -76,7 +76,8 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
     "rayleigh_predictor_bn", "rayleigh_sum", "share_head", "share_objective", "share_predictor_bn" (each / the
     sum); "curvature_source": "none" (H not negative beyond its bound) or the part with the most negative quotient
     ("head", "objective", "predictor_bn"), with "attribution_rule"; "split_consistency" ‖(G + M − H)u‖/‖Hu‖ for a
-    random unit u; "split_converged"; "n_hvp_split". It costs about 4-5× the snapshot.
+    random unit u; "split_converged"; "n_hvp_split" (its Hessian-vector products: its cost, next to the
+    snapshot's "n_hvp").
 
     collapse_threshold: the run's `geometry.collapse_threshold` t; the record then says "collapsed" (out_std ≤
     t/√out, `collapse.collapse_criterion`) and "collapse_bound" (t/√out), so a point taken after the head left

@@ -2,9 +2,11 @@
 
 `os.cpu_count()` counts the machine, not the job: a SLURM job or a container gets a CPU affinity mask (cpuset) and
 a cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), and torch's default
-of one thread per machine core then spins threads against other jobs. On a 2-core machine shared with other jobs
-(load 12-22), torch's default two threads made 10 head-training steps 7-12x slower than one thread (issue 31;
-`benchmarks/bench_threads.py` measures it, `benchmarks/results/threads.json`).
+of one thread per machine core then spins threads against other jobs. On a 2-core machine shared with other jobs,
+torch's default two threads made 10 head-training steps and a linear probe 2.8x slower than one thread at load 11
+(`benchmarks/results/threads_load11.json`) and 1.4x slower with four busy processes on an otherwise quiet machine;
+there this module's choice was the fastest setting, and on the quiet machine within 6% of the best
+(`benchmarks/bench_threads.py`, `benchmarks/results/threads.json`).
 
 The count, first of:
 

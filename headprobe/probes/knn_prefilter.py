@@ -38,17 +38,19 @@ def by_similarity_then_index(values: torch.Tensor, idx: torch.Tensor) -> tuple[t
 def blocked_topk(scores: torch.Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest entries of each row, like `scores.topk(k, dim=1)`; scores: (B, N) -> values, indices (B, k).
 
-    Why not `topk` directly: over long rows it costs about twice a contiguous max-reduction. Split each row into
-    blocks of `block` entries; each of the row's k largest entries lies in a block whose maximum is at least the
-    k-th largest value, and at most k blocks have such a maximum, so the k blocks with the largest maxima hold
-    all of them. One max per block, a top-k over the N/block maxima and one over k·block gathered entries
-    give the same values (ties may list different indices).
+    Why not `topk` directly: over long rows it costs several contiguous max-reductions
+    (`benchmarks/results/choices.json`, `knn_blocked_topk`, which times this function against `topk` too).
+    Split each row into blocks of `block` entries; each of the row's k largest entries lies in a block whose
+    maximum is at least the k-th largest value, and at most k blocks have such a maximum, so the k blocks with
+    the largest maxima hold all of them. One max per block, a top-k over the N/block maxima and one over k·block
+    gathered entries give the same values (ties may list different indices).
     """
     n = scores.shape[1]
     if k * block * 4 > n or n < block:
         return scores.topk(k, dim=1)
     if scores.dtype == torch.bfloat16:
-        # Max and top-k over the bits read as int16 run ~6x and ~1.5x faster than over bfloat16 on the CPU.
+        # Block maxima over the bits read as int16 run several times faster than over bfloat16 on the CPU
+        # (`benchmarks/results/choices.json`, `knn_int16_bits`).
         # int16 order is the values' order among non-negative values and puts every negative one below them,
         # so a block holding a positive value gets its true maximum, a block of negatives a wrong one below
         # zero. When the k-th largest block maximum is positive, the k blocks chosen are therefore exactly
@@ -179,8 +181,9 @@ class Float32TopK:
     def default_candidates(k: int) -> int:
         """k plus a quarter (at least 4). Why so few: the float32 certificate's slack δ (~5e-5 at D = 384) is far
         below the gap between a query's k-th and (k + k/4)-th product entries but for ties, so the first re-rank
-        almost always certifies (no query widened on the k-NN benchmark, 10,000 queries at k = 20, with 25
-        candidates, 10% faster than the 40 = 2k of before; ties widen, exactly as before)."""
+        almost always certifies (no query widened at k = 20 with 25 candidates; against the 40 = 2k of before,
+        about the same time: `benchmarks/results/choices.json`, `knn_candidates`; ties widen, exactly as
+        before)."""
         return k + max(4, -(-k // 4))
 
     def scores(self, queries: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

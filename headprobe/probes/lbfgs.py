@@ -39,10 +39,10 @@ def minimize(
     The direction comes from the compact form of the L-BFGS inverse Hessian (Byrd, Nocedal & Schnabel 1994,
     eq. 2.6) rather than the two-loop recursion: the same matrix, but a handful of matrix products over the
     stored pairs instead of 4 · memory vector operations, each dispatched from Python (with 100 pairs these
-    took ~2 ms per iteration, a quarter of an evaluation at 8000 × 768 × 10). What remains is reading the
-    stored pairs about seven times per iteration, so `memory` is 50 rather than torch's 100: over the
-    benchmark's grid on three data seeds that took 222/241/206 loss evaluations against 232/248/200 with 100
-    pairs (and 238/269/230 with 30), in less time.
+    cost about a quarter of an evaluation: `benchmarks/results/choices.json`, `lbfgs_two_loop`). What remains is
+    reading the stored pairs about seven times per iteration, so `memory` is 50 rather than torch's 100: over
+    `benchmarks/bench_linear.py`'s grid on three data seeds that took 222/241/206 loss evaluations against
+    232/248/200 with 100 pairs (and 238/269/230 with 30).
     """
     size, dtype = theta.shape[0], theta.dtype
     # Pairs live in rows [first, last) of buffers twice the memory, oldest first, so every product below takes

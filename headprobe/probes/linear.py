@@ -7,7 +7,9 @@ solutions, keeps the previous fit's L-BFGS curvature pairs (exactly corrected fo
 preconditioned in class space. It still minimises exactly sklearn's `LogisticRegression(solver="lbfgs")`
 objective, to sklearn's stopping rule, so its numbers can be checked against sklearn's. The objective and one
 fit are in `headprobe.probes.logistic`, the L-BFGS iteration in `headprobe.probes.lbfgs`; this module is the
-protocol (validation split, C path, refit, test).
+protocol (validation split, C path, refit, test). Measured (`benchmarks/results/linear.json`, 8 C values, N = 10,000,
+D = 768, 10 classes): 3.19x scikit-learn warm-started along the grid and 5.41x restarted at every C, the same C and
+test accuracy (67.75 vs 67.75).
 """
 
 from __future__ import annotations

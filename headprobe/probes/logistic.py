@@ -127,9 +127,9 @@ def fit_free_parameters(
     """
     n, d = x.shape
     # The solver's variable is Wᵀ, (F, D): the logits are then formed as Wᵀxᵀ, (F, N), and the weight gradient
-    # as gᵀx, the two products CPU BLAS runs fastest for a handful of classes (3.9 and 3.4 ms at 8000 × 768 × 10,
-    # against 6.3 and 20 ms for x W and xᵀg). L-BFGS only takes dot products of the flattened variables, so the
-    # layout does not change the iterates.
+    # as gᵀx, the two products CPU BLAS runs fastest for a handful of classes (against x W and xᵀg:
+    # `benchmarks/results/choices.json`, `logistic_layout`). L-BFGS only takes dot products of the flattened
+    # variables, so the layout does not change the iterates.
     free = W.shape[1]
     targets = _one_hot(y, free + (free == 1))
     if moments is None:
@@ -283,7 +283,8 @@ def feature_moments(x: torch.Tensor, *, max_rows: int = 2048, max_dim: int = 102
     taken at face value they precondition noise (8000 × 768 isotropic features: 238 → 282 evaluations), so
     the ones inside it are replaced by their mean (233). A preconditioner needs only the shape of the
     Hessian, so a subsample of rows is enough, and it is computed once per probe. Above `max_dim` the dense
-    eigendecomposition (~0.15 s at D = 1024 on one core) stops paying for itself.
+    eigendecomposition stops paying for itself (its time at D = 1024: `benchmarks/results/choices.json`,
+    `logistic_eigh`).
     """
     n, d = x.shape
     if d > max_dim:
@@ -323,14 +324,15 @@ def _loss_and_grad(
     takes the softmax, the loss and its sum in float64. In float32 the loss is resolved only to ~1e-7 of its
     value, so L-BFGS's line search stalls before sklearn's gradient test (max |grad| ≤ tol) is met -- at
     max |grad| ~2e-5 for C = 1e-4 on 8000 × 768 features -- and burns evaluations there; the (K, N) logits are
-    small, so float64 there costs nothing measurable. Targets are one-hot rather than indices: a product with
-    them is two plain element-wise operations per block, where indexing by (label, row) pairs took ~1 ms per
-    evaluation at 8000 × 10.
+    small, so float64 there costs nothing measurable. Targets are one-hot: the log-likelihood and p − target are
+    then two plain element-wise operations per block. Indexing by (label, row) pairs costs about the same
+    (`benchmarks/results/choices.json`, `logistic_one_hot`) but sums in another order, so a switch would change the
+    probe's last bits.
     """
     n = x.shape[0]
-    # Row blocks of ~4 MiB: the block is still in cache for the second product (gᵀx), so x is read from memory
-    # once per evaluation instead of twice (6.8 against 9.2 ms for the whole evaluation at 8000 × 768 × 10 on one
-    # core; 1 and 64 MiB blocks take 8.9 and 9.2 ms). On a GPU one block holds everything.
+    # Row blocks of ~4 MiB: the block can still be in cache for the second product (gᵀx), so x need not be read
+    # from memory twice per evaluation (against 1 and 64 MiB blocks, a small difference:
+    # `benchmarks/results/choices.json`, `logistic_blocks`). On a GPU one block holds everything.
     step = n if x.is_cuda else max(256, 2**22 // max(1, x.shape[1] * x.element_size()))
     log_likelihood = torch.zeros((), dtype=torch.float64, device=x.device)
     grad_w = Wt / (C * n)

@@ -2,12 +2,14 @@
 
 Each of W processes holds a contiguous 1/W of the training bank (`shard_rows`) and every test query; it finds each
 query's nearest samples within its shard (`local_neighbours`), the processes exchange those partial lists, and
-`merge_neighbours` keeps the k nearest of their union. Every sample of the global top-k is among the top-k of its
-own shard, so the union holds it. `knn`'s similarities are canonical (`knn_prefilter.canonical_dot`: each (query,
-sample) value depends on neither the bank's size nor the search) and its neighbours their exact top-k, ordered by
-similarity and then by index, as the merge orders them by the global index; so the neighbours, the weights, the
-votes and the predictions are those of the single-process `knn`, bit for bit, with the prefilter or without (each
-shard runs the same certified search, `Float32TopK` or `Bf16Prefilter`).
+`merge_neighbours` keeps the k nearest of their union. Every sample of the global top-k is among the top-k of its own
+shard, so the union holds it. `knn`'s similarities are canonical (`knn_prefilter.canonical_dot`: each (query, sample)
+value depends on neither the bank's size nor the search) and its neighbours their exact top-k, ordered by similarity and
+then by index, as the merge orders them by the global index; so the neighbours, the weights, the votes and the
+predictions are those of the single-process `knn`, bit for bit, with the prefilter or without (each shard runs the same
+certified search, `Float32TopK` or `Bf16Prefilter`). faiss's `IndexShards` merges BLAS products, whose last bits depend
+on the shapes multiplied (`knn_prefilter`), so it cannot promise that; `benchmarks/results/sharded_probes.json` records
+identical results from 2 processes and 1.
 
 >>> import torch
 >>> x, y = torch.randn(50, 8), torch.arange(50) % 3

@@ -9,10 +9,16 @@ Pre-norm blocks, GELU MLP, LayerNorm eps 1e-6 (``vit_tiny/small/base``). The for
 the last block, before the final norm; `headprobe.backbones.blocks` applies ``norm`` and pools, so pooling ``cls``
 on layer -1 is DINO's ``VisionTransformer.forward`` (``norm(x)[:, 0]``). Positional embeddings are interpolated
 for other input sizes exactly as DINO's ``interpolate_pos_encoding`` does.
+
+The patch embedding and the blocks are timm's (`timm.layers.PatchEmbed`, `timm.models.vision_transformer.Block`:
+DINO's layers under DINO's names, with PyTorch's fused attention); only the position embedding's interpolation is
+DINO's own, which timm's resampling does not reproduce. tests/test_ssl_dino.py compares the features with DINO's
+forward pass written out.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -25,57 +31,6 @@ from .checkpoint import SSLCheckpointError
 DINO_VIT_HEADS = {"vit_tiny": 3, "vit_small": 6, "vit_base": 12}
 
 
-class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.scale = (dim // num_heads) ** -0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, T, D) → (B, T, D)."""
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
-        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
-        return self.proj((attn @ v).transpose(1, 2).reshape(b, t, d))
-
-
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, hidden: int, qkv_bias: bool, eps: float) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=eps)
-        self.attn = Attention(dim, num_heads, qkv_bias)
-        self.norm2 = nn.LayerNorm(dim, eps=eps)
-        self.mlp = Mlp(dim, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-class PatchEmbed(nn.Module):
-    def __init__(self, patch_size: int, dim: int) -> None:
-        super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, 3, H, W) → (B, H·W/p², D)."""
-        return self.proj(x).flatten(2).transpose(1, 2)
-
-
 class DinoViT(nn.Module):
     """DINO's ViT: (B, 3, H, W) → (B, 1 + N, D) tokens after the last block (final `norm` not applied)."""
 
@@ -84,11 +39,19 @@ class DinoViT(nn.Module):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"embedding width {dim} is not divisible by num_heads={num_heads}.")
+        from timm.layers import PatchEmbed
+        from timm.models.vision_transformer import Block
+
         self.embed_dim = dim
-        self.patch_embed = PatchEmbed(patch_size, dim)
+        self.patch_size = patch_size
+        self.patch_embed = PatchEmbed(img_size=None, patch_size=patch_size, embed_dim=dim, strict_img_size=False)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
-        self.blocks = nn.ModuleList(Block(dim, num_heads, mlp_hidden, qkv_bias, eps) for _ in range(depth))
+        norm = functools.partial(nn.LayerNorm, eps=eps)
+        # timm sizes the MLP as int(dim · mlp_ratio); the half keeps that at mlp_hidden whatever the rounding.
+        ratio = (mlp_hidden + 0.5) / dim
+        self.blocks = nn.ModuleList(
+            Block(dim, num_heads, mlp_ratio=ratio, qkv_bias=qkv_bias, norm_layer=norm) for _ in range(depth))
         self.norm = nn.LayerNorm(dim, eps=eps)
 
     def interpolate_pos_encoding(self, x: torch.Tensor, w: int, h: int) -> torch.Tensor:
@@ -98,8 +61,8 @@ class DinoViT(nn.Module):
             return self.pos_embed
         cls_pos, patch_pos = self.pos_embed[:, 0], self.pos_embed[:, 1:]
         dim, side = x.shape[-1], int(math.sqrt(n))
-        w0 = w // self.patch_embed.patch_size + 0.1
-        h0 = h // self.patch_embed.patch_size + 0.1
+        w0 = w // self.patch_size + 0.1
+        h0 = h // self.patch_size + 0.1
         patch_pos = nn.functional.interpolate(
             patch_pos.reshape(1, side, side, dim).permute(0, 3, 1, 2),
             scale_factor=(w0 / math.sqrt(n), h0 / math.sqrt(n)), mode="bicubic",

@@ -3,6 +3,8 @@
 The paper's heads: ``Linear(d→w, no bias) → [BN] → act → Linear(w→w) → [BN]``; the "linear"
 head is bias-free linear layers with nothing in between; ``depth`` counts linear layers.
 A bias directly before a BatchNorm is redundant (BN subtracts the mean), so it is dropped.
+Why not lightly's head classes (`ProjectionHead` and its subclasses): they return only the last layer's output,
+where the probes need every layer's.
 
 >>> head = ProjectionHead(384, depth=2, width=64, out_dim=32, act="swish")
 >>> [t.shape[-1] for t in head.taps(torch.randn(4, 384))]
