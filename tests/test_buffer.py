@@ -3,7 +3,10 @@
 import pytest
 import torch
 
-from headprobe.probes.suite import TapData, invariance, knn, linear
+from headprobe.probes.builtin.invariance import INVARIANCE as invariance
+from headprobe.probes.builtin.knn import KNN as knn
+from headprobe.probes.builtin.linear import LINEAR as linear
+from headprobe.probes.tap_data import TapData
 from headprobe.stats.bootstrap import PerUnit, bootstrap_resamples
 from headprobe.stats.verdict import buffer_verdict, predicted_change
 
