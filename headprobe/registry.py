@@ -165,7 +165,8 @@ class Registry:
 
     def remove(self, name: str) -> None:
         """Forget an entry (a plug-in registered for one test, say)."""
-        self.entry(name)
+        if name not in self._entries:
+            raise UnknownNameError(self.family, name, self.names())
         del self._entries[name]
         self._declared.pop(name, None)
 

@@ -39,6 +39,12 @@ def shard_knn_bank(shard_bank: bool | None, n_train: int) -> bool:
     return n_train >= SHARD_BANK_ROWS if shard_bank is None else shard_bank
 
 
+def prior_costs(names: list[str]) -> dict[str, float]:
+    """The cost estimates before any probe is timed: each probe's declared cost prior (seconds per tap, k-NN = 1;
+    `probes.declaration.Probe.cost`, measured in benchmarks/results/probe_costs.json)."""
+    return {name: declared_probe(name).cost for name in names}
+
+
 def share_of_probes(pending: list[list[str]], order: list[str], rank: int, world: int,
                     costs: dict[str, float] | None = None) -> dict[int, list[str]]:
     """The probes process `rank` of `world` runs: {unit index: [probe names, in `order`]}, from each unit's
@@ -103,8 +109,7 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
                 ctx, features, tap, seed, todo, processes=(rank, world))]
     dealt = [[name for name in names if name not in together] for names in pending]
     timed = all(name in costs for names in dealt for name in names)
-    # Before any is timed: each probe's declared cost prior (seconds per tap, k-NN = 1; `Probe.cost`).
-    estimates = dict(costs) if timed else {name: declared_probe(name).cost for name in order}
+    estimates = dict(costs) if timed else prior_costs(order)
     mine = share_of_probes(dealt, order, rank, world, costs=estimates)
     finished, failure = [], None
     try:

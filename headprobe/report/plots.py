@@ -103,7 +103,7 @@ def headline_place(metric: str) -> float | None:
     return found[0].headline if found is not None and found[0].is_headline(metric) else None
 
 
-def _headline(metrics: list[str]) -> list[str]:
+def headline_metrics(metrics: list[str]) -> list[str]:
     """At most MAX_PANELS metrics: the headline ones present, by their declared place (ties in the run's order),
     then the others in order (one panel each is slow)."""
     places = {m: place for m in metrics if (place := headline_place(m)) is not None}
@@ -116,7 +116,7 @@ def plot_metric_bars(results: dict, path: Path) -> Path:
     """One panel per headline metric: the backbone bar (dashed reference line) next to every head tap."""
     taps = results["taps"]
     names, owner = _tap_order(results)
-    metrics = _headline(metric_names(taps, plotted_only=True))
+    metrics = headline_metrics(metric_names(taps, plotted_only=True))
     if not metrics:
         raise ValueError("no metrics to plot")
     colors = head_colors(_heads_of(results))
