@@ -284,14 +284,15 @@ DATA_SOURCES.add("hf", "headprobe.data.sources:load_hub",
                  "hf:<dataset id>")
 
 PROBES = Registry("probe")
-# Each built-in probe declares itself (help, inputs, options, metrics, cost) in its own module.
+# Each built-in probe declares itself (help, inputs, options, metrics, cost) in its own module. The order is the
+# order of `headprobe list` and of the measures a claim question lists (`stats.claims`).
 PROBES.declare("linear", "headprobe.probes.builtin.linear:LINEAR")
 PROBES.declare("knn", "headprobe.probes.builtin.knn:KNN")
 PROBES.declare("spectrum", "headprobe.probes.builtin.spectrum:SPECTRUM")
 PROBES.declare("invariance", "headprobe.probes.builtin.invariance:INVARIANCE")
 PROBES.declare("view_mi", "headprobe.probes.builtin.view_mi:VIEW_MI")
-PROBES.declare("augment_r2", "headprobe.probes.builtin.augment_r2:AUGMENT_R2")
 PROBES.declare("rotation", "headprobe.probes.builtin.rotation:ROTATION")
+PROBES.declare("augment_r2", "headprobe.probes.builtin.augment_r2:AUGMENT_R2")
 PROBES.declare("orbits", "headprobe.probes.builtin.orbits:ORBITS")
 
 OBJECTIVES = Registry("objective")

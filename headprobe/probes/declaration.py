@@ -124,6 +124,11 @@ class Metric:
         if unknown:
             raise ValueError(f"metric {self.name!r} bears on {unknown}; the questions are {', '.join(QUESTION_KEYS)}.")
 
+    @property
+    def pattern(self) -> str:
+        """The regular expression of the names this declaration covers."""
+        return _pattern(self.name).pattern
+
     def match(self, metric: str) -> dict[str, str | None] | None:
         """The placeholders' values when `metric` is one of this declaration's names, else None."""
         found = _pattern(self.name).fullmatch(metric)
@@ -195,10 +200,15 @@ def declared_probes(registry: Registry = PROBES) -> list[Probe]:
     return [declared_probe(name, registry) for name in registry.names()]
 
 
+def declared_metrics(registry: Registry = PROBES) -> tuple[Metric, ...]:
+    """Every registered probe's declared metrics, in registration order."""
+    return _metrics(tuple((name, registry.entry(name).target) for name in registry.names()), registry)
+
+
 def metric_declaration(metric: str, registry: Registry = PROBES) -> tuple[Metric, dict[str, str | None]] | None:
     """(the declaration of `metric`, its placeholders' values), from the first registered probe that declares it
     (in registration order; within a probe, its first matching metric), or None."""
-    for declared in _metrics(tuple((name, registry.entry(name).target) for name in registry.names()), registry):
+    for declared in declared_metrics(registry):
         groups = declared.match(metric)
         if groups is not None:
             return declared, groups
