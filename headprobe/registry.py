@@ -135,10 +135,10 @@ class Registry:
 
     def add(self, name: str, target: str, help: str, usage: str | None = None, needs: tuple[str, ...] = (),
             options: str | None = None, shape: dict | None = None) -> None:
-        """Register `name` → `target` ("package.module:attribute", imported on first use). A probe declares the
-        inputs it needs beyond the clean features (`needs`, from PROBE_INPUTS) and, if it takes options, the
-        dataclass that declares them (`options`, "package.module:Class"): a new probe is its function plus this
-        one call, from inside the package or outside it."""
+        """Register `name` → `target` ("package.module:attribute", imported on first use). A probe registered this
+        way (a plug-in's, the older way) gives the inputs it needs beyond the clean features (`needs`, from
+        PROBE_INPUTS) and, if it takes options, the dataclass that declares them (`options`,
+        "package.module:Class"); a probe that declares itself (its metrics too) is registered with `declare`."""
         self._check_new(name, target)
         self._check_needs(name, needs)
         self._entries[name] = Entry(name, target, help, usage or name, tuple(needs), options, shape)
