@@ -147,7 +147,7 @@ def measure_augment_r2(tap: TapData, *, alphas: list[float] | None, test_fractio
 AUGMENT_R2 = Probe(
     "augment_r2", measure_augment_r2,
     "R² of a ridge regression of each augmentation parameter from a view's representation",
-    options=AugmentR2Spec, needs=("views",), check=check_augment_r2, cost=4.0,
+    options=AugmentR2Spec, needs=("views",), check=check_augment_r2, cost=4.6,
     cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("aug_r2.mean", "R² of ridge regressions predicting the augmentation parameters of a view, averaged "

@@ -56,7 +56,7 @@ def measure_invariance(tap: TapData, *, uniformity_t: float) -> ProbeOutput:
 
 INVARIANCE = Probe(
     "invariance", measure_invariance, "alignment, uniformity, view cosine and LiDAR over the augmented views",
-    options=InvarianceSpec, needs=("views",), cost=0.5, cost_source="benchmarks/results/probe_costs.json",
+    options=InvarianceSpec, needs=("views",), cost=2.0, cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("align", "mean squared distance between two views of an image, L2-normalised (Wang & Isola)",
                "squared distance on the unit sphere, in [0, 4]",

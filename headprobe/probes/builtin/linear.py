@@ -53,7 +53,7 @@ LINEAR = Probe(
     "linear", measure_linear,
     "multinomial L2 logistic regression (C chosen on a validation split of train) + label-MI lower bound",
     options=LinearProbeSpec, check=check_linear,
-    cost=5.0, cost_source="benchmarks/results/probe_costs.json",
+    cost=6.7, cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("linear.acc", "test accuracy of a linear probe (logistic regression, C chosen on a validation "
                "split of train) predicting the class", "fraction of test images", "higher = more class information",

@@ -76,7 +76,7 @@ ORBITS = Probe(
     "orbits", measure_orbits,
     "orbits along rotation/hue/saturation/blur sweeps: spread (raw and scale-free), D_inter/D_intra between class "
     "centroids (the paper's; d_*_image: between image orbits), curvature",
-    options=OrbitSpec, needs=("orbits",), check=check_orbits, cost=0.6,
+    options=OrbitSpec, needs=("orbits",), check=check_orbits, cost=0.3,
     cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         _orbit("spread_rel", "spread of an image's orbit around its centroid over random pairs' squared distance",

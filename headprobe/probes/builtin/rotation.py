@@ -112,7 +112,7 @@ def _mlp_probe(tap: TapData, hidden: int, epochs: int) -> torch.Tensor:
 ROTATION = Probe(
     "rotation", measure_rotation,
     "4-way rotation prediction (0/90/180/270°), linear and MLP: the paper's guillotine measure",
-    options=RotationSpec, needs=("rotated",), check=check_rotation, cost=6.0,
+    options=RotationSpec, needs=("rotated",), check=check_rotation, cost=115.0,
     cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("rotation.acc", "test accuracy of a linear probe predicting the image's rotation (0/90/180/270°)",

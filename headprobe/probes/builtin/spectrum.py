@@ -69,7 +69,7 @@ def measure_spectrum(tap: TapData, *, top_k: int | None) -> ProbeOutput:
 
 SPECTRUM = Probe(
     "spectrum", measure_spectrum, "RankMe, alpha-ReQ, effective rank and an honest covariance condition number",
-    options=SpectrumSpec, cost=1.2, cost_source="benchmarks/results/probe_costs.json",
+    options=SpectrumSpec, cost=1.8, cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("rankme", "RankMe: exp-entropy of the normalised singular values of the features",
                "effective rank (dims)", "higher = more dimensions used (1 = collapse)", shown_with=("Q-class",),

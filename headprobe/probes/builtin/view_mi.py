@@ -71,7 +71,7 @@ def measure_view_mi(tap: TapData, *, batch_size: int, temperature: float, pca_di
 VIEW_MI = Probe(
     "view_mi", measure_view_mi,
     "MI between two views: InfoNCE (cosine critic, with its log B ceiling) and Gaussian/CCA",
-    options=ViewMISpec, needs=("views",), cost=0.9, cost_source="benchmarks/results/probe_costs.json",
+    options=ViewMISpec, needs=("views",), cost=1.3, cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("mi.infonce", "InfoNCE lower bound on the mutual information between two views",
                "nats (at most log batch size)", "higher = views more predictable from each other (more invariance)",
