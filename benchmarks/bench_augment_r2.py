@@ -20,8 +20,9 @@ import torch
 from _common import Report, interleaved, parse_args
 
 from headprobe.data.augment import PARAM_NAMES
-from headprobe.probes.augment_r2 import AUG_R2_ALPHAS, augment_r2
-from headprobe.probes.suite import TapData
+from headprobe.probes.builtin.augment_r2 import AUG_R2_ALPHAS
+from headprobe.probes.builtin.augment_r2 import AUGMENT_R2 as augment_r2
+from headprobe.probes.tap_data import TapData
 
 FOLDS = 5
 

@@ -18,9 +18,15 @@ from pathlib import Path
 import torch
 from _common import Report, interleaved, parse_args
 
+from headprobe.probes.builtin.invariance import INVARIANCE as invariance
+from headprobe.probes.builtin.knn import KNN as knn
+from headprobe.probes.builtin.linear import LINEAR as linear
+from headprobe.probes.builtin.orbits import ORBITS as orbits
+from headprobe.probes.builtin.spectrum import SPECTRUM as spectrum
+from headprobe.probes.builtin.view_mi import VIEW_MI as view_mi
 from headprobe.probes.influence import gaussian_mi_per_pair, rankme_per_row
 from headprobe.probes.orbit_intervals import orbit_statistics
-from headprobe.probes.suite import TapData, invariance, knn, linear, orbits, spectrum, view_mi
+from headprobe.probes.tap_data import TapData
 from headprobe.stats.bootstrap import (
     ORBIT_IMAGES,
     TEST_IMAGES,

@@ -1,9 +1,12 @@
 """One small registry for every pluggable family (backbones, data sources, probes, ...).
 
-Entries are registered lazily as ``"module:attribute"`` strings so that
-``headprobe list`` and ``headprobe validate`` never import torch or a model
-library. Registries are plain objects: tests build their own instead of
-mutating global state.
+Entries are registered lazily as ``"module:attribute"`` strings so that importing the registry (and the recipe
+schema) never imports torch or a model library. A declared entry (`Registry.declare`: every built-in probe) points
+at an object that carries its own help, inputs and options (`probes.declaration.Probe`), read when the entry is
+first asked for. Registries are plain objects: tests build their own instead of mutating global state.
+
+`Range` is the value range a declared option takes (a probe's or a recipe field's `metadata=at_least(...)`): it lives
+here, below every layer that declares options, and imports nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +49,54 @@ def _import(target: str) -> Any:
 
 
 @dataclass(frozen=True)
+class Range:
+    """The values a numeric option (or each item of a list option) takes: a lower bound and maybe an upper one,
+    each open or closed.
+
+    >>> Range(0, open_low=True).describe(), Range(0, 1).contains(1.5)
+    ('> 0', False)
+    """
+
+    low: float
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+
+    def describe(self) -> str:
+        low, high = self.low, self.high
+        if high is None:
+            return f"> {low:g}" if self.open_low else f">= {low}"
+        if not self.open_low and not self.open_high and isinstance(high, int):
+            return f"in [{low}, {high}]"
+        return f"in {'(' if self.open_low else '['}{low:g}, {high:g}{')' if self.open_high else ']'}"
+
+    def contains(self, value: float) -> bool:
+        below = value <= self.low if self.open_low else value < self.low
+        above = self.high is not None and (value >= self.high if self.open_high else value > self.high)
+        return not (below or above)
+
+
+def at_least(low: float) -> dict:
+    """Field metadata of an option whose values are >= low."""
+    return {"range": Range(low)}
+
+
+def within(low: float, high: float, open_high: bool = False) -> dict:
+    """Field metadata of an option whose values are in [low, high] (or [low, high))."""
+    return {"range": Range(low, high, open_high=open_high)}
+
+
+def registered(registry: Registry) -> dict:
+    """Field metadata of a name option (or list of names) whose values are `registry`'s names."""
+    return {"registry": registry}
+
+
+POSITIVE = {"range": Range(0, open_low=True)}
+# A share of the images: 0 or 1 would leave one side of the split empty.
+FRACTION = {"range": Range(0, 1, open_low=True, open_high=True)}
+
+
+@dataclass(frozen=True)
 class Entry:
     name: str
     target: str
@@ -54,8 +105,8 @@ class Entry:
     # What the entry needs beyond the clean train/test features (probes: "views", "rotated", "orbits"); the
     # pipeline extracts exactly the union of what a recipe's probes need.
     needs: tuple[str, ...] = ()
-    # "package.module:Class" of the entry's options dataclass (a plug-in probe's), or None.
-    options: str | None = None
+    # The entry's options dataclass, or "package.module:Class" of it (a plug-in probe's), or None.
+    options: str | type | None = None
     # What a backbone declares of its architecture, read by the recipe checks before anything loads: "blocks"
     # (layers a `backbone.layer` can name), "patch" (ViT patch size), "whole_patches" (resolution must be a
     # multiple of the patch), or for a family of names "patch_pattern" (a regex whose group 1 is the patch size).
@@ -65,7 +116,7 @@ class Entry:
         return _import(self.target)
 
     def load_options(self) -> type | None:
-        return None if self.options is None else _import(self.options)
+        return _import(self.options) if isinstance(self.options, str) else self.options
 
 
 # The inputs a probe can ask for beyond the clean features: the cached augmented views of the training images
@@ -78,28 +129,46 @@ class Registry:
 
     def __init__(self, family: str) -> None:
         self.family = family
-        self._entries: dict[str, Entry] = {}
+        self._entries: dict[str, Entry | None] = {}
+        # Declared entries not yet read: name -> "package.module:ATTRIBUTE" of the declaration.
+        self._declared: dict[str, str] = {}
 
     def add(self, name: str, target: str, help: str, usage: str | None = None, needs: tuple[str, ...] = (),
             options: str | None = None, shape: dict | None = None) -> None:
-        """Register `name` → `target` ("package.module:attribute", imported on first use). A probe declares the
-        inputs it needs beyond the clean features (`needs`, from PROBE_INPUTS) and, if it takes options, the
-        dataclass that declares them (`options`, "package.module:Class"): a new probe is its function plus this
-        one call, from inside the package or outside it."""
+        """Register `name` → `target` ("package.module:attribute", imported on first use). A probe registered this
+        way (a plug-in's, the older way) gives the inputs it needs beyond the clean features (`needs`, from
+        PROBE_INPUTS) and, if it takes options, the dataclass that declares them (`options`,
+        "package.module:Class"); a probe that declares itself (its metrics too) is registered with `declare`."""
+        self._check_new(name, target)
+        self._check_needs(name, needs)
+        self._entries[name] = Entry(name, target, help, usage or name, tuple(needs), options, shape)
+
+    def declare(self, name: str, target: str) -> None:
+        """Register `name` → a declaration ("package.module:ATTRIBUTE") that carries its own `help`, `usage`, `needs`
+        and `options` (a `probes.declaration.Probe`: a built-in probe is its module plus this one call). Nothing is
+        imported until the entry is first asked for (`entry`, iterating, `get`)."""
+        self._check_new(name, target)
+        self._entries[name] = None  # keeps the registration order
+        self._declared[name] = target
+
+    def _check_new(self, name: str, target: str) -> None:
         if name in self._entries:
             raise ValueError(f"{self.family} {name!r} is registered twice.")
         if ":" not in target:
             raise ValueError(f"target {target!r} must look like 'package.module:attribute'.")
+
+    def _check_needs(self, name: str, needs: tuple[str, ...]) -> None:
         unknown = set(needs) - set(PROBE_INPUTS)
         if unknown:
             raise ValueError(f"{self.family} {name!r} needs {sorted(unknown)}, which no stage produces; "
                              f"allowed: {', '.join(PROBE_INPUTS)}.")
-        self._entries[name] = Entry(name, target, help, usage or name, tuple(needs), options, shape)
 
     def remove(self, name: str) -> None:
         """Forget an entry (a plug-in registered for one test, say)."""
-        self.entry(name)
+        if name not in self._entries:
+            raise UnknownNameError(self.family, name, self.names())
         del self._entries[name]
+        self._declared.pop(name, None)
 
     def names(self) -> list[str]:
         return list(self._entries)
@@ -108,13 +177,21 @@ class Registry:
         return name in self._entries
 
     def __iter__(self) -> Iterator[Entry]:
-        return iter(self._entries.values())
+        return iter([self.entry(name) for name in self.names()])
 
     def entry(self, name: str) -> Entry:
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise UnknownNameError(self.family, name, self.names()) from None
+        if name not in self._entries:
+            raise UnknownNameError(self.family, name, self.names())
+        if self._entries[name] is None:  # a declared entry, read now
+            target = self._declared[name]
+            declared = _import(target)
+            if declared.name != name:
+                raise ValueError(f"{self.family} {name!r} is registered with {target}, which declares itself as "
+                                 f"{declared.name!r}; give both the same name.")
+            self._check_needs(name, tuple(declared.needs))
+            self._entries[name] = Entry(name, target, declared.help, declared.usage or name, tuple(declared.needs),
+                                        declared.options)
+        return self._entries[name]
 
     def get(self, name: str) -> Any:
         return self.entry(name).load()
@@ -207,24 +284,16 @@ DATA_SOURCES.add("hf", "headprobe.data.sources:load_hub",
                  "hf:<dataset id>")
 
 PROBES = Registry("probe")
-PROBES.add("linear", "headprobe.probes.suite:linear",
-           "multinomial L2 logistic regression (C chosen on a validation split of train) + label-MI lower bound")
-PROBES.add("knn", "headprobe.probes.suite:knn",
-           "DINO weighted k-NN: cosine similarity, top-k votes weighted exp(s/T)")
-PROBES.add("spectrum", "headprobe.probes.suite:spectrum",
-           "RankMe, alpha-ReQ, effective rank and an honest covariance condition number")
-PROBES.add("invariance", "headprobe.probes.suite:invariance",
-           "alignment, uniformity, view cosine and LiDAR over the augmented views", needs=("views",))
-PROBES.add("view_mi", "headprobe.probes.suite:view_mi",
-           "MI between two views: InfoNCE (cosine critic, with its log B ceiling) and Gaussian/CCA", needs=("views",))
-PROBES.add("augment_r2", "headprobe.probes.suite:augment_r2",
-           "R² of a ridge regression of each augmentation parameter from a view's representation", needs=("views",))
-PROBES.add("rotation", "headprobe.probes.suite:rotation",
-           "4-way rotation prediction (0/90/180/270°), linear and MLP: the paper's guillotine measure",
-           needs=("rotated",))
-PROBES.add("orbits", "headprobe.probes.suite:orbits",
-           "orbits along rotation/hue/saturation/blur sweeps: spread (raw and scale-free), D_inter/D_intra between "
-           "class centroids (the paper's; d_*_image: between image orbits), curvature", needs=("orbits",))
+# Each built-in probe declares itself (help, inputs, options, metrics, cost) in its own module. The order is the
+# order of `headprobe list` and of the measures a claim question lists (`stats.claims`).
+PROBES.declare("linear", "headprobe.probes.builtin.linear:LINEAR")
+PROBES.declare("knn", "headprobe.probes.builtin.knn:KNN")
+PROBES.declare("spectrum", "headprobe.probes.builtin.spectrum:SPECTRUM")
+PROBES.declare("invariance", "headprobe.probes.builtin.invariance:INVARIANCE")
+PROBES.declare("view_mi", "headprobe.probes.builtin.view_mi:VIEW_MI")
+PROBES.declare("rotation", "headprobe.probes.builtin.rotation:ROTATION")
+PROBES.declare("augment_r2", "headprobe.probes.builtin.augment_r2:AUGMENT_R2")
+PROBES.declare("orbits", "headprobe.probes.builtin.orbits:ORBITS")
 
 OBJECTIVES = Registry("objective")
 OBJECTIVES.add("info_nce", "headprobe.train.objectives:info_nce",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from headprobe.probes.augment_r2 import augment_r2
-from headprobe.probes.suite import TapData
+from headprobe.probes.builtin.augment_r2 import AUGMENT_R2 as augment_r2
+from headprobe.probes.tap_data import TapData
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 

@@ -1,9 +1,15 @@
 """The buffer verdict: every sweep's spread is evidence, and only margins beyond the noise are resolved."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
-from headprobe.probes.suite import TapData, invariance, knn, linear
+from headprobe.probes.builtin.invariance import INVARIANCE as invariance
+from headprobe.probes.builtin.knn import KNN as knn
+from headprobe.probes.builtin.linear import LINEAR as linear
+from headprobe.probes.tap_data import TapData
 from headprobe.stats.bootstrap import PerUnit, bootstrap_resamples
 from headprobe.stats.verdict import buffer_verdict, predicted_change
 
@@ -191,3 +197,29 @@ def test_a_critic_no_better_than_chance_keeps_infonce_out_of_the_verdict():
         assert entry["resolved"] == "unresolved" and entry["p"] is None and entry["ci95"] is None
         assert entry["why_unresolved"].startswith("critic uninformative") and out["verdict"] == "inconclusive"
         assert "0 testable" in out["rule"]
+
+
+def rule_as_written_before_the_declarations(metric: str):
+    """`stats.verdict.evidence_rule` as it was written before the probes declared their metrics (main, 2026-12)."""
+    import re
+
+    if metric in ("linear.acc", "rotation.acc", "rotation.mlp.acc", "aug_r2.mean", "mi.label") or re.fullmatch(
+            r"knn\.k\d+\.acc", metric):
+        return -1, "backbone keeps more"
+    if metric in ("view_spread_rel", "orbit.spread_rel") or metric.endswith(".orbit.spread_rel"):
+        return -1, "head more invariant"
+    if metric in ("mi.infonce", "mi.infonce/ceiling"):
+        return +1, "head more invariant"
+    return None
+
+
+def test_the_declared_evidence_rule_equals_the_written_one_on_every_metric_of_real_runs():
+    from headprobe.stats.verdict import evidence_rule
+
+    record = json.loads((Path(__file__).parent / "fixtures" / "run_metric_names.json").read_text())
+    names = {name for names in record["names"].values() for name in names}
+    assert {"linear.acc", "knn.k20.acc", "rotation.acc", "aug_r2.crop_x", "rotation45.orbit.spread_rel",
+            "mi.infonce/ceiling", "linear.C"} <= names  # both runs' probes, the verdict's pieces among them
+    names |= {f"{sweep}.orbit.{m}" for sweep in ("hue", "rotation360", "blur") for m in ("spread_rel", "spread")}
+    for name in sorted(names):
+        assert evidence_rule(name) == rule_as_written_before_the_declarations(name), name

@@ -11,7 +11,8 @@ from headprobe.data import load_data
 from headprobe.data.augment import augment_spec
 from headprobe.features.extract import extract_views
 from headprobe.pipeline.stages import held_out_view_seed
-from headprobe.probes.suite import TapData, invariance
+from headprobe.probes.builtin.invariance import INVARIANCE as invariance
+from headprobe.probes.tap_data import TapData
 from headprobe.recipe import RecipeError, load_recipe
 
 pytestmark = pytest.mark.slow  # each test runs the pipeline end to end

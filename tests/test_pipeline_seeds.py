@@ -1,5 +1,6 @@
 """Several seeds: heads retrained per seed on the same features, metrics averaged, intervals over seeds kept."""
 
+import dataclasses
 import importlib
 import json
 
@@ -57,8 +58,8 @@ def test_each_seed_equals_its_own_single_seed_run_and_the_tap_is_their_mean(tiny
 def test_a_multi_seed_run_resumes_per_seed(tiny_recipe, tmp_path, monkeypatch):
     recipe = {**tiny_recipe, **SEEDS_RECIPE, "seeds": [0, 1]}
     reference = run(recipe, out=tmp_path / "ref", quiet=True)
-    suite = importlib.import_module("headprobe.probes.suite")
-    original, calls = suite.knn, []
+    module = importlib.import_module("headprobe.probes.builtin.knn")
+    original, calls = module.KNN, []
 
     def knn_failing_on_the_second_seed(tap, **options):
         calls.append(tap.name)
@@ -66,7 +67,7 @@ def test_a_multi_seed_run_resumes_per_seed(tiny_recipe, tmp_path, monkeypatch):
             raise FloatingPointError("simulated failure")
         return original(tap, **options)
 
-    monkeypatch.setattr(suite, "knn", knn_failing_on_the_second_seed)
+    monkeypatch.setattr(module, "KNN", dataclasses.replace(original, function=knn_failing_on_the_second_seed))
     with pytest.raises(RunError, match=r"seed 1.*simulated failure"):
         run(recipe, out=tmp_path / "r", quiet=True)
     partial = json.loads((tmp_path / "r" / "results.json").read_text())

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headprobe import run
-from headprobe.probes.suite import ProbeOutput
+from headprobe.probes.tap_data import ProbeOutput
 from headprobe.recipe import RecipeError
 from headprobe.registry import PROBES
 from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit

@@ -20,7 +20,7 @@ import torch
 from fake_accelerator import ACCELERATOR, DeviceMixError, OnAccelerator, fake_accelerator
 
 from headprobe.data.augment import PARAM_NAMES
-from headprobe.probes.suite import TapData
+from headprobe.probes.tap_data import TapData
 from headprobe.registry import PROBES
 
 pytestmark = pytest.mark.usefixtures("single_thread")

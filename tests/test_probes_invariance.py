@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
+from headprobe.probes.builtin.invariance import INVARIANCE as invariance
 from headprobe.probes.lidar_influence import lidar_pseudo_values
 from headprobe.probes.spectrum import lidar, sphere_points, uniformity, view_spread
-from headprobe.probes.suite import TapData, invariance
+from headprobe.probes.tap_data import TapData
 from headprobe.stats.bootstrap import (
     VIEW_IMAGES,
     Linearised,

@@ -137,8 +137,8 @@ def test_without_labels_the_papers_d_inter_is_absent():
 
 
 def test_orbits_probe_names_the_class_and_image_versions():
-    from headprobe.probes.suite import TapData
-    from headprobe.probes.suite import orbits as orbits_probe
+    from headprobe.probes.builtin.orbits import ORBITS as orbits_probe
+    from headprobe.probes.tap_data import TapData
 
     traj = torch.randn(4, 10, 3, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
     empty = torch.zeros(0, 3)

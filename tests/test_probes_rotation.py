@@ -7,9 +7,10 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
+from headprobe.probes.builtin.rotation import ROTATION as rotation
+from headprobe.probes.builtin.rotation import per_image_accuracy, rotated_image_index
 from headprobe.probes.linear import grouped_validation_split
-from headprobe.probes.rotated import per_image_accuracy, rotated_image_index
-from headprobe.probes.suite import TapData, rotation
+from headprobe.probes.tap_data import TapData
 from headprobe.stats.bootstrap import TEST_IMAGES
 
 pytestmark = pytest.mark.usefixtures("single_thread")

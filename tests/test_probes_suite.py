@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from headprobe.data.augment import PARAM_NAMES
-from headprobe.probes.augment_r2 import AUG_R2_ALPHAS, augment_r2, grouped_ridge_cv, ridge_predictions
-from headprobe.probes.suite import TapData, view_mi
+from headprobe.probes.builtin.augment_r2 import AUG_R2_ALPHAS, grouped_ridge_cv, ridge_predictions
+from headprobe.probes.builtin.augment_r2 import AUGMENT_R2 as augment_r2
+from headprobe.probes.builtin.view_mi import VIEW_MI as view_mi
+from headprobe.probes.tap_data import TapData
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -185,7 +187,8 @@ def testridge_predictions_match_sklearn_per_target_at_the_quickstart_scale():
 
 
 def test_spectrum_of_collapsed_features_keeps_what_is_defined_instead_of_failing():
-    from headprobe.probes.suite import TapData, spectrum
+    from headprobe.probes.builtin.spectrum import SPECTRUM as spectrum
+    from headprobe.probes.tap_data import TapData
 
     g = torch.Generator().manual_seed(0)
     rank_one = torch.outer(torch.randn(200, generator=g), torch.randn(16, generator=g)).double()
@@ -199,8 +202,8 @@ def test_spectrum_of_collapsed_features_keeps_what_is_defined_instead_of_failing
 
 
 def test_spectrum_probe_shares_one_decomposition_and_equals_the_functions_called_alone():
+    from headprobe.probes.builtin.spectrum import SPECTRUM as spectrum
     from headprobe.probes.spectrum import alpha_req, covariance_spectrum, rankme
-    from headprobe.probes.suite import spectrum
 
     x, _, _ = relu_tap_views(n_images=100)
     z = torch.tensor(x, dtype=torch.float32)

@@ -3,7 +3,8 @@
 import pytest
 import yaml
 
-from headprobe.recipe import KnnSpec, Recipe, RecipeError, apply_override, dump_recipe, expand_sweep, load_recipe
+from headprobe.probes.builtin.knn import KnnSpec
+from headprobe.recipe import Recipe, RecipeError, apply_override, dump_recipe, expand_sweep, load_recipe
 
 HEADS = {"heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 2}}
 

@@ -1,46 +1,42 @@
-"""recipe.schema: the probes' options equal the probe functions' own, and names and ranges are declared once."""
+"""recipe.schema: the probes' options are their declarations' (defaults equal to the estimators' own where a probe
+passes them on), and names and ranges are declared once."""
 
 import dataclasses
 import inspect
 
 import pytest
 
-from headprobe.probes import suite
+from headprobe.probes.declaration import declared_probe
 from headprobe.probes.knn import knn
 from headprobe.probes.linear import linear_probe
-from headprobe.recipe import PROBE_SPECS, HeadSpec, Range, RecipeError, load_recipe
+from headprobe.recipe import HeadSpec, Range, RecipeError, load_recipe
+from headprobe.recipe.fields import check_range
 from headprobe.registry import AUGMENT_PRESETS, HEADS, OBJECTIVES, ORBIT_SWEEPS, PROBES
 
-# suite.linear and suite.knn pass their **options on to these.
+# The linear and k-NN probes pass their options on to these estimators, whose own defaults direct callers get.
 FORWARDED_TO = {"linear": linear_probe, "knn": knn}
-# Options whose function default means "what the tap holds": the spec's default chooses what the pipeline extracts.
-CHOSEN_BY_THE_PIPELINE = {("orbits", "sweeps")}
 
 
-def _probe_function(name: str):
-    return FORWARDED_TO.get(name) or getattr(suite, name)
+@pytest.mark.parametrize("name", PROBES.names())
+def test_every_probe_option_is_taken_by_the_probe_and_forwarded_defaults_equal_the_estimators(name):
+    probe = declared_probe(name)
+    assert PROBES.entry(name).target == f"headprobe.probes.builtin.{name}:{name.upper()}"
+    params = dict(inspect.signature(probe.function).parameters)
+    forwarded = dict(inspect.signature(FORWARDED_TO[name]).parameters) if name in FORWARDED_TO else {}
+    for f in dataclasses.fields(probe.options):
+        assert f.name in params or f.name in forwarded, f"probes.{name}.{f.name} is not an option of the {name} probe"
+        if f.name in forwarded:
+            default = forwarded[f.name].default
+            ours = getattr(probe.options(), f.name)
+            assert (list(default) if isinstance(default, tuple) else default) == ours, (name, f.name)
 
 
-@pytest.mark.parametrize("name", list(PROBE_SPECS))
-def test_every_probe_option_defaults_to_the_probe_functions_default(name):
-    assert PROBES.entry(name).target == f"headprobe.probes.suite:{name}"
-    # Options the suite's wrapper takes itself (probes.knn.shard_bank) and those it passes on.
-    params = dict(inspect.signature(getattr(suite, name)).parameters) | dict(
-        inspect.signature(_probe_function(name)).parameters)
-    spec = PROBE_SPECS[name]()
-    for f in dataclasses.fields(spec):
-        assert f.name in params, f"probes.{name}.{f.name} is not an option of the {name} probe"
-        default, ours = params[f.name].default, getattr(spec, f.name)
-        if (name, f.name) in CHOSEN_BY_THE_PIPELINE:
-            assert default is None
-            continue
-        assert default is not inspect.Parameter.empty, f"the {name} probe has no default for {f.name}"
-        assert (list(default) if isinstance(default, tuple) else default) == ours, (name, f.name)
-
-
-def test_every_exception_still_exists():
-    for name, option in CHOSEN_BY_THE_PIPELINE:
-        assert option in {f.name for f in dataclasses.fields(PROBE_SPECS[name])}
+def test_a_probe_function_gets_its_declared_defaults_for_the_options_not_given():
+    probe = declared_probe("rotation")
+    seen = {}
+    spy = dataclasses.replace(probe, function=lambda tap, **options: seen.update(options))
+    spy("tap", mlp_epochs=3)
+    assert seen == {"C_grid": None, "mlp_hidden": 256, "mlp_epochs": 3}
 
 
 def test_knn_chunk_size_is_the_probes_and_changes_no_prediction():
@@ -74,10 +70,10 @@ def test_a_name_registered_later_is_accepted():
 ])
 def test_ranges_accept_and_refuse_at_their_bounds(bounds, inside, outside, words):
     for value in inside:
-        bounds.check("x", value)
+        check_range("x", value, bounds)
     for value in outside:
         with pytest.raises(RecipeError) as err:
-            bounds.check("x", value)
+            check_range("x", value, bounds)
         assert str(err.value) == f"x = {value!r} is out of range; {words}."
 
 

@@ -24,7 +24,7 @@ def test_protocol_values_are_told_apart_from_measurements(metric, protocol):
 
 
 def test_every_metric_the_probes_write_is_described():
-    # the names the registered probes write (headprobe/probes/suite.py, orbits.py), as in a real run's results
+    # the names the registered probes write (declared in headprobe/probes/builtin/), as in a real run's results
     names = ["linear.acc", "linear.val_acc", "linear.C", "mi.label", "knn.k5.acc", "knn.k20.acc", "rankme",
              "alpha_req", "cond", "eff_rank", "align", "uniform", "view_cos", "lidar", "view_spread_rel",
              "mi.infonce", "mi.infonce.ceiling", "mi.gaussian", "aug_r2.mean", "aug_r2.crop_scale", "rotation.acc",

@@ -292,7 +292,8 @@ def test_taps_share_the_training_image_resamples_so_rankme_margins_are_paired():
     from types import SimpleNamespace
 
     from headprobe.pipeline.taps import record_uncertainty
-    from headprobe.probes.suite import TapData, spectrum
+    from headprobe.probes.builtin.spectrum import SPECTRUM as spectrum
+    from headprobe.probes.tap_data import TapData
     from headprobe.stats.bootstrap import TRAIN_IMAGES
 
     g = torch.Generator().manual_seed(7)

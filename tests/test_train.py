@@ -111,8 +111,9 @@ def test_gradient_accumulation_equals_the_summed_gradient(views):
 
 def test_rankme_is_one_definition_in_the_training_log_the_geometry_record_and_the_probe():
     from headprobe.geometry.tracking import curvature_snapshot
+    from headprobe.probes.builtin.spectrum import SPECTRUM as spectrum
     from headprobe.probes.spectrum import rankme
-    from headprobe.probes.suite import TapData, spectrum
+    from headprobe.probes.tap_data import TapData
     from headprobe.train.heads import ProjectionHead
     from headprobe.train.objectives import vicreg
 

@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from headprobe.cli import main
-from headprobe.recipe import PROBE_SPECS, Recipe, RecipeError, load_recipe
+from headprobe.probes.declaration import declared_probes
+from headprobe.recipe import Recipe, RecipeError, load_recipe
+
+# Every built-in probe's options class, as its declaration gives it.
+PROBE_OPTIONS = {probe.name: probe.options for probe in declared_probes() if probe.options is not None}
 
 QUICKSTART = str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml")
 HEADS = {"heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 2}}
@@ -35,8 +39,8 @@ def _numeric_fields(cls, prefix: str):
             yield from _numeric_fields(tp, key + ".")
         elif typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
             yield from _numeric_fields(typing.get_args(tp)[0], key + ".0.")
-        elif "specs" in f.metadata:
-            for name, spec in f.metadata["specs"].items():
+        elif f.metadata.get("named"):
+            for name, spec in PROBE_OPTIONS.items():
                 yield from _numeric_fields(spec, f"{key}.{name}.")
         elif kind := _numeric(tp):
             yield key, kind
@@ -49,7 +53,7 @@ def test_the_schema_walk_sees_every_probe_and_nested_section():
     keys = {k for k, _ in FIELDS}
     assert {"seed", "train.lr", "heads.0.out_dim", "data.limit.train", "backbone.lora.alpha",
             "probes.knn.temperature", "probes.linear.C_grid", "geometry.rows"} <= keys
-    assert {k.split(".")[1] for k in keys if k.startswith("probes.")} == set(PROBE_SPECS)
+    assert {k.split(".")[1] for k in keys if k.startswith("probes.")} == set(PROBE_OPTIONS)
 
 
 @pytest.mark.parametrize("key, kind", FIELDS, ids=[k for k, _ in FIELDS])

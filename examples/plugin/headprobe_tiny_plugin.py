@@ -34,7 +34,7 @@ def align_uniform(z1: torch.Tensor, z2: torch.Tensor, t: float = 2.0):
 
 def centroid(tap):
     """Accuracy of the nearest class mean of the training features, with each test image's correctness."""
-    from headprobe.probes.suite import ProbeOutput
+    from headprobe.probes.tap_data import ProbeOutput
     from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
 
     means = torch.stack([tap.train_x[tap.train_y == c].mean(0) for c in range(tap.n_classes)])

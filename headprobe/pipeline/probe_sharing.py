@@ -8,7 +8,8 @@ one-process numbers:
   1/W of the similarity work and of its memory (the normalised bank, the score blocks) on each process (the
   features themselves are held whole by every process, as for every probe);
 - every other (tap, seed, probe) is run by one process (`share_of_probes`): the longest first, each to the process
-  with the least work so far, by the time that probe took on an earlier tap (by `PRIOR_COSTS` before any was).
+  with the least work so far, by the time that probe took on an earlier tap (by the probe's declared cost prior,
+  `probes.declaration.Probe.cost`, before any was).
 
 Each process then records every probe's output, in the one-process order, from an all-gather, so every process
 holds the same results and the main one writes them. Each probe's 95% intervals are computed by the process that
@@ -21,15 +22,10 @@ from __future__ import annotations
 import time
 
 from headprobe.parallel.collectives import all_objects
+from headprobe.probes.declaration import declared_probe
 
 # From this many training rows the k-NN bank is sharded across processes by default (`shard_knn_bank`).
 SHARD_BANK_ROWS = 65_536
-# Rough relative costs of the probes (seconds per tap, k-NN = 1), for sharing out the probes of a run before any
-# has been timed. Measured per tap over the 19 taps of the quickstart (1 process): linear 5.0, augment_r2 4.1,
-# spectrum 1.2, invariance 1.1 (4 views; 0.5 with the sharded-probes benchmark's 2), view_mi 0.9, orbits 0.6;
-# rotation (not measured) fits a linear and an MLP probe on 4 rotated copies. A probe not listed counts 1.
-PRIOR_COSTS = {"linear": 5.0, "knn": 1.0, "spectrum": 1.2, "invariance": 0.5, "view_mi": 0.9, "augment_r2": 4.0,
-               "rotation": 6.0, "orbits": 0.6}
 
 
 def shard_knn_bank(shard_bank: bool | None, n_train: int) -> bool:
@@ -41,6 +37,12 @@ def shard_knn_bank(shard_bank: bool | None, n_train: int) -> bool:
     one process (measured on the sharded-probes benchmark, 1,400 rows: 0.08 s per shard against 0.05 s whole).
     """
     return n_train >= SHARD_BANK_ROWS if shard_bank is None else shard_bank
+
+
+def prior_costs(names: list[str]) -> dict[str, float]:
+    """The cost estimates before any probe is timed: each probe's declared cost prior (seconds per tap, k-NN = 1;
+    `probes.declaration.Probe.cost`, measured in benchmarks/results/probe_costs.json)."""
+    return {name: declared_probe(name).cost for name in names}
 
 
 def share_of_probes(pending: list[list[str]], order: list[str], rank: int, world: int,
@@ -107,7 +109,7 @@ def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> 
                 ctx, features, tap, seed, todo, processes=(rank, world))]
     dealt = [[name for name in names if name not in together] for names in pending]
     timed = all(name in costs for names in dealt for name in names)
-    estimates = dict(costs) if timed else {name: PRIOR_COSTS.get(name, 1.0) for name in order}
+    estimates = dict(costs) if timed else prior_costs(order)
     mine = share_of_probes(dealt, order, rank, world, costs=estimates)
     finished, failure = [], None
     try:

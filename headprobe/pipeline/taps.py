@@ -50,10 +50,10 @@ def head_taps(name: str, head) -> list[Tap]:
 
 
 def tap_data(features, tap: Tap, recipe, device: torch.device | str | None = None):
-    """The inputs of every probe at one tap (`probes.suite.TapData`), from a `stages.FeatureSet`. The view probes
+    """The inputs of every probe at one tap (`probes.tap_data.TapData`), from a `stages.FeatureSet`. The view probes
     get `features.probe_views` (the held-out test images' views unless `augment.probe_views: train`). With
     `device`, the backbone features move there first, so a head tap's layers run on the device too."""
-    from headprobe.probes.suite import TapData
+    from headprobe.probes.tap_data import TapData
 
     def at(x: torch.Tensor) -> torch.Tensor:
         x = x if device is None else x.to(device)

@@ -1,5 +1,8 @@
 """Probes that score representations: class information (linear, k-NN), information between views
-(MI bounds, Gaussian MI), and invariance/spectrum measures (alignment, uniformity, RankMe, LiDAR, α-ReQ)."""
+(MI bounds, Gaussian MI), and invariance/spectrum measures (alignment, uniformity, RankMe, LiDAR, α-ReQ).
+
+These are the estimators; the probes a recipe names are declared one module each in `probes.builtin`
+(`probes.declaration`: what a probe declares about itself and its metrics)."""
 
 from headprobe.probes.information import (
     SeparableCritic,

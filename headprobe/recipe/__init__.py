@@ -10,38 +10,29 @@ from .checks import check_recipe, declared_shape, known_train_size, patch_size
 from .loading import apply_override, dump_recipe, expand_sweep, load_recipe, resolve_recipe_data, set_value
 from .schema import (
     NAME_PATTERN,
-    PROBE_SPECS,
-    AugmentR2Spec,
     AugmentRecipe,
     BackboneSpec,
     DataSpec,
     FeatureSpec,
     GeometrySpec,
     HeadSpec,
-    InvarianceSpec,
-    KnnSpec,
     LimitSpec,
-    LinearProbeSpec,
     LoraSpec,
     NoOptions,
     ObjectiveSpec,
-    OrbitSpec,
     Range,
     Recipe,
     RecipeError,
-    RotationSpec,
     RuntimeSpec,
-    SpectrumSpec,
     TrainSpec,
-    ViewMISpec,
 )
 from .sweeps import MAX_FOLDER_BYTES, sweep_folder_name
 
 __all__ = [
-    "MAX_FOLDER_BYTES", "NAME_PATTERN", "PROBE_SPECS", "AugmentR2Spec",
-    "AugmentRecipe", "BackboneSpec", "DataSpec", "FeatureSpec", "GeometrySpec", "HeadSpec", "InvarianceSpec",
-    "KnnSpec", "LimitSpec", "LinearProbeSpec", "LoraSpec", "NoOptions", "ObjectiveSpec", "OrbitSpec", "Range",
-    "Recipe", "RecipeError", "RotationSpec", "RuntimeSpec", "SpectrumSpec", "TrainSpec", "ViewMISpec", "apply_override",
+    "MAX_FOLDER_BYTES", "NAME_PATTERN",
+    "AugmentRecipe", "BackboneSpec", "DataSpec", "FeatureSpec", "GeometrySpec", "HeadSpec",
+    "LimitSpec", "LoraSpec", "NoOptions", "ObjectiveSpec", "Range",
+    "Recipe", "RecipeError", "RuntimeSpec", "TrainSpec", "apply_override",
     "check_recipe", "declared_shape", "dump_recipe", "expand_sweep", "known_train_size", "load_recipe", "patch_size",
     "resolve_recipe_data", "set_value", "sweep_folder_name",
 ]

@@ -10,7 +10,7 @@ import math
 import re
 import warnings
 
-from ..registry import BACKBONES, DATA_SOURCES, OBJECTIVES, OFFLINE_MODELS, ORBIT_SWEEPS, SCRATCH_MODELS, Registry
+from ..registry import BACKBONES, DATA_SOURCES, OBJECTIVES, OFFLINE_MODELS, SCRATCH_MODELS, Registry
 from .schema import NAME_PATTERN, BackboneSpec, DataSpec, LoraSpec, Recipe, RecipeError, not_allowed, unknown_name
 
 
@@ -155,36 +155,20 @@ def known_train_size(data: DataSpec) -> tuple[int | None, int | None]:
 
 
 def _check_probes(recipe: Recipe, n_train: int | None) -> None:
-    """The probes' options that each field's range cannot say alone: empty or repeated lists, k against the
-    training images."""
-    probes = recipe.probes
+    """The probes' options that each field's range cannot say alone (empty or repeated lists, k against the
+    training images): each probe's own declared `check` (`probes.declaration.Probe.check`)."""
+    from headprobe.probes.declaration import TrainImages, declared_probe
+
     images = ("data.limit.train" if recipe.data.limit.train is not None and n_train == recipe.data.limit.train
               else recipe.data.source)
-    knn = probes.get("knn")
-    if knn is not None:
-        if not knn.ks:
-            raise RecipeError("probes.knn.ks is empty; give at least one k, e.g. [10, 20].")
-        if len(set(knn.ks)) != len(knn.ks):
-            raise RecipeError(f"probes.knn.ks = {knn.ks} lists a k twice; list each neighbour count once.")
-        for i, k in enumerate(knn.ks):
-            if n_train is not None and k > n_train:
-                raise RecipeError(f"probes.knn.ks[{i}] = {k} is more neighbours than the {n_train} training "
-                                  f"images ({images}); use ks of at most {n_train}, e.g. "
-                                  f"probes.knn.ks=[{min(10, n_train)}], or train on more images.")
-    linear = probes.get("linear")
-    if linear is not None and not linear.C_grid:
-        raise RecipeError("probes.linear.C_grid is empty; give at least one C, e.g. [0.1, 1, 10].")
-    aug = probes.get("augment_r2")
-    if aug is not None and aug.alphas is not None and not aug.alphas:
-        raise RecipeError("probes.augment_r2.alphas is empty; give ridge penalties such as [0.1, 1, 10], "
-                          "or null for the default grid.")
-    rotation = probes.get("rotation")
-    if rotation is not None and rotation.C_grid is not None and not rotation.C_grid:
-        raise RecipeError("probes.rotation.C_grid is empty; give at least one C, e.g. [0.1, 1, 10], "
-                          "or null for the linear probe's default grid.")
-    orbits = probes.get("orbits")
-    if orbits is not None and not orbits.sweeps:
-        raise RecipeError(f"probes.orbits.sweeps is empty; give at least one of: {', '.join(ORBIT_SWEEPS.names())}.")
+    for name, options in recipe.probes.items():
+        check = declared_probe(name).check
+        if check is None:
+            continue
+        try:
+            check(options, TrainImages(n_train, images))
+        except ValueError as err:
+            raise RecipeError(str(err)) from None
 
 
 # Registered CNN backbones (their loaders reject token poolings too; this catches it before loading).

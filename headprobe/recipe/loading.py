@@ -26,6 +26,7 @@ from headprobe.recipe.safe_yaml import AliasLimitError, BoundedAliasLoader
 
 from ..registry import Registry
 from .checks import check_recipe
+from .fields import check_range
 from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unknown_name
 from .sweeps import NO_SWEEP, sweep_folder_name, sweep_items
 
@@ -259,8 +260,8 @@ def _build(cls: type, data: Any, path: str) -> Any:
         if name not in data:
             continue
         where = f"{path}.{name}" if path else name
-        if "specs" in f.metadata:
-            kwargs[name] = _build_named_section(data[name], where, f.metadata["registry"], f.metadata["specs"])
+        if f.metadata.get("named"):
+            kwargs[name] = _build_named_section(data[name], where, f.metadata["registry"])
             continue
         value = _coerce(hints[name], data[name], where)
         _check_declared(f, value, where)
@@ -276,13 +277,13 @@ def _check_declared(f: dataclasses.Field, value: Any, where: str) -> None:
     for i, item in items:
         at = where if i is None else f"{where}[{i}]"
         if "range" in f.metadata:
-            f.metadata["range"].check(at, item)
+            check_range(at, item, f.metadata["range"])
         registry = f.metadata.get("registry")
         if registry is not None and item not in registry:
             raise unknown_name(f"{at} = {item!r}", registry.family, item, registry.names())
 
 
-def _build_named_section(value: Any, path: str, registry: Registry, specs: dict[str, type]) -> dict:
+def _build_named_section(value: Any, path: str, registry: Registry) -> dict:
     """``probes: {linear: {...}, knn: null}``: each key a registered name, each value its options."""
     if isinstance(value, list):
         value = {name: None for name in value}
@@ -292,7 +293,7 @@ def _build_named_section(value: Any, path: str, registry: Registry, specs: dict[
     for name, options in value.items():
         if name not in registry:
             raise unknown_name(f"{path}.{name}", registry.family, name, registry.names())
-        out[name] = _build(specs.get(name) or registry.entry(name).load_options() or NoOptions, options,
+        out[name] = _build(registry.entry(name).load_options() or NoOptions, options,
                            f"{path}.{name}")
     return out
 

@@ -28,18 +28,17 @@ from ..registry import (
 
 # RecipeError, Range, at_least and within are part of the schema's API (imported from here by the others).
 from .fields import FRACTION, POSITIVE, Range, RecipeError, at_least, registered, within  # noqa: F401
-from .probe_options import (  # noqa: F401  (the probes' options are part of the schema, imported from here too)
-    PROBE_SPECS,
-    AugmentR2Spec,
-    InvarianceSpec,
-    KnnSpec,
-    LinearProbeSpec,
-    NoOptions,
-    OrbitSpec,
-    RotationSpec,
-    SpectrumSpec,
-    ViewMISpec,
-)
+
+
+@dataclass
+class NoOptions:
+    """The options of a probe declared without an options class: none."""
+
+
+def default_probes() -> dict[str, Any]:
+    """A recipe's probes when it names none: linear and k-NN, each with its declared options' defaults (read from
+    the probes' own declarations, through the registry, when a recipe is built)."""
+    return {name: (PROBES.entry(name).load_options() or NoOptions)() for name in ("linear", "knn")}
 
 
 def did_you_mean_hint(name: str, allowed: Sequence[str], shown: Mapping[str, str] | None = None) -> str:
@@ -157,10 +156,6 @@ class FeatureSpec:
     memory_map: bool = True
 
 
-# The probes' options: each default equals the probe function's own (tests/test_recipe_schema.py checks every one
-# against `headprobe.probes.suite`), and each range is what the probe would refuse at run time.
-
-
 @dataclass
 class HeadSpec:
     """One projection head; `name` labels its taps (`NAME@i`, `NAME`) in results.json."""
@@ -275,10 +270,9 @@ class Recipe:
     backbone: BackboneSpec = field(default_factory=BackboneSpec)
     data: DataSpec = field(default_factory=DataSpec)
     features: FeatureSpec = field(default_factory=FeatureSpec)
-    probes: dict[str, Any] = field(
-        default_factory=lambda: {"linear": LinearProbeSpec(), "knn": KnnSpec()},
-        metadata={"registry": PROBES, "specs": PROBE_SPECS},
-    )
+    # {probe name: its options}: each probe's options class, defaults and ranges are its own declaration's
+    # (`probes.declaration.Probe.options`, read through the registry).
+    probes: dict[str, Any] = field(default_factory=default_probes, metadata={"registry": PROBES, "named": True})
     heads: list[HeadSpec] = field(default_factory=list)
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
     augment: AugmentRecipe = field(default_factory=AugmentRecipe)

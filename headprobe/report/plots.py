@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from headprobe.probes.declaration import metric_declaration
+
 from .canvas import BACKBONE_COLOR, head_colors, log_if_wide, new_figure, save, series
 from .geometry_plots import plot_hessian_density, plot_lambda_over_training, plot_orbit_pca, plot_spectra
 from .glossary import is_protocol_value, metric_unit
@@ -90,17 +92,23 @@ def _heads_of(results: dict) -> list[str]:
     return heads
 
 
-# The questions a reader asks first; the heat-map and the HTML table hold every metric.
-HEADLINE = ("linear.acc", "knn.k20.acc", "mi.label", "rotation.acc", "aug_r2.mean", "align", "view_cos",
-            "uniform", "mi.infonce", "lidar", "rankme", "alpha_req")
 MAX_PANELS = 12
 
 
-def _headline(metrics: list[str]) -> list[str]:
-    """At most MAX_PANELS metrics: the headline ones present, then the others in order (one panel each is slow)."""
-    chosen = [m for m in HEADLINE if m in metrics]
-    chosen += [m for m in metrics if m not in chosen and ".orbit.spread_rel" in m]
-    chosen += [m for m in metrics if m not in chosen]
+def headline_place(metric: str) -> float | None:
+    """Where `metric` goes in the headline plot (lower first), as its probe declares (`Metric.headline`: the
+    questions a reader asks first); None for a metric that is not a headline one. The heat-map and the HTML table
+    hold every metric."""
+    found = metric_declaration(metric)
+    return found[0].headline if found is not None and found[0].is_headline(metric) else None
+
+
+def headline_metrics(metrics: list[str]) -> list[str]:
+    """At most MAX_PANELS metrics: the headline ones present, by their declared place (ties in the run's order),
+    then the others in order (one panel each is slow)."""
+    places = {m: place for m in metrics if (place := headline_place(m)) is not None}
+    chosen = sorted(places, key=lambda m: places[m])
+    chosen += [m for m in metrics if m not in places]
     return chosen[:MAX_PANELS]
 
 
@@ -108,7 +116,7 @@ def plot_metric_bars(results: dict, path: Path) -> Path:
     """One panel per headline metric: the backbone bar (dashed reference line) next to every head tap."""
     taps = results["taps"]
     names, owner = _tap_order(results)
-    metrics = _headline(metric_names(taps, plotted_only=True))
+    metrics = headline_metrics(metric_names(taps, plotted_only=True))
     if not metrics:
         raise ValueError("no metrics to plot")
     colors = head_colors(_heads_of(results))

@@ -12,6 +12,10 @@ The buffer claim (PAPER.md, claim 5) is three questions, not one vote over every
   `mi.label`, `align`, `uniform`, `rankme` — descriptions (k-NN reads neighbourhood geometry, which a more
   invariant head improves; it is not information).
 
+Which measures bear on a question is what the probes declare of their metrics (`probes.declaration.Metric`:
+`answers` for those that may be its primary, `shown_with` for descriptions), read through the registry: a probe
+that adds a measure of a question adds it in its own module.
+
 Each question's change is head − backbone at the head's output tap, with the 95% interval of
 `stats.retraining.change_interval` (seeds and test images together with several seeds; test images only with
 one, said so). Answers are read at two-sided α = 0.05 after Holm's correction across the heads of one question
@@ -43,6 +47,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from headprobe.probes.declaration import Metric, declared_metrics
+
 DIRECTION, EQUIVALENCE = "direction", "equivalence"
 # A head's answer where the question's primary measure was not measured (its secondary measures are still shown).
 NOT_MEASURED = "not measured"
@@ -53,8 +59,11 @@ class Question:
     """key: "Q-aug"; asks: the question; finding: what a "yes" says of a head ("discards augmentation
     information"); primary: the measure answering it; kind: DIRECTION or EQUIVALENCE; predicted: the sign of
     head − backbone the buffer claim predicts (−1 lower, +1 higher; 0 for an equivalence); margin: the smallest
-    change that counts (direction) or the equivalence bound, in the primary's units; primaries: the measures
-    (regular expressions) a recipe may choose as primary; secondary: the measures shown with it."""
+    change that counts (direction) or the equivalence bound, in the primary's units.
+
+    Which measures bear on it is what the probes declare of their metrics (`probes.declaration.Metric`: `answers`,
+    `shown_with`), read through the registry: `candidates` may be chosen as primary, `secondary` are shown with
+    it."""
 
     key: str
     asks: str
@@ -63,21 +72,30 @@ class Question:
     kind: str
     predicted: int
     margin: float
-    primaries: tuple[str, ...]
-    secondary: tuple[str, ...]
+
+    @property
+    def candidates(self) -> tuple[Metric, ...]:
+        """The declared metrics a recipe may choose as this question's primary, in registration order."""
+        return tuple(m for m in declared_metrics() if self.key in m.answers)
+
+    @property
+    def primaries(self) -> tuple[str, ...]:
+        """The regular expressions of the names of `candidates`."""
+        return tuple(m.pattern for m in self.candidates)
+
+    @property
+    def secondary(self) -> tuple[str, ...]:
+        """The regular expressions of the measures shown with it: its candidates, then its descriptions."""
+        return tuple(m.pattern for m in declared_metrics() if self.key in m.answers + m.shown_with)
 
 
 QUESTIONS: dict[str, Question] = {q.key: q for q in (
     Question("Q-aug", "Does the head discard augmentation information the backbone keeps?",
-             "discards augmentation information", "rotation.acc", DIRECTION, -1, 0.0,
-             primaries=(r"rotation\.acc", r"rotation\.mlp\.acc", r"aug_r2\.mean"),
-             secondary=(r"rotation\.acc", r"rotation\.mlp\.acc", r"aug_r2\.mean", r"aug_r2\..+")),
+             "discards augmentation information", "rotation.acc", DIRECTION, -1, 0.0),
     Question("Q-inv", "Is the head more invariant, scale-free?", "is more invariant", "view_spread_rel",
-             DIRECTION, -1, 0.0, primaries=(r"view_spread_rel", r"(.+\.)?orbit\.spread_rel"),
-             secondary=(r"view_spread_rel", r"(.+\.)?orbit\.spread_rel")),
+             DIRECTION, -1, 0.0),
     Question("Q-class", "Does the head keep the class information?", "keeps the class information", "linear.acc",
-             EQUIVALENCE, 0, 0.02, primaries=(r"linear\.acc", r"knn\.k\d+\.acc", r"mi\.label"),
-             secondary=(r"linear\.acc", r"knn\.k\d+\.acc", r"mi\.label", r"align", r"uniform", r"rankme")),
+             EQUIVALENCE, 0, 0.02),
 )}
 OVERRIDABLE = ("primary", "margin")
 
@@ -99,7 +117,7 @@ def check_claims_section(section) -> None:
         question = QUESTIONS[key]
         if "primary" in override and not (isinstance(override["primary"], str) and any(
                 re.fullmatch(p, override["primary"]) for p in question.primaries)):
-            allowed = ", ".join(p.replace("\\", "") for p in question.primaries)
+            allowed = ", ".join(m.name for m in question.candidates)
             raise ValueError(f"claims.{key}.primary = {override['primary']!r} does not answer {key}; choose among "
                              f"{allowed}.")
         margin = override.get("margin", 0.0)

@@ -2,22 +2,24 @@
 
 A head is a buffer when the backbone keeps information the head output loses, and the head output is more
 invariant to the augmentations. Which side of the claim a metric is evidence for is one rule,
-`predicted_change(metric)`: the sign of (head − backbone) the claim predicts, or None for a description.
+`predicted_change(metric)`: the sign of (head − backbone) the claim predicts, or None for a description. The rule
+is what each probe declares of its metrics (`probes.declaration.Metric`: `role` and `predicted`), read through the
+registry when the verdict is taken; the verdict keeps no list of its own:
 
-- Information, predicted lower at the head (−1): every class probe — `linear.acc` and every k-NN accuracy
-  `knn.k{k}.acc` alike (the claim says the backbone keeps what the head discards; picking only the probes that
-  agree would be selective) — the label-MI bound `mi.label`, the rotation probes `rotation.acc` and
+- Information (role "information"), predicted lower at the head (−1): every class probe — `linear.acc` and every
+  k-NN accuracy `knn.k{k}.acc` alike (the claim says the backbone keeps what the head discards; picking only the
+  probes that agree would be selective) — the label-MI bound `mi.label`, the rotation probes `rotation.acc` and
   `rotation.mlp.acc`, and `aug_r2.mean`.
-- Invariance, scale-free only: `view_spread_rel` (views' spread over random pairs' distance, in the tap's own
-  space) and every `orbit.spread_rel` / `<sweep>.orbit.spread_rel`, predicted lower (−1); `mi.infonce/ceiling`,
-  predicted higher (+1), but only where both taps' InfoNCE is > 0: a bound ≤ 0 means the critic does no better
-  than chance there, so the piece is listed as unresolved, "critic uninformative", and left out of the test.
-- Descriptions (None), never evidence: raw `align` and `view_cos` (they change when the whole cloud bunches or
-  spreads, without any view moving closer to its image's other views), `uniform`, `lidar`, the spectrum
+- Invariance (role "invariance"), scale-free only: `view_spread_rel` (views' spread over random pairs' distance, in
+  the tap's own space) and every `<sweep>.orbit.spread_rel`, predicted lower (−1); `mi.infonce/ceiling`, predicted
+  higher (+1), but only where both taps' InfoNCE is > 0: a bound ≤ 0 means the critic does no better than chance
+  there, so the piece is listed as unresolved, "critic uninformative", and left out of the test.
+- Descriptions and protocol values, never evidence: raw `align` and `view_cos` (they change when the whole cloud
+  bunches or spreads, without any view moving closer to its image's other views), `uniform`, `lidar`, the spectrum
   (`rankme`, `alpha_req`, `cond`, `eff_rank`), `mi.gaussian` (the views' true MI cannot grow through a
   deterministic head, by data processing, so a change in this Gaussian estimate on the top principal components
-  reflects the approximation, not invariance), the per-parameter `aug_r2.*`, other orbit measures, and protocol
-  values (`linear.C`, `linear.val_acc`).
+  reflects the approximation, not invariance), the per-parameter `aug_r2.*`, other orbit measures, `linear.C`,
+  `linear.val_acc`, and every metric no registered probe declares.
 
 Each piece of evidence is the signed margin in the direction the claim predicts (positive = as predicted),
 with a 95% interval from a paired bootstrap over the units both taps were measured on (`headprobe.stats.bootstrap`;
@@ -28,10 +30,9 @@ per-unit values or seeds stay "unresolved" and say why (`why_unresolved`).
 
 from __future__ import annotations
 
-import re
-
 import torch
 
+from headprobe.probes.declaration import INFORMATION, INVARIANCE, metric_declaration
 from headprobe.stats.bootstrap import (
     ALPHA,
     PerUnit,
@@ -42,30 +43,21 @@ from headprobe.stats.bootstrap import (
     resampled_means,
 )
 
-# Information the backbone should keep and the head lose: lower at the head supports the claim. Class probes
-# (linear and every k-NN k), the rotation probes, augmentation R² and the label-MI bound are all information.
-INFORMATION = ("linear.acc", "rotation.acc", "rotation.mlp.acc", "aug_r2.mean", "mi.label")
-KNN_ACCURACY = re.compile(r"knn\.k\d+\.acc")
-# Scale-free invariance the head should show: views' and orbits' spread relative to random pairs in the same space
-# (`<sweep>.orbit.spread_rel` too: every sweep is its own piece of evidence), lower at the head.
-INVARIANCE_LOWER_IS_MORE = ("view_spread_rel", "orbit.spread_rel")
-ORBIT_SPREAD_SUFFIX = ".orbit.spread_rel"
-# Views more mutually predictable after the head: InfoNCE relative to its ceiling log B (the piece is
-# "mi.infonce/ceiling"; it is left out of the verdict where either tap's InfoNCE is ≤ 0, see `buffer_verdict`).
+# The verdict's piece for InfoNCE: the bound relative to its ceiling log B (declared by the view_mi probe; it is
+# left out of the verdict where either tap's InfoNCE is ≤ 0, see `buffer_verdict`).
 INFONCE_RATIO = "mi.infonce/ceiling"
-INVARIANCE_HIGHER_IS_MORE = ("mi.infonce", INFONCE_RATIO)
 INFORMATION_CLAIM, INVARIANCE_CLAIM = "backbone keeps more", "head more invariant"
+# The side of the claim each evidence role (`probes.declaration`) stands for.
+CLAIM_OF_ROLE = {INFORMATION: INFORMATION_CLAIM, INVARIANCE: INVARIANCE_CLAIM}
 
 
 def evidence_rule(metric: str) -> tuple[int, str] | None:
-    """(predicted sign of head − backbone, the side of the claim) for a metric that is evidence, else None."""
-    if metric in INFORMATION or KNN_ACCURACY.fullmatch(metric):
-        return -1, INFORMATION_CLAIM
-    if metric in INVARIANCE_LOWER_IS_MORE or metric.endswith(ORBIT_SPREAD_SUFFIX):
-        return -1, INVARIANCE_CLAIM
-    if metric in INVARIANCE_HIGHER_IS_MORE:
-        return +1, INVARIANCE_CLAIM
-    return None
+    """(predicted sign of head − backbone, the side of the claim) for a metric that is evidence, else None: what
+    the registered probe that records `metric` declares of it."""
+    found = metric_declaration(metric)
+    if found is None or found[0].role not in CLAIM_OF_ROLE:
+        return None
+    return found[0].predicted, CLAIM_OF_ROLE[found[0].role]
 
 
 def predicted_change(metric: str) -> int | None:

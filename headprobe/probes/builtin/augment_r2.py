@@ -3,9 +3,14 @@ held-out images, the penalty chosen by grouped cross-validation)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from .tap_data import ProbeOutput, TapData, need_views
+from headprobe.registry import FRACTION, POSITIVE, at_least
+
+from ..declaration import DESCRIPTION, INFORMATION, Metric, Probe, TrainImages
+from ..tap_data import ProbeOutput, TapData, need_views
 
 # Ridge penalties searched by augment_r2 (standardised features): 1e-3 … 1e6, half a decade apart.
 AUG_R2_ALPHAS = tuple(float(10.0**e) for e in [x / 2 for x in range(-6, 13)])
@@ -52,8 +57,22 @@ def ridge_predictions(x_fit, y_fit, x_eval, alphas):
     return ((x_eval - mean) @ vt.T) @ (shrink * (u.T @ (y_fit - y_mean))) + y_mean
 
 
-def augment_r2(tap: TapData, alphas: list[float] | None = None, test_fraction: float = 0.25,
-               folds: int = 5) -> ProbeOutput:
+@dataclass
+class AugmentR2Spec:
+    # Ridge penalties tried per parameter (None: AUG_R2_ALPHAS, 1e-3 … 1e6, half-decade steps).
+    alphas: list[float] | None = field(default=None, metadata=POSITIVE)
+    # Cross-validation folds on the training images that choose each parameter's penalty (2 at least).
+    folds: int = field(default=5, metadata=at_least(2))
+    test_fraction: float = field(default=0.25, metadata=FRACTION)
+
+
+def check_augment_r2(options: AugmentR2Spec, train: TrainImages) -> None:
+    if options.alphas is not None and not options.alphas:
+        raise ValueError("probes.augment_r2.alphas is empty; give ridge penalties such as [0.1, 1, 10], "
+                         "or null for the default grid.")
+
+
+def measure_augment_r2(tap: TapData, *, alphas: list[float] | None, test_fraction: float, folds: int) -> ProbeOutput:
     """How much of each augmentation parameter a view's representation keeps: ridge regression R² on
     held-out images (split by image, so no image's views are on both sides).
 
@@ -68,7 +87,7 @@ def augment_r2(tap: TapData, alphas: list[float] | None = None, test_fraction: f
     from sklearn.metrics import r2_score
     from sklearn.preprocessing import StandardScaler
 
-    from ..data.augment import PARAM_NAMES
+    from headprobe.data.augment import PARAM_NAMES
 
     views = need_views(tap, "augment_r2").cpu()  # ridge and R² run in NumPy / scikit-learn, on the host
     grid = sorted(float(a) for a in (AUG_R2_ALPHAS if alphas is None else alphas))
@@ -123,3 +142,21 @@ def augment_r2(tap: TapData, alphas: list[float] | None = None, test_fraction: f
                 "mean_over": "params (skipped ones excluded)",
                 "n_train_images": len(train_idx), "n_test_images": n_test, "views": k, "split_seed": tap.seed}
     return ProbeOutput(metrics, protocol)
+
+
+AUGMENT_R2 = Probe(
+    "augment_r2", measure_augment_r2,
+    "R² of a ridge regression of each augmentation parameter from a view's representation",
+    options=AugmentR2Spec, needs=("views",), check=check_augment_r2, cost=4.6,
+    cost_source="benchmarks/results/probe_costs.json",
+    metrics=(
+        Metric("aug_r2.mean", "R² of ridge regressions predicting the augmentation parameters of a view, averaged "
+               "over parameters", "R² (1 = exact, 0 = the mean's guess)",
+               "higher = more augmentation information (less invariance)", 0.0, role=INFORMATION, predicted=-1,
+               answers=("Q-aug",), headline=5),
+        Metric("aug_r2.{param}", "R² of a ridge regression predicting the augmentation parameter '{param}' of a view",
+               "R² (1 = exact, 0 = the mean's guess)",
+               "higher = more information about it (less invariance; a description)", 0.0, role=DESCRIPTION,
+               shown_with=("Q-aug",)),
+    ),
+)
