@@ -88,9 +88,15 @@ class SharedProbes:
     backbone_with_heads = True
 
     def __init__(self, state) -> None:
+        from headprobe.parallel.counter import SharedCounter
+
         self.state = state
         self.seconds: dict[str, float] = {}
         self.intervals: dict[str, dict] = {}
+        # The probes finished so far on every process, one count per probing stage (`run`), which the main process
+        # shows while it works and waits (`report.progress.FollowedCount`).
+        self.counter = SharedCounter(state.process_index, state.num_processes)
+        self.stages = 0
 
     def start_clock(self) -> float:
         """A process still finishing the stage before (its start-up or training, which are not synchronised) would
@@ -120,30 +126,36 @@ class SharedProbes:
         together = {"knn"} if "knn" in order and shard_knn_bank(ctx.recipe.probes["knn"].shard_bank,
                                                                 len(features.train.labels)) else set()
         costs = self.seconds
-        outputs = []  # (unit index, probe, output, the process that ran it: "all" for a probe run together)
-        for i, names in enumerate(pending):  # the same units in the same order on every process
-            todo = [name for name in names if name in together]
-            if todo:
-                tap, seed = units[i]
-                outputs += [(i, name, out, "all", intervals(out, seed)) for name, out in run_probes(
-                    ctx, features, tap, seed, todo, processes=(rank, world))]
-        dealt = [[name for name in names if name not in together] for names in pending]
-        timed = all(name in costs for names in dealt for name in names)
-        estimates = dict(costs) if timed else {name: PRIOR_COSTS.get(name, 1.0) for name in order}
-        mine = share_of_probes(dealt, order, rank, world, costs=estimates)
-        finished, failure = [], None
-        try:
-            for i, names in mine.items():
-                tap, seed = units[i]
-                # A unit's probes in one run_probes: its tap data (the head's layers over every feature) made once.
-                t0 = time.perf_counter()
-                for name, out in run_probes(ctx, features, tap, seed, names):
-                    uncertainty = intervals(out, seed)  # part of the pair's cost, as before
-                    finished.append((i, name, out, uncertainty, time.perf_counter() - t0))
+        count, self.stages = f"probes-{self.stages}", self.stages + 1
+        total = sum(len(names) for names in pending)
+        with ctx.progress() as progress, self._followed(ctx, progress, len(units), total, count):
+            outputs = []  # (unit index, probe, output, the process that ran it: "all" for a probe run together)
+            for i, names in enumerate(pending):  # the same units in the same order on every process
+                todo = [name for name in names if name in together]
+                if todo:
+                    tap, seed = units[i]
+                    for name, out in run_probes(ctx, features, tap, seed, todo, processes=(rank, world)):
+                        outputs.append((i, name, out, "all", intervals(out, seed)))
+                        self.counter.add(count, int(rank == 0))  # run by all, counted once
+            dealt = [[name for name in names if name not in together] for names in pending]
+            timed = all(name in costs for names in dealt for name in names)
+            estimates = dict(costs) if timed else {name: PRIOR_COSTS.get(name, 1.0) for name in order}
+            mine = share_of_probes(dealt, order, rank, world, costs=estimates)
+            finished, failure = [], None
+            try:
+                for i, names in mine.items():
+                    tap, seed = units[i]
+                    # A unit's probes in one run_probes: its tap data (the head's layers over every feature) made once.
                     t0 = time.perf_counter()
-        except Exception as err:  # sent to every process, so that none waits forever for this one
-            failure = err
-        shares = all_objects((finished, None if failure is None else f"{type(failure).__name__}: {failure}"), world)
+                    for name, out in run_probes(ctx, features, tap, seed, names):
+                        uncertainty = intervals(out, seed)  # part of the pair's cost, as before
+                        finished.append((i, name, out, uncertainty, time.perf_counter() - t0))
+                        self.counter.add(count, 1)
+                        t0 = time.perf_counter()
+            except Exception as err:  # sent to every process, so that none waits forever for this one
+                failure = err
+            shares = all_objects((finished, None if failure is None else f"{type(failure).__name__}: {failure}"),
+                                 world)
         if failure is not None:
             raise failure
         failed = [(r, message) for r, (_, message) in enumerate(shares) if message is not None]
@@ -159,6 +171,18 @@ class SharedProbes:
             if seed is None:  # a tap probed once: `probed_intervals` makes its intervals from these
                 self.intervals.setdefault(tap.name, {}).update(uncertainty)
         record.save_units([unit_key(units[i][0].name, units[i][1]) for i in sorted({item[0] for item in outputs})])
+
+    def _followed(self, ctx, progress, n_units: int, total: int, count: str):
+        """The main process's display of the whole stage: done/total over every process (`count`), followed while
+        the probes run and the processes exchange them; nothing to follow on the others or with nothing to run."""
+        from contextlib import nullcontext
+
+        from headprobe.report.progress import FollowedCount
+
+        if not (ctx.show and total):
+            return nullcontext()
+        task = progress.add_task(f"probing {n_units} tap{'s' if n_units > 1 else ''}", total=total)
+        return FollowedCount(progress, task, total, lambda: self.counter.read(count))
 
     def probed_intervals(self, tap: str, metrics: dict) -> dict | None:
         """A tap's intervals from those computed next to each of its probes, where every metric has one (a resumed

@@ -82,7 +82,8 @@ def tap_data(features, tap: Tap, recipe, device: torch.device | str | None = Non
 
 def run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str], processes: tuple[int, int] | None = None):
     """Yield (probe name, `ProbeOutput`) for each of the probes `todo` at (tap, seed), as each finishes. With
-    processes=(rank, world), every process runs these probes together (the sharded k-NN)."""
+    `processes` (this process's rank, how many run the probe: only the shared probe executor passes it), every
+    process runs these probes together (the sharded k-NN)."""
     from headprobe.registry import PROBES
 
     # The probes run on the process's device (the GPU on a GPU node); their per-unit values come back on the CPU.
