@@ -4,10 +4,10 @@
 import pytest
 
 from headprobe.pipeline.stages import RunContext
-from headprobe.record.directory import RunDir
-from headprobe.record.writer import RecordWriter
 from headprobe.pipeline.time_estimate import head_tap_count, remaining_estimate
 from headprobe.recipe import load_recipe
+from headprobe.record.directory import RunDir
+from headprobe.record.writer import RecordWriter
 
 
 def _recipe(**extra):

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
 from headprobe.record.directory import RunDir, check_out_folder, default_run_dir
 from headprobe.record.lock import folder_lock
 from headprobe.record.writer import RecordWriter
+
+if TYPE_CHECKING:
+    from headprobe.backbones import Backbone
 
 __all__ = ["Results", "RunError", "run", "run_sweep"]
 
@@ -207,7 +210,7 @@ class Invocation:
     threads: dict
 
 
-def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Any) -> Results:
+def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | None) -> Results:
     """`run` with the run folder locked (`folder_lock`): from the resume checks to the summary. `given`: the
     caller's own backbone (`_own_backbone`), or None. Each stage returns a typed value; the record's one writer
     (`RecordWriter`) takes it. The executors of probes and seeds are chosen here, once, for `state`'s processes."""
