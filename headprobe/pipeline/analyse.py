@@ -61,8 +61,10 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     # results["timing"] keeps what the run measured. No invocation: a failure leaves the run's status alone.
     record = RecordWriter(run, results, invocation=None, timing={})
     ctx = stages.RunContext(recipe, record, state, show=not quiet)
-    inputs = stages.load_inputs(ctx)
-    record.inputs(*inputs.recorded(), {"load_s": inputs.load_s})
+    inputs = stages.load_backbone(ctx)
+    record.backbone(inputs.backbone.describe(), {"load_s": inputs.load_s})
+    inputs = stages.load_data(ctx, inputs)
+    record.data(inputs.data_record())
     features = stages.extract_features(ctx, inputs)
     record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)
     heads = {}

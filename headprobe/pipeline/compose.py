@@ -240,8 +240,10 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     ctx = RunContext(recipe, record, state, probes, seeds, show=main and not call.quiet, peers=exchange_peers(state))
     frozen = recipe.backbone.tune == "frozen"
     with ctx.recording_stops(), tracking(recipe, run_dir) as trackers:
-        inputs = stages.load_inputs(ctx, backbone=given)
-        record.inputs(*inputs.recorded(), {"load_s": inputs.load_s})
+        inputs = stages.load_backbone(ctx, backbone=given)
+        record.backbone(inputs.backbone.describe(), {"load_s": inputs.load_s})
+        inputs = stages.load_data(ctx, inputs)
+        record.data(inputs.data_record())
         features = stages.extract_features(ctx, inputs)
         # From here on, results are written only while the memory-mapped cache files read are the bytes verified.
         record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)

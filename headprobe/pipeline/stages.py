@@ -27,15 +27,15 @@ from headprobe.train.pretrained_heads import PretrainedHead, load_pretrained_hea
 
 @dataclass
 class Inputs:
-    """The backbone and the data; `load_s`: the seconds loading the backbone took."""
+    """The backbone and (once `load_data` has run) the data; `load_s`: the seconds loading the backbone took."""
 
     backbone: Any
-    data: Any
+    data: Any = None
     load_s: float = 0.0
 
-    def recorded(self) -> tuple[dict, dict]:
-        """(results["backbone"], results["data"])."""
-        return self.backbone.describe(), self.data.info | {"class_names": self.data.class_names}
+    def data_record(self) -> dict:
+        """results["data"]: the data's description and its class names."""
+        return self.data.info | {"class_names": self.data.class_names}
 
 
 @dataclass
@@ -96,22 +96,27 @@ def probe_needs(recipe: Recipe) -> set[str]:
     return {need for name in recipe.probes for need in PROBES.entry(name).needs}
 
 
-def load_inputs(ctx: RunContext, backbone: Any = None) -> Inputs:
-    """The backbone (`backbone`, a `Backbone` given to `pipeline.run`, else loaded from recipe.backbone) and the
-    data."""
-    from headprobe.backbones import load_backbone
-    from headprobe.data import load_data
+def load_backbone(ctx: RunContext, backbone: Any = None) -> Inputs:
+    """The backbone: `backbone` (a `Backbone` given to `pipeline.run`), else loaded from recipe.backbone; the data
+    follows (`load_data`), so that a failure there finds the backbone recorded."""
+    from headprobe.backbones import load_backbone as load
 
     recipe, t0 = ctx.recipe, time.perf_counter()
     spec = recipe.backbone
     extra = {k: v for k, v in (("part", spec.part), ("num_heads", spec.num_heads)) if v is not None}
     if backbone is None:
-        backbone = ctx.stage(f"loading backbone {spec.id}", load_backbone, spec.id, pooling=spec.pooling,
+        backbone = ctx.stage(f"loading backbone {spec.id}", load, spec.id, pooling=spec.pooling,
                              resolution=spec.resolution, revision=spec.revision, layer=spec.layer,
                              layers=spec.layers, seed=recipe.seed, **extra)
-    load_s = time.perf_counter() - t0
-    data = ctx.stage(f"loading data {recipe.data.source}", load_data, recipe.data)
-    return Inputs(backbone, data, load_s)
+    return Inputs(backbone, load_s=time.perf_counter() - t0)
+
+
+def load_data(ctx: RunContext, inputs: Inputs) -> Inputs:
+    """`inputs` with the recipe's data loaded."""
+    from headprobe.data import load_data as load
+
+    data = ctx.stage(f"loading data {ctx.recipe.data.source}", load, ctx.recipe.data)
+    return dataclasses.replace(inputs, data=data)
 
 
 def held_out_view_seed(seed: int) -> int:

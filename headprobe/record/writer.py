@@ -158,11 +158,15 @@ class RecordWriter:
 
     # --- the stages -----------------------------------------------------------------------------------------------
 
-    def inputs(self, backbone: dict, data: dict, seconds: dict[str, float]) -> None:
-        """The backbone and the data a run loaded."""
+    def backbone(self, backbone: dict, seconds: dict[str, float]) -> None:
+        """The backbone a run loaded (written with the data, or with the failure that stops the run before)."""
         for key, value in seconds.items():
             self.add_time(key, value)
-        self.record["backbone"], self.record["data"] = backbone, data
+        self.record["backbone"] = backbone
+
+    def data(self, data: dict) -> None:
+        """The data a run loaded."""
+        self.record["data"] = data
         self.write()
 
     def features(self, protocol: dict, seconds: dict[str, float], guard: Callable[[bool], None]) -> None:
