@@ -112,8 +112,8 @@ def intervals(taps: dict[str, TapData], probed: dict) -> None:
 
 
 # What the intervals cost inside a real run: the functions that exist only for them, timed where the run calls them
-# (the outermost call only, so aggregate_seeds -> record_uncertainty is counted once).
-INTERVAL_WORK = (("headprobe.pipeline.taps", "record_uncertainty"), ("headprobe.pipeline.taps", "aggregate_seeds"),
+# (the outermost call only). `pipeline.probing` calls both by their names in its own namespace, where they are timed.
+INTERVAL_WORK = (("headprobe.pipeline.probing", "tap_intervals"), ("headprobe.pipeline.probing", "aggregate_seeds"),
                  ("headprobe.stats.verdict", "buffer_verdict"), ("headprobe.probes.influence", "rankme_per_row"),
                  ("headprobe.probes.influence", "gaussian_mi_per_pair"),
                  ("headprobe.probes.lidar_influence", "lidar_pseudo_values"),

@@ -206,9 +206,12 @@ def device_spy(data: TapData):
 
 def test_probe_tap_hands_the_probes_their_tap_on_the_process_device(tmp_path):
     """probing.probe_tap builds the TapData (the tap's transform applied) and moves it to ctx.state.device."""
+    from headprobe.pipeline.executors import LocalProbes
     from headprobe.pipeline.probing import probe_tap
     from headprobe.pipeline.stages import FeatureSet
     from headprobe.pipeline.taps import Tap
+    from headprobe.record.directory import RunDir
+    from headprobe.record.writer import RecordWriter
     from headprobe.report.progress import stage_progress
 
     tap = make_tap()
@@ -217,10 +220,8 @@ def test_probe_tap_hands_the_probes_their_tap_on_the_process_device(tmp_path):
     ctx = SimpleNamespace(
         recipe=SimpleNamespace(probes={"device_spy": NoOptions()}, seed=0,
                                data=SimpleNamespace(val_fraction=0.2)),
-        state=SimpleNamespace(device=ACCELERATOR, num_processes=1, process_index=0, is_main_process=True),
-        results={"taps": {}}, per_unit={}, resamples={}, resume=False, clock=lambda *_: None,
-        run_dir=SimpleNamespace(path=tmp_path, writable=False, log_metrics=lambda _: None,
-                                write_results=lambda _: None),
+        state=SimpleNamespace(device=ACCELERATOR), resamples={}, probes=LocalProbes(),
+        record=RecordWriter(RunDir(tmp_path, writable=False), {"taps": {}, "timing": {}}, None),
         stage=lambda _, fn, *args, **kwargs: fn(*args, **kwargs), progress=lambda: stage_progress(False))
     SEEN.clear()
     PROBES.add("device_spy", f"{__name__}:device_spy", "records where its inputs are")

@@ -5,8 +5,10 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -88,3 +90,80 @@ def test_a_run_piped_to_a_file_prints_progress_lines_during_every_stage(tiny_rec
     assert len(parts) == 5 and size < parts[0]  # the size is said before the work starts
     assert "MiB" in lines[size] and "Hessian-vector products" in lines[size]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["heads"]["mlp"]["geometry"]["curvature"]
+
+
+def test_a_followed_count_shows_what_other_processes_add_while_it_waits():
+    """`FollowedCount` (the main process of a shared stage): each count it reads becomes the task's done, checked on
+    its own thread, so lines come while the main thread is blocked; a count it cannot read stops the following."""
+    import threading
+
+    from headprobe.report.progress import FollowedCount
+
+    out, clock, counts, read_again = io.StringIO(), Clock(), [0], threading.Event()
+
+    def read():
+        read_again.set()
+        return counts[0]
+
+    progress = LineProgress(out, interval=0.0, clock=clock)
+    task = progress.add_task("probing 3 taps", total=6)
+    with FollowedCount(progress, task, total=6, read=read, poll=0.01):
+        for done in (2, 5):  # the other processes' probes, added while this thread waits
+            counts[0] = done
+            read_again.clear()
+            read_again.wait()
+            read_again.clear()
+            read_again.wait()  # read at least once after the change
+        counts[0] = 6
+    shown = [int(re.search(r": (\d+)/6", line).group(1)) for line in out.getvalue().splitlines()]
+    assert shown == [2, 5, 6]
+    gone = LineProgress(io.StringIO(), interval=0.0, clock=clock)
+    task = gone.add_task("probing", total=4)
+    with FollowedCount(gone, task, total=4, read=lambda: None, poll=0.01):
+        pass
+    assert gone.tasks[task].done == 0  # the count could not be read: nothing claimed done
+
+
+# Process 1 takes 2 s more after each of its probes: the main process (0) has long finished its own share and
+# waits in the exchange while process 1's probes come in.
+SHARED = """
+import json, os, sys, time
+import headprobe.pipeline.taps as taps
+from headprobe import run
+if os.environ.get("RANK") == "1":
+    run_probes = taps.run_probes
+    def slow(*args, **kwargs):
+        for item in run_probes(*args, **kwargs):
+            time.sleep(2.0)
+            yield item
+    taps.run_probes = slow
+run(json.loads(sys.argv[1]), out=sys.argv[2])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="torchrun missing")
+def test_the_main_process_shows_the_probes_of_every_process_in_a_log(tiny_recipe, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SHARED)
+    recipe = {**tiny_recipe, "heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 2},
+              "train": {"epochs": 1, "batch_size": 50},
+              "probes": {"linear": {"C_grid": [0.1, 1.0]}, "knn": {"ks": [5]}, "spectrum": {}}}
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "HEADPROBE_PROGRESS_INTERVAL": "0", "OMP_NUM_THREADS": "1",
+           "HEADPROBE_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([torchrun, "--nproc_per_node", "2", str(script), json.dumps(recipe), str(tmp_path / "run")],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    ran = [r["process"] for r in logged if r.get("stage") == "probe"]
+    assert len(ran) == 9 and ran.count(1) >= 2  # 3 probes × (backbone, relu@1, relu), shared out
+    # One probing stage (the backbone tap with the head taps), shown once, by the main process: done/total over
+    # both processes, each count a line (interval 0), rising to 9/9.
+    lines = [line for line in done.stderr.splitlines() if line.startswith("[progress] probing ")]
+    counts = [int(re.search(r": (\d+)/9 ", line).group(1)) for line in lines]
+    assert lines[0].startswith("[progress] probing 3 taps: ") and counts == sorted(set(counts)) and counts[-1] == 9
+    # Counts beyond what the main process ran itself, shown before the end: process 1's probes, as they finished.
+    assert [c for c in counts if ran.count(0) < c < 9]
+    assert not [line for line in done.stderr.splitlines() if re.search(r"━ *\d+/\d+", line)]

@@ -291,9 +291,11 @@ def test_class_centroid_distance_needs_the_basic_interval():
 def test_taps_share_the_training_image_resamples_so_rankme_margins_are_paired():
     from types import SimpleNamespace
 
-    from headprobe.pipeline.taps import record_uncertainty
+    from headprobe.pipeline.taps import tap_intervals
     from headprobe.probes.builtin.spectrum import SPECTRUM as spectrum
     from headprobe.probes.tap_data import TapData
+    from headprobe.record.directory import RunDir
+    from headprobe.record.writer import RecordWriter
     from headprobe.stats.bootstrap import TRAIN_IMAGES
 
     g = torch.Generator().manual_seed(7)
@@ -303,19 +305,19 @@ def test_taps_share_the_training_image_resamples_so_rankme_margins_are_paired():
     head[:, 0] *= 1.05
     outs = {name: spectrum(TapData(name, z, y, z[:10], y[:10], 4)) for name, z in (("backbone", x), ("h", head))}
     results = {"taps": {name: {"metrics": dict(o.metrics)} for name, o in outs.items()}}
-    ctx = SimpleNamespace(per_unit={name: dict(o.per_unit) for name, o in outs.items()}, resamples={},
-                          recipe=SimpleNamespace(seed=0), results=results,
-                          run_dir=SimpleNamespace(write_results=lambda r: None))
+    writer = RecordWriter(RunDir("unused", writable=False), results | {"timing": {}}, None)
+    writer.per_unit = {name: dict(o.per_unit) for name, o in outs.items()}
+    ctx = SimpleNamespace(resamples={}, recipe=SimpleNamespace(seed=0), record=writer)
     features = SimpleNamespace(train=SimpleNamespace(labels=y), test=SimpleNamespace(labels=y[:10]))
     for name in outs:
-        record_uncertainty(ctx, features, name)
+        writer.summary(tap_intervals(ctx, features, name))
     resamples = ctx.resamples[TRAIN_IMAGES]
     assert resamples.stratified and list(ctx.resamples) == [TRAIN_IMAGES]  # one set, drawn once, for both taps
     record = results["taps"]["backbone"]["uncertainty"]["rankme"]
     assert record["unit"] == TRAIN_IMAGES and record["n_units"] == 400 and "linearised" in record["method"]
     low, high = record["ci95"]
     assert low < results["taps"]["backbone"]["metrics"]["rankme"] < high
-    b, h = ctx.per_unit["backbone"]["rankme"], ctx.per_unit["h"]["rankme"]
+    b, h = writer.per_unit["backbone"]["rankme"], writer.per_unit["h"]["rankme"]
     paired = b.replicates(resamples) - h.replicates(resamples)
     unpaired = b.replicates(resamples) - h.replicates(bootstrap_resamples(400, seed=99, strata=y))
     assert float(paired.std()) < 0.5 * float(unpaired.std())

@@ -6,6 +6,8 @@ import pytest
 from headprobe.pipeline.stages import RunContext
 from headprobe.pipeline.time_estimate import head_tap_count, remaining_estimate
 from headprobe.recipe import load_recipe
+from headprobe.record.directory import RunDir
+from headprobe.record.writer import RecordWriter
 
 
 def _recipe(**extra):
@@ -33,19 +35,24 @@ def test_estimate_is_the_measured_seconds_times_the_taps_left():
         remaining_estimate(_recipe(), {}, 1.0, 0, "extracting")
 
 
-def test_run_context_prints_it_after_the_first_probe_and_after_training(capsys, monkeypatch):
-    clock = iter([10.0, 13.0, 20.0, 21.0])
-    monkeypatch.setattr("headprobe.pipeline.stages.time.perf_counter", lambda: next(clock))
+def _context(results: dict, show: bool) -> RunContext:
+    return RunContext(_recipe(), RecordWriter(RunDir("unused", writable=False), results, None), None, show=show)
+
+
+def test_run_context_prints_it_after_the_first_probe_and_after_training(capsys):
     results = {"timing": {}, "taps": {"backbone": {"head": None}}}
-    ctx = RunContext(_recipe(), None, results, None, show=True)
-    ctx.clock("probe_s", 10.0)  # perf_counter → 10.0: ...
+    ctx = _context(results, show=True)
+    ctx.clock("probe_s", 0.0)
     assert capsys.readouterr().err == ""  # a 0 s probe says nothing about the rest
-    ctx = RunContext(_recipe(), None, results, None, show=True)
-    ctx.clock("probe_s", 10.0)  # 13.0 − 10.0 = 3 s for the backbone tap
+    ctx = _context(results, show=True)
+    ctx.clock("probe_s", 3.0)  # 3 s for the backbone tap
     assert capsys.readouterr().err.startswith("time estimate: ~18 s more: probing 6 head taps (3.0 s per tap")
-    ctx.clock("probe_s", 19.0)  # a second probe: no second line
-    assert capsys.readouterr().err == ""
-    ctx.clock_training(64.0, resumed=False)
+    ctx.clock("probe_s", 1.0)  # a second probe: no second line
+    assert capsys.readouterr().err == "" and results["timing"]["probe_s"] == 4.0
+    ctx.record.training_time(64.0, resumed=False)
+    ctx.announce_estimate("training")
     assert capsys.readouterr().err.startswith("training took 64 s; time estimate: ~18 s more")
-    RunContext(_recipe(), None, {"timing": {}, "taps": {}}, None, show=False).clock_training(1.0, resumed=False)
+    quiet = _context({"timing": {}, "taps": {}}, show=False)
+    quiet.record.training_time(1.0, resumed=False)
+    quiet.announce_estimate("training")
     assert capsys.readouterr().err == ""  # quiet runs print nothing

@@ -7,6 +7,7 @@ per-head geometry (`geometry.analyse.analyse_head`) and writes it into `results.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 
@@ -24,10 +25,12 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
 
 
 def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -> dict:
+    from headprobe.features.cache import UnchangedCache
     from headprobe.parallel.threads import configure_threads
     from headprobe.pipeline import stages
     from headprobe.recipe import load_recipe
     from headprobe.record.directory import RunDir, read_results
+    from headprobe.record.writer import RecordWriter
     from headprobe.train.cached_views import CheckpointError, build_head, latest_checkpoint, load_checkpoint
 
     run = RunDir(run_dir)
@@ -54,12 +57,16 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     if rows is not None:
         recipe.geometry.rows = rows
     configure_threads(recipe.runtime.threads)  # chosen as `headprobe run` chooses them (`parallel.threads`)
-    ctx = stages.RunContext(recipe, run, results, state, show=not quiet)
-    # This analysis's own loading and extraction are not the run's: clock them apart, so results["timing"] keeps
-    # what the run measured.
-    ctx.timing = {}
-    inputs = stages.load_inputs(ctx)
+    # This analysis's own loading and extraction are not the run's: clocked apart (geometry_timing), so
+    # results["timing"] keeps what the run measured. No invocation: a failure leaves the run's status alone.
+    record = RecordWriter(run, results, invocation=None, timing={})
+    ctx = stages.RunContext(recipe, record, state, show=not quiet)
+    inputs = stages.load_backbone(ctx)
+    record.backbone(inputs.backbone.describe(), {"load_s": inputs.load_s})
+    inputs = stages.load_data(ctx, inputs)
+    record.data(inputs.data_record())
     features = stages.extract_features(ctx, inputs)
+    record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)
     heads = {}
     for spec in recipe.heads:
         if spec.name not in saved:
@@ -69,10 +76,11 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
         if predictor is not None:
             predictor.load_state_dict(saved[spec.name]["predictor"])
         heads[spec.name] = stages.HeadPair(head.eval(), predictor.eval() if predictor else None)
-    stages.analyse_geometry(ctx, features, heads)
-    results["geometry_from"] = str(checkpoint.relative_to(run.path))
-    results["geometry_timing"] = ctx.timing
-    run.write_results(results)
+    t0 = time.perf_counter()
+    for head, geometry in stages.analyse_geometry(ctx, features, heads):
+        record.geometry(head, geometry)
+    ctx.clock("geometry_s", time.perf_counter() - t0)
+    record.recorded_geometry(str(checkpoint.relative_to(run.path)))
     if recipe.report:
         stages.write_report(run)
     return results

@@ -1,26 +1,33 @@
 """The study, step by step: recipe → backbone → data → features → heads → taps → probes → results.
 
-Nothing else lives here: each step calls the module that owns it. `results.json` is rewritten
-after every finished step, so a failure keeps everything computed before it.
+Nothing else lives here: each step calls the module that owns it and hands what it returns to the record's one
+writer (`record.writer.RecordWriter`), which rewrites `results.json` after every finished step, so a failure keeps
+everything computed before it.
 """
 
 from __future__ import annotations
 
 import platform
 import sys
+import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from headprobe.parallel.peers import exchange_peers
 from headprobe.pipeline import probing, stages, taps
+from headprobe.pipeline.executors import executors_for
 from headprobe.pipeline.stages import RunContext, RunError
 from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
-from headprobe.record.directory import RunDir, check_out_folder, default_run_dir, metrics_from_json, new_results
+from headprobe.record.directory import RunDir, check_out_folder, default_run_dir
 from headprobe.record.lock import folder_lock
+from headprobe.record.writer import RecordWriter
+
+if TYPE_CHECKING:
+    from headprobe.backbones import Backbone
 
 __all__ = ["Results", "RunError", "run", "run_sweep"]
 
@@ -70,12 +77,6 @@ def _threads(recipe: Recipe) -> dict:
         return configure_threads(recipe.runtime.threads)
     except ValueError as err:
         raise RecipeError(str(err)) from None
-
-
-def _what_it_computes(recipe: dict | None) -> dict | None:
-    """A recorded recipe without `runtime` (how the machine is used, not what is computed): a resumed run may use
-    other threads, and runs recorded before `runtime` existed resume."""
-    return {k: v for k, v in recipe.items() if k != "runtime"} if isinstance(recipe, dict) else recipe
 
 
 def _orbit_coordinates(taps: dict) -> dict:
@@ -189,101 +190,115 @@ def run(
     threads = _threads(recipe)
     path = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(path)
+    call = Invocation(path, resume, quiet, refuse_existing=out is not None,
+                      reuse_backbone=Path(reuse_backbone) if reuse_backbone is not None else None, threads=threads)
     with folder_lock(path, "resume" if resume else "run", state):
-        return _run_locked(recipe, path, out, state, resume, quiet, given, reuse_backbone, threads)
+        return _run_locked(recipe, call, state, given)
 
 
-def _run_locked(recipe: Recipe, path: Path, out: str | Path | None, state, resume: bool, quiet: bool, given,
-                reuse_backbone: str | Path | None, threads: dict) -> Results:
+@dataclass(frozen=True)
+class Invocation:
+    """How `run` was called: the run folder, whether it resumes there, whether it prints, whether a folder holding a
+    run is refused (--out given, no --resume), the run whose backbone tap it takes (`reuse_backbone`) and the thread
+    choice it records (`_threads`)."""
+
+    path: Path
+    resume: bool
+    quiet: bool
+    refuse_existing: bool
+    reuse_backbone: Path | None
+    threads: dict
+
+
+def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | None) -> Results:
     """`run` with the run folder locked (`folder_lock`): from the resume checks to the summary. `given`: the
-    caller's own backbone (`_own_backbone`), or None; `threads`: the thread choice (`_threads`), recorded."""
+    caller's own backbone (`_own_backbone`), or None. Each stage returns a typed value; the record's one writer
+    (`RecordWriter`) takes it. The executors of probes and seeds are chosen here, once, for `state`'s processes."""
     from accelerate.utils import set_seed
 
+    from headprobe.features.cache import UnchangedCache
     from headprobe.report.trackers import tracking
 
     main = state.is_main_process
-    results = new_results(recipe.to_dict())
-    invocation = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "resume": resume,
-                  "status": "running", "timing": {}}
-    results["invocations"] = [invocation]
-    if resume:
-        if not (path / "results.json").is_file():
-            raise RecipeError(f"--resume needs --out pointing at an earlier run; {path}/results.json does not exist.")
-        try:
-            previous = RunDir(path).read_results()
-        except ValueError as err:
-            raise RecipeError(f"--resume: {err}") from None
-        if _what_it_computes(previous.get("recipe")) != _what_it_computes(recipe.to_dict()):
-            raise RecipeError(
-                f"--resume: the recipe differs from the one recorded in {path}/results.json; "
-                "resume with the same recipe and overrides, or start a new run with another --out."
-            )
-        if previous.get("status") == "complete":
-            # Nothing to redo: results.json, its timings and the report stay exactly as the run wrote them.
-            if main and not quiet:
-                print(f"nothing to do: the run in {path} is already complete ({path / 'results.json'}).",
-                      file=sys.stderr)
-            return Results(previous, path)
-        results["taps"] = metrics_from_json(previous.get("taps", {}))  # null (NaN in JSON) back to NaN
-        # Finished probes are not redone (`probe_tap`), so their time stays counted; training resumed from a
-        # checkpoint adds its time to the recorded one (`train_heads`). Every other stage is redone and re-timed.
-        results["timing"] = {k: v for k, v in previous.get("timing", {}).items() if k in ("probe_s", "train_s")}
-        # Every invocation keeps the time of the stages it ran (a run from before `invocations` had one).
-        earlier = previous.get("invocations") or [{"started": None, "resume": False, "status": previous.get("status"),
-                                                   "timing": previous.get("timing", {})}]
-        results["invocations"] = [*earlier, invocation]
-    elif out is not None and (path / "results.json").exists():
-        raise RecipeError(f"--out {path} already holds a run; pass --resume to continue it or choose another --out.")
+    results, invocation, finished = RecordWriter.begin(recipe.to_dict(), call.path, call.resume,
+                                                       call.refuse_existing)
+    if finished is not None:
+        # Nothing to redo: results.json, its timings and the report stay exactly as the run wrote them.
+        if main and not call.quiet:
+            print(f"nothing to do: the run in {call.path} is already complete ({call.path / 'results.json'}).",
+                  file=sys.stderr)
+        return Results(finished, call.path)
     # Every process checks the directory before the main one writes into it.
     state.wait_for_everyone()
-    run_dir = RunDir.create(path, writable=main)
+    run_dir = RunDir.create(call.path, writable=main)
     run_dir.write_config(dump_recipe(recipe))
-    results["environment"] = _environment(state) | {"threads": threads}
+    record = RecordWriter(run_dir, results, invocation, resume=call.resume)
+    record.environment(_environment(state) | {"threads": call.threads})
     set_seed(recipe.seed)
 
-    ctx = RunContext(recipe, run_dir, results, state, show=main and not quiet, resume=resume,
-                     peers=exchange_peers(state), invocation=invocation)
+    probes, seeds = executors_for(state)
+    ctx = RunContext(recipe, record, state, probes, seeds, show=main and not call.quiet, peers=exchange_peers(state))
+    frozen = recipe.backbone.tune == "frozen"
     with ctx.recording_stops(), tracking(recipe, run_dir) as trackers:
-        inputs = stages.load_inputs(ctx, backbone=given)
+        inputs = stages.load_backbone(ctx, backbone=given)
+        record.backbone(inputs.backbone.describe(), {"load_s": inputs.load_s})
+        inputs = stages.load_data(ctx, inputs)
+        record.data(inputs.data_record())
         features = stages.extract_features(ctx, inputs)
-        if recipe.backbone.tune != "frozen":
+        # From here on, results are written only while the memory-mapped cache files read are the bytes verified.
+        record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)
+        if not frozen:
             # Score the untuned backbone, tune it with the heads on views made on the fly, then extract every
             # feature again from the tuned backbone, so that "backbone" and the head taps are scored on it.
-            probing.probe_tap(ctx, features, taps.Tap("backbone_untuned"))
+            _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone_untuned")))
+            record.untuned()
             trained = stages.tune_backbone(ctx, inputs)
+            _record_training(ctx, trained)
             features = stages.extract_features(ctx, inputs, tuned=True)
+            record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)
         # With several processes and frozen-backbone heads, the backbone tap is probed with the head taps, so that
         # its probes are shared out with theirs (alone, its one linear probe is the whole stage's critical path).
-        with_heads = bool(recipe.heads) and recipe.backbone.tune == "frozen" and state.num_processes > 1
-        if reuse_backbone is not None and recipe.backbone.tune == "frozen" and "backbone" not in results["taps"]:
-            probing.reuse_tap(ctx, Path(reuse_backbone))
+        with_heads = bool(recipe.heads) and frozen and probes.backbone_with_heads
+        if call.reuse_backbone is not None and frozen and "backbone" not in results["taps"]:
+            probing.reuse_tap(ctx, call.reuse_backbone)
         if not with_heads:
-            probing.probe_tap(ctx, features, taps.Tap("backbone"))
+            _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone")))
         if recipe.heads:
-            if recipe.backbone.tune == "frozen":
+            if frozen:
                 trained = stages.train_heads(ctx, features)
+                _record_training(ctx, trained)
             if recipe.geometry.final:
-                stages.analyse_geometry(ctx, features, trained.first)
-            probing.probe_heads(ctx, features, trained, backbone=with_heads)
+                t0 = time.perf_counter()
+                for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
+                    record.geometry(head, geometry)
+                ctx.clock("geometry_s", time.perf_counter() - t0)
+            _clock_probing(ctx, probing.probe_heads(ctx, features, trained, backbone=with_heads))
 
-        timing = results["timing"]
-        extracted = timing.get("extract_s", 0.0) + timing.get("extract_views_s", 0.0)
-        if extracted > 0:
-            # Probes work on cached features: all of them together should cost less than extracting those.
-            results.setdefault("timing_ratios", {})["probe_over_extract"] = timing.get("probe_s", 0.0) / extracted
-        results["orbits"] = _orbit_coordinates(results["taps"])
-        results["status"] = invocation["status"] = "complete"
-        run_dir.write_results(results)
+        record.complete(_orbit_coordinates(results["taps"]))
         trackers.log_results(results)
         if recipe.report:
             stages.write_report(run_dir)
-    if main and not quiet:
+    if main and not call.quiet:
         from headprobe.report.table import print_summary
 
         print_summary(results, run_dir.path)
         if recipe.report and (run_dir.path / "report.html").is_file():
             print(f"report: {run_dir.path / 'report.html'}")
     return Results(results, run_dir.path)
+
+
+def _clock_probing(ctx: RunContext, seconds: float | None) -> None:
+    """A probing stage's seconds into the record, when it ran any probe."""
+    if seconds is not None:
+        ctx.clock("probe_s", seconds)
+
+
+def _record_training(ctx: RunContext, trained: stages.TrainedHeads) -> None:
+    """The heads trained (and the backbone tuned with them) into the record; the time estimate once it is timed."""
+    ctx.record.training(trained.heads, trained.protocol, trained.seconds, trained.resumed, trained.track_s,
+                        trained.backbone_tuned)
+    if trained.seconds is not None:
+        ctx.announce_estimate("training")
 
 
 # The recipe sections that decide the backbone tap's numbers: runs of a sweep equal in these probe it once.

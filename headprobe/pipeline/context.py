@@ -6,15 +6,16 @@ accelerate state, progress bars and the time estimate. `RunContext.stage` record
 from __future__ import annotations
 
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from headprobe.parallel.peers import lost_peers, lost_sentence, timed_out, timeout_sentence
+from headprobe.pipeline.executors import LocalProbes, LocalSeeds, ProbeExecutor, SeedExecutor
 from headprobe.recipe import Recipe, RecipeError
 from headprobe.record.directory import RunDir
+from headprobe.record.writer import RecordWriter
 
 
 class RunError(RuntimeError):
@@ -28,30 +29,22 @@ class RunError(RuntimeError):
 
 @dataclass
 class RunContext:
-    """What every stage shares: the recipe, the run directory, the results record it fills, the process state.
-    per_unit and resamples hold the probes' per-image values and the shared bootstrap resamples (`taps`);
-    probe_seconds what each probe took on the first tap, by which several processes share out the rest;
-    probe_intervals the intervals those processes computed next to each probe ({tap: {metric: record}})."""
+    """What every stage shares: the recipe, the record's one writer (`record.writer.RecordWriter`), the process
+    state, the executors chosen where the run started (`pipeline.executors`: probes and seeds, local or shared),
+    whether progress is shown, the processes' (host, pid) of a multi-process run (`parallel.peers`), the bootstrap
+    resamples every tap shares (`taps.draw_resamples`), the first probed tap's seconds (the time estimate) and the
+    last stage begun."""
 
     recipe: Recipe
-    run_dir: RunDir
-    results: dict
+    record: RecordWriter
     state: Any
+    probes: ProbeExecutor = field(default_factory=LocalProbes)
+    seeds: SeedExecutor = field(default_factory=LocalSeeds)
     show: bool = False
-    resume: bool = False
-    per_unit: dict = field(default_factory=dict)
+    peers: list = field(default_factory=list)
     resamples: dict = field(default_factory=dict)
-    probe_seconds: dict = field(default_factory=dict)
-    probe_intervals: dict = field(default_factory=dict)
     first_probe_s: float | None = None
     last_stage: str = "starting the run"
-    peers: list = field(default_factory=list)  # a multi-process run's processes (`parallel.peers.exchange_peers`)
-    # This invocation's entry in results["invocations"] (`pipeline.run`): when it started, whether it resumed, how it
-    # ended and the seconds of each stage it ran itself; None for an analysis of a recorded run.
-    invocation: dict | None = None
-
-    def __post_init__(self) -> None:
-        self.timing: dict = self.results["timing"]
 
     def stage(self, name: str, fn, *args, **kwargs):
         self.last_stage = name
@@ -66,7 +59,7 @@ class RunContext:
             raise
         except Exception as err:
             self.record_stop("failed", name, f"{type(err).__name__}: {err}", report=self.recipe.report)
-            raise RunError(name, err, self.run_dir.path if self.state.is_main_process else None) from err
+            raise RunError(name, err, self.record.path if self.record.writable else None) from err
 
     @contextmanager
     def recording_stops(self):
@@ -93,7 +86,7 @@ class RunContext:
         except Exception as err:
             self.record_stop("failed", f"after {self.last_stage}", f"{type(err).__name__}: {err}", report=False)
             raise RunError(f"after {self.last_stage}", err,
-                           self.run_dir.path if self.state.is_main_process else None) from err
+                           self.record.path if self.record.writable else None) from err
 
     def record_interrupt(self, stage: str, stop: KeyboardInterrupt | None = None) -> None:
         """A Ctrl-C (or a stop signal: `parallel.signals.StopSignal`) at `stage`, recorded with the command that
@@ -102,61 +95,43 @@ class RunContext:
 
         cause = stop.name if isinstance(stop, StopSignal) else "KeyboardInterrupt"
         self.record_stop("interrupted", stage, f"interrupted ({cause}); finished stages are kept: "
-                         f"`headprobe run RECIPE --resume --out {self.run_dir.path}`", report=False)
+                         f"`headprobe run RECIPE --resume --out {self.record.path}`", report=False)
 
     def record_stop(self, status: str, stage: str, message: str, report: bool) -> None:
         """Write why the run stopped into results.json. Only the run in progress records it; a later analysis
         of a recorded run (`headprobe geometry`) that fails leaves that run's status, error and report alone."""
-        if self.results.get("status") != "running":
+        if not self.record.running:
             return
         lost = lost_peers(self.peers, self.state.process_index) if self.peers else []
         if lost:  # the run stopped because a process was lost (killed, out of memory): say so, whatever came here
             status = "failed"
             message = (f"{lost_sentence(lost, len(self.peers), stage)} ({message}); finished stages are kept: "
-                       f"`headprobe run RECIPE --resume --out {self.run_dir.path}`")
+                       f"`headprobe run RECIPE --resume --out {self.record.path}`")
         elif self.peers and timed_out(message):
             status, message = "failed", f"{timeout_sentence(len(self.peers), stage)} ({message})"
-        self.results["status"] = status
-        self.results["error"] = {"stage": stage, "message": message}
-        if self.invocation is not None:
-            self.invocation["status"] = status
         survivors = [p.rank for p in self.peers if p not in lost]
-        if any(p.rank == 0 for p in lost) and survivors and self.state.process_index == survivors[0]:
-            self.run_dir.mark_stopped(status, self.results["error"])  # the main process, which writes, is gone
-            return
-        self.run_dir.write_results(self.results)
-        if report:
-            write_report(self.run_dir)
+        # When the main process, which writes, is gone, the first survivor marks the results last written.
+        main_lost = any(p.rank == 0 for p in lost) and bool(survivors) and self.state.process_index == survivors[0]
+        if self.record.stop(status, stage, message, main_lost=main_lost) and report and not main_lost:
+            write_report(self.record.run_dir)
 
-    def clock_invocation(self, key: str, seconds: float) -> None:
-        """Add `seconds` of stage `key` to this invocation's own timing."""
-        if self.invocation is not None:
-            own = self.invocation["timing"]
-            own[key] = own.get(key, 0.0) + seconds
-
-    def clock(self, key: str, since: float) -> None:
-        seconds = time.perf_counter() - since
-        self.timing[key] = self.timing.get(key, 0.0) + seconds
-        self.clock_invocation(key, seconds)
-        if key == "probe_s" and self.first_probe_s is None:  # the first tap probed: what each other tap will cost
+    def clock(self, key: str, seconds: float) -> None:
+        """`seconds` more of stage `key` into the record; the first probed tap's time is what each other tap will
+        cost (the time estimate)."""
+        self.record.add_time(key, seconds)
+        if key == "probe_s" and self.first_probe_s is None:
             self.first_probe_s = seconds
             self.announce_estimate("probing")
 
-    def clock_training(self, seconds: float, resumed: bool) -> None:
-        """Training time; resumed from a checkpoint, the time of the steps done before it counts too."""
-        self.timing["train_s"] = (self.timing.get("train_s", 0.0) if resumed else 0.0) + seconds
-        self.clock_invocation("train_s", seconds)
-        self.announce_estimate("training")
-
     def head_taps_done(self) -> int:
-        return sum(1 for tap in self.results.get("taps", {}).values() if tap.get("head") is not None)
+        return sum(1 for tap in self.record.record.get("taps", {}).values() if tap.get("head") is not None)
 
     def announce_estimate(self, after: str) -> None:
         """Print the remaining-time estimate (`time_estimate.remaining_estimate`) to stderr when the run shows
         progress."""
         from headprobe.pipeline.time_estimate import remaining_estimate
 
-        line = remaining_estimate(self.recipe, self.timing, self.first_probe_s, self.head_taps_done(), after)
+        line = remaining_estimate(self.recipe, self.record.timing, self.first_probe_s, self.head_taps_done(), after)
         if line and self.show:
             print(line, file=sys.stderr)
 

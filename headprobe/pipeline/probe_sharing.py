@@ -13,16 +13,18 @@ one-process numbers:
 
 Each process then records every probe's output, in the one-process order, from an all-gather, so every process
 holds the same results and the main one writes them. Each probe's 95% intervals are computed by the process that
-ran it, next to it (`intervals_from_probes`); `share_intervals` shares out what is left (seed aggregates, resumed
-taps) tap by tap.
+ran it, next to it (`SharedProbes.probed_intervals`); `SharedProbes.summaries` shares out what is left (seed
+aggregates, resumed taps) tap by tap.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from headprobe.parallel.collectives import all_objects
 from headprobe.probes.declaration import declared_probe
+from headprobe.record.writer import RecordWriter, TapSummary, unit_key
 
 # From this many training rows the k-NN bank is sharded across processes by default (`shard_knn_bank`).
 SHARD_BANK_ROWS = 65_536
@@ -79,104 +81,127 @@ def share_of_probes(pending: list[list[str]], order: list[str], rank: int, world
     return mine
 
 
-def probe_units_shared(ctx, features, units: list, pending: list[list[str]]) -> None:
-    """Run the pending probes of `units` ((tap, seed) pairs) on W processes together and record all of them on
-    every process (`taps.record_probe`); results.json and the per-unit stores are written once, at the end."""
-    from headprobe.pipeline.taps import draw_resamples, record_probe, run_probes, save_unit
-    from headprobe.stats.bootstrap import tap_uncertainty
+class SharedProbes:
+    """The probe executor of W processes (`executors.ProbeExecutor`): the k-NN on a large bank run together, every
+    other (tap, seed, probe) by one process, every output recorded on every process in the one-process order.
+    `seconds`: what each probe took on the first tap that ran it, by which the later shares are dealt (the same on
+    every process: they come from the all-gather); `intervals`: those computed next to each probe, by tap."""
 
-    def intervals(out, seed: int | None) -> dict:
-        """Per metric, so each process computes those of the probes it ran, in parallel. Only for a tap probed
-        once: a tap probed per seed gets its intervals from the seed means (`probing.aggregate_seeds`)."""
-        if seed is not None:
-            return {}
-        draw_resamples(ctx, features, out.per_unit)
-        return tap_uncertainty(out.metrics, out.per_unit, ctx.resamples)
+    backbone_with_heads = True
 
-    world, rank = ctx.state.num_processes, ctx.state.process_index
-    order = list(ctx.recipe.probes)
-    together = {"knn"} if "knn" in order and shard_knn_bank(ctx.recipe.probes["knn"].shard_bank,
-                                                            len(features.train.labels)) else set()
-    # Seconds each probe took on the first tap that ran it: the cost estimates of later shares (the same on every
-    # process, since they come from the all-gather).
-    costs = ctx.probe_seconds
-    outputs = []  # (unit index, probe, output, the process that ran it: "all" for a probe run together)
-    for i, names in enumerate(pending):  # the same units in the same order on every process
-        todo = [name for name in names if name in together]
-        if todo:
+    def __init__(self, state) -> None:
+        from headprobe.parallel.counter import SharedCounter
+
+        self.state = state
+        self.seconds: dict[str, float] = {}
+        self.intervals: dict[str, dict] = {}
+        # The probes finished so far on every process, one count per probing stage (`run`), which the main process
+        # shows while it works and waits (`report.progress.FollowedCount`).
+        self.counter = SharedCounter(state.process_index, state.num_processes)
+        self.stages = 0
+
+    def start_clock(self) -> float:
+        """A process still finishing the stage before (its start-up or training, which are not synchronised) would
+        otherwise have its lag counted as probing."""
+        self.state.wait_for_everyone()
+        return time.perf_counter()
+
+    def all_agree(self, flag: bool) -> bool:
+        return all(all_objects(flag, self.state.num_processes))
+
+    def run(self, ctx, features, units: list, pending: list[list[str]], record: RecordWriter) -> None:
+        """Run the pending probes of `units` ((tap, seed) pairs) on W processes together and record all of them on
+        every process; results.json and the per-unit stores are written once, at the end."""
+        from headprobe.pipeline.taps import draw_resamples, run_probes
+        from headprobe.stats.bootstrap import tap_uncertainty
+
+        def intervals(out, seed: int | None) -> dict:
+            """Per metric, so each process computes those of the probes it ran, in parallel. Only for a tap probed
+            once: a tap probed per seed gets its intervals from the seed means (`probing.aggregate_seeds`)."""
+            if seed is not None:
+                return {}
+            draw_resamples(ctx, features, out.per_unit)
+            return tap_uncertainty(out.metrics, out.per_unit, ctx.resamples)
+
+        world, rank = self.state.num_processes, self.state.process_index
+        order = list(ctx.recipe.probes)
+        together = {"knn"} if "knn" in order and shard_knn_bank(ctx.recipe.probes["knn"].shard_bank,
+                                                                len(features.train.labels)) else set()
+        costs = self.seconds
+        count, self.stages = f"probes-{self.stages}", self.stages + 1
+        total = sum(len(names) for names in pending)
+        with ctx.progress() as progress, self._followed(ctx, progress, len(units), total, count):
+            outputs = []  # (unit index, probe, output, the process that ran it: "all" for a probe run together)
+            for i, names in enumerate(pending):  # the same units in the same order on every process
+                todo = [name for name in names if name in together]
+                if todo:
+                    tap, seed = units[i]
+                    for name, out in run_probes(ctx, features, tap, seed, todo, processes=(rank, world)):
+                        outputs.append((i, name, out, "all", intervals(out, seed)))
+                        self.counter.add(count, int(rank == 0))  # run by all, counted once
+            dealt = [[name for name in names if name not in together] for names in pending]
+            timed = all(name in costs for names in dealt for name in names)
+            estimates = dict(costs) if timed else prior_costs(order)
+            mine = share_of_probes(dealt, order, rank, world, costs=estimates)
+            finished, failure = [], None
+            try:
+                for i, names in mine.items():
+                    tap, seed = units[i]
+                    # A unit's probes in one run_probes: its tap data (the head's layers over every feature) made once.
+                    t0 = time.perf_counter()
+                    for name, out in run_probes(ctx, features, tap, seed, names):
+                        uncertainty = intervals(out, seed)  # part of the pair's cost, as before
+                        finished.append((i, name, out, uncertainty, time.perf_counter() - t0))
+                        self.counter.add(count, 1)
+                        t0 = time.perf_counter()
+            except Exception as err:  # sent to every process, so that none waits forever for this one
+                failure = err
+            shares = all_objects((finished, None if failure is None else f"{type(failure).__name__}: {failure}"),
+                                 world)
+        if failure is not None:
+            raise failure
+        failed = [(r, message) for r, (_, message) in enumerate(shares) if message is not None]
+        if failed:  # through ctx.stage, so that the main process records it in results.json
+            ctx.stage("running the probes shared among the processes", _raise_failure, *failed[0])
+        for r, (share, _) in enumerate(shares):
+            for i, name, out, uncertainty, seconds in share:
+                outputs.append((i, name, out, r, uncertainty))
+                costs.setdefault(name, seconds)  # the first tap's time: later taps of a run are alike
+        for i, name, out, process, uncertainty in sorted(outputs, key=lambda item: (item[0], order.index(item[1]))):
             tap, seed = units[i]
-            outputs += [(i, name, out, "all", intervals(out, seed)) for name, out in run_probes(
-                ctx, features, tap, seed, todo, processes=(rank, world))]
-    dealt = [[name for name in names if name not in together] for names in pending]
-    timed = all(name in costs for names in dealt for name in names)
-    estimates = dict(costs) if timed else prior_costs(order)
-    mine = share_of_probes(dealt, order, rank, world, costs=estimates)
-    finished, failure = [], None
-    try:
-        for i, names in mine.items():
-            tap, seed = units[i]
-            # A unit's probes in one run_probes: its tap data (the head's layers over every feature) made once.
-            t0 = time.perf_counter()
-            for name, out in run_probes(ctx, features, tap, seed, names):
-                uncertainty = intervals(out, seed)  # part of the pair's cost, as before
-                finished.append((i, name, out, uncertainty, time.perf_counter() - t0))
-                t0 = time.perf_counter()
-    except Exception as err:  # sent to every process, so that none waits forever for this one
-        failure = err
-    shares = all_objects((finished, None if failure is None else f"{type(failure).__name__}: {failure}"), world)
-    if failure is not None:
-        raise failure
-    failed = [(r, message) for r, (_, message) in enumerate(shares) if message is not None]
-    if failed:  # through ctx.stage, so that the main process records it in results.json
-        ctx.stage("running the probes shared among the processes", _raise_failure, *failed[0])
-    for r, (share, _) in enumerate(shares):
-        for i, name, out, uncertainty, seconds in share:
-            outputs.append((i, name, out, r, uncertainty))
-            costs.setdefault(name, seconds)  # the first tap's time: later taps of a run are alike
-    for i, name, out, process, uncertainty in sorted(outputs, key=lambda item: (item[0], order.index(item[1]))):
-        record_probe(ctx, *units[i], name, out, process, write=False)
-        tap, seed = units[i]
-        if seed is None:  # a tap probed once: `intervals_from_probes` makes its intervals from these
-            ctx.probe_intervals.setdefault(tap.name, {}).update(uncertainty)
-    for i in sorted({item[0] for item in outputs}):
-        save_unit(ctx, *units[i])
-    if outputs:
-        ctx.run_dir.write_results(ctx.results)
+            record.probe(tap.name, seed, name, out, process, write=False)
+            if seed is None:  # a tap probed once: `probed_intervals` makes its intervals from these
+                self.intervals.setdefault(tap.name, {}).update(uncertainty)
+        record.save_units([unit_key(units[i][0].name, units[i][1]) for i in sorted({item[0] for item in outputs})])
 
+    def _followed(self, ctx, progress, n_units: int, total: int, count: str):
+        """The main process's display of the whole stage: done/total over every process (`count`), followed while
+        the probes run and the processes exchange them; nothing to follow on the others or with nothing to run."""
+        from contextlib import nullcontext
 
-def intervals_from_probes(ctx, tap_name: str) -> bool:
-    """A tap's intervals from those computed next to each of its probes, where every metric has one (a resumed run's
-    earlier probes have none): the records `taps.record_uncertainty` would write, in its order. Returns whether
-    it could."""
-    known = ctx.probe_intervals.get(tap_name, {})
-    tap = ctx.results["taps"][tap_name]
-    if not set(tap["metrics"]) <= set(known):
-        return False
-    tap["uncertainty"] = {metric: known[metric] for metric in tap["metrics"]}
-    return True
+        from headprobe.report.progress import FollowedCount
 
+        if not (ctx.show and total):
+            return nullcontext()
+        task = progress.add_task(f"probing {n_units} tap{'s' if n_units > 1 else ''}", total=total)
+        return FollowedCount(progress, task, total, lambda: self.counter.read(count))
 
-def share_intervals(ctx, tap_names: list[str], compute, per_unit: bool = False) -> None:
-    """compute(tap name) for every tap, its work shared among the processes: each computes its share of the taps
-    (`tap_names[rank::world]`) and sends what compute wrote -- the tap's metrics, protocol and uncertainty records,
-    and with `per_unit` its per-unit values -- to the others, which take them as their own. compute must change
-    nothing else."""
-    world, rank = ctx.state.num_processes, ctx.state.process_index
-    if world == 1:
-        for name in tap_names:
-            compute(name)
-        return
-    mine = {}
-    for name in tap_names[rank::world]:
-        compute(name)
-        tap = ctx.results["taps"][name]
-        mine[name] = ({key: tap[key] for key in ("metrics", "protocol", "uncertainty") if key in tap},
-                      ctx.per_unit.get(name) if per_unit else None)
-    for part in all_objects(mine, world):
-        for name, (record, values) in part.items():
-            ctx.results["taps"][name].update(record)
-            if values is not None:
-                ctx.per_unit[name] = values
+    def probed_intervals(self, tap: str, metrics: dict) -> dict | None:
+        """A tap's intervals from those computed next to each of its probes, where every metric has one (a resumed
+        run's earlier probes have none): the records `probing.tap_intervals` would make, in its order."""
+        known = self.intervals.get(tap, {})
+        if not set(metrics) <= set(known):
+            return None
+        return {metric: known[metric] for metric in metrics}
+
+    def summaries(self, tap_names: list[str], compute: Callable[[str], TapSummary], record: RecordWriter) -> None:
+        """compute(tap) for every tap, its work shared among the processes: each computes its share of the taps
+        (`tap_names[rank::world]`) and sends the summaries to the others; every process records all of them."""
+        world, rank = self.state.num_processes, self.state.process_index
+        mine = [compute(name) for name in tap_names[rank::world]]
+        for part in all_objects(mine, world):
+            for summary in part:
+                record.summary(summary)
 
 
 def _raise_failure(process: int, message: str) -> None:

@@ -1,6 +1,7 @@
-"""Probing a run's taps: the backbone tap, then every head tap (once per seed where there are several), on this
-process or shared out among several (`pipeline.probe_sharing`); the seeds' metrics aggregated
-(`aggregate_seeds`); then each head's buffer verdict and the paper's questions answered (`probe_heads`).
+"""Probing a run's taps: the backbone tap, then every head tap (once per seed where there are several), where the
+probe executor puts each probe (`pipeline.executors`: this process, or shared out among several); the seeds'
+metrics aggregated (`aggregate_seeds`); then each head's buffer verdict and the paper's questions answered
+(`probe_heads`). Every output goes to the record's one writer (`ctx.record`) as it is made.
 """
 
 from __future__ import annotations
@@ -10,30 +11,22 @@ from pathlib import Path
 
 import torch
 
-from headprobe.pipeline.taps import (
-    Tap,
-    draw_resamples,
-    head_taps,
-    pending_probes,
-    record_probe,
-    record_uncertainty,
-    run_probes,
-    unit_key,
-)
+from headprobe.pipeline.taps import Tap, draw_resamples, head_taps, tap_intervals
 from headprobe.recipe import RecipeError
-from headprobe.stats.bootstrap import PerUnit, SeedMean, load_per_unit, n_units, seed_interval
+from headprobe.record.writer import TapSummary, unit_key
+from headprobe.stats.bootstrap import PerUnit, SeedMean, n_units, seed_interval
 
 
-def probe_tap(ctx, features, tap: Tap, seed: int | None = None) -> None:
-    """Every probe of the recipe at one tap. With `seed` (a run with several seeds) the metrics go into
-    taps[tap]["seeds"][seed], and `aggregate_seeds` makes the tap's own metrics from them. Probes finished in a
-    resumed run are not redone. With several processes each runs a share of the probes (`probe_units`)."""
-    t0 = probe_clock(ctx)
+def probe_tap(ctx, features, tap: Tap, seed: int | None = None) -> float | None:
+    """Every probe of the recipe at one tap, each output handed to the record as it finishes; returns the seconds
+    probing took, None when every probe was recorded already (a resumed run does not redo them). With `seed` (a run
+    with several seeds) the metrics go into taps[tap]["seeds"][seed], and `aggregate_seeds` makes the tap's own
+    metrics from them. The probe executor (`ctx.probes`) decides where each probe runs."""
+    t0 = ctx.probes.start_clock()
     ran = probe_units(ctx, features, [(tap, seed)])
     if seed is None:
-        record_uncertainty(ctx, features, tap.name)
-    if ran:
-        ctx.clock("probe_s", t0)
+        ctx.record.summary(tap_intervals(ctx, features, tap.name), write=True)
+    return time.perf_counter() - t0 if ran else None
 
 
 def reuse_tap(ctx, source: Path, tap_name: str = "backbone") -> bool:
@@ -45,70 +38,45 @@ def reuse_tap(ctx, source: Path, tap_name: str = "backbone") -> bool:
     nothing is taken and the tap is probed as usual. Returns whether it was taken."""
     import copy
     import os
-    import shutil
 
-    from headprobe.parallel.collectives import all_objects
     from headprobe.record.directory import metrics_from_json, read_results
 
     previous = read_results(source) if (source / "results.json").is_file() else {}
     entry = previous.get("taps", {}).get(tap_name)
     usable = entry is not None and set(ctx.recipe.probes) <= set(entry.get("protocol", {}))
-    if not all(all_objects(usable, ctx.state.num_processes)):
+    if not ctx.probes.all_agree(usable):
         return False
     entry = metrics_from_json({tap_name: copy.deepcopy(entry)})[tap_name]
-    entry["reused_from"] = os.path.relpath(source.resolve(), ctx.run_dir.path.resolve())
-    store = source / "per_unit" / f"{tap_name}.safetensors"
-    ctx.per_unit[tap_name] = load_per_unit(store)
-    if ctx.run_dir.writable and store.is_file():
-        (ctx.run_dir.path / "per_unit").mkdir(exist_ok=True)
-        shutil.copyfile(store, ctx.run_dir.path / "per_unit" / store.name)
-    ctx.results["taps"][tap_name] = entry
-    ctx.run_dir.write_results(ctx.results)
+    entry["reused_from"] = os.path.relpath(source.resolve(), ctx.record.path.resolve())
+    ctx.record.reused_tap(tap_name, entry, source)
     return True
 
 
-def probe_clock(ctx) -> float:
-    """The start of a probing stage's clock (`timing.probe_s`). With several processes it starts once every process
-    is here: one still finishing the stage before (its start-up or training, which are not synchronised) would
-    otherwise have its lag counted as probing."""
-    if ctx.state.num_processes > 1:
-        ctx.state.wait_for_everyone()
-    return time.perf_counter()
-
-
 def probe_units(ctx, features, units: list[tuple[Tap, int | None]]) -> bool:
-    """Run every pending probe of each (tap, seed) unit and record it in ctx.results and ctx.per_unit; returns
-    whether any probe ran. One process runs them in order and records each as it finishes (so an interrupted run
-    keeps it); several processes share them out (`probe_sharing.probe_units_shared`) and record the same."""
-    pending = [pending_probes(ctx, tap, seed) for tap, seed in units]
-    if ctx.state.num_processes > 1:
-        from headprobe.pipeline.probe_sharing import probe_units_shared
-
-        probe_units_shared(ctx, features, units, pending)
-        return any(pending)
-    total = sum(len(names) for names in pending)
-    with ctx.progress() as progress:
-        label = f"probing {len(units)} tap{'s' if len(units) > 1 else ''}"
-        task = progress.add_task(label, total=total) if total else None
-        for (tap, seed), names in zip(units, pending, strict=True):
-            for name, out in run_probes(ctx, features, tap, seed, names):
-                record_probe(ctx, tap, seed, name, out)
-                progress.advance(task)
+    """Run every pending probe of each (tap, seed) unit, where the probe executor puts it, each output recorded
+    (`RecordWriter.probe`); returns whether any probe ran."""
+    pending = []
+    for tap, seed in units:
+        done = ctx.record.open_unit(tap.name, tap.head, tap.depth, seed)
+        pending.append([name for name in ctx.recipe.probes if name not in done])
+    ctx.probes.run(ctx, features, units, pending, ctx.record)
     return any(pending)
 
 
-def aggregate_seeds(ctx, features, tap_name: str, write: bool = True) -> None:
+def aggregate_seeds(ctx, features, tap_name: str) -> TapSummary:
     """A tap probed once per seed: its metrics are the means over seeds (of the metrics every seed has), its
     per-unit values the seed means (recomputed statistics: the seed mean of each seed's replicates), and
     each uncertainty record adds the per-seed values, their standard deviation and a t interval over seeds (the
     interval itself where a metric has no per-unit values)."""
+    from headprobe.stats.bootstrap import tap_uncertainty
+
     seeds = ctx.recipe.seed_list
-    tap = ctx.results["taps"][tap_name]
+    tap = ctx.record.record["taps"][tap_name]
     records = [tap["seeds"][str(s)] for s in seeds]
     names = [m for m in records[0]["metrics"] if all(isinstance(r["metrics"].get(m), (int, float)) for r in records)]
-    tap["metrics"] = {m: sum(r["metrics"][m] for r in records) / len(records) for m in names}
-    tap["protocol"] = records[0]["protocol"]  # the probes' settings and splits are the same for every seed
-    per_seed = [ctx.per_unit.get(f"{tap_name}.seed-{s}", {}) for s in seeds]
+    metrics = {m: sum(r["metrics"][m] for r in records) / len(records) for m in names}
+    protocol = records[0]["protocol"]  # the probes' settings and splits are the same for every seed
+    per_seed = [ctx.record.per_unit.get(unit_key(tap_name, s), {}) for s in seeds]
     # Means over seeds of per-image values are per-image values of the seed-mean metric; a statistic recomputed per
     # resample (a ratio is not a mean) is the mean of each seed's statistic on the same resamples (`SeedMean`).
     # Metrics without per-unit values at every seed get the seeds' t interval instead.
@@ -121,24 +89,23 @@ def aggregate_seeds(ctx, features, tap_name: str, write: bool = True) -> None:
             combined[m] = type(first)(torch.stack([part.values.double() for part in parts]).mean(0), first.unit)
         elif not isinstance(first, PerUnit) and not any(isinstance(part, PerUnit) for part in parts):
             combined[m] = SeedMean(parts, first.unit)
-    ctx.per_unit[tap_name] = combined
-    record_uncertainty(ctx, features, tap_name, write=False)
-    for m, record in tap["uncertainty"].items():
+    draw_resamples(ctx, features, combined)
+    uncertainty = tap_uncertainty(metrics, combined, ctx.resamples)
+    for m, record in uncertainty.items():
         values = [r["metrics"][m] for r in records]
         spread = seed_interval(values)
         record |= {"per_seed": values, "sd_seeds": spread["sd_seeds"], "n_seeds": spread["n_seeds"],
                    "ci95_seeds": spread["ci95"]}
         if record["ci95"] is None:
             record["ci95"], record["method"] = spread["ci95"], spread["method"]
-    if write:
-        ctx.run_dir.write_results(ctx.results)
+    return TapSummary(tap_name, uncertainty, metrics, protocol, combined)
 
 
-def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
+def probe_heads(ctx, features, trained, backbone: bool = False) -> float | None:
     """Probe every tap of every head (once per seed when there are several), decide each head's verdict and answer
-    the paper's questions (`stats.claims`: results["claims"]). With several processes the probes of all the head
-    taps (and with `backbone` the backbone tap's, first) are shared out among them at once (`probe_units`)."""
-    from headprobe.pipeline.probe_sharing import intervals_from_probes, share_intervals
+    the paper's questions (`stats.claims`: results["claims"]); returns the seconds probing took (None when no probe
+    ran). The probes of all the head taps (and with `backbone` the backbone tap's, first) go to the probe executor
+    at once, so that several processes share them out."""
     from headprobe.stats.claims import answer_questions
     from headprobe.stats.verdict import buffer_verdict
 
@@ -156,28 +123,31 @@ def probe_heads(ctx, features, trained, backbone: bool = False) -> None:
             units = [(seeded[i], seed if several else None) for i in range(len(chosen))
                      for seed, seeded in by_seed.items()]
             plans.append((spec, chosen, chosen if several else [], units))
-    t0 = probe_clock(ctx)
+    t0 = ctx.probes.start_clock()
     every = [(Tap("backbone"), None)] * backbone + [unit for *_, units in plans for unit in units]
     ran = probe_units(ctx, features, every)
+    record, taps = ctx.record, ctx.record.record["taps"]
     for tap, seed in every:  # on every process: each verdict resamples them
-        draw_resamples(ctx, features, ctx.per_unit[unit_key(tap, seed)])
-    # The intervals of every tap probed once (and the seed means of those probed per seed), shared among the
-    # processes of a multi-process run; then each head's verdict.
-    once = [tap.name for tap, seed in every if seed is None]
-    once = [name for name in once if not intervals_from_probes(ctx, name)]  # computed next to the probes already
-    share_intervals(ctx, once, lambda name: record_uncertainty(ctx, features, name, write=False))
-    averaged = [tap.name for *_, taps, _ in plans for tap in taps]
-    share_intervals(ctx, averaged, lambda name: aggregate_seeds(ctx, features, name, write=False), per_unit=True)
+        draw_resamples(ctx, features, record.per_unit[unit_key(tap.name, seed)])
+    # The intervals of every tap probed once (those computed next to its probes where the executor kept them), and
+    # the seed means of those probed per seed; then each head's verdict.
+    once = []
+    for name in (tap.name for tap, seed in every if seed is None):
+        known = ctx.probes.probed_intervals(name, taps[name]["metrics"])
+        if known is None:
+            once.append(name)
+        else:
+            record.summary(TapSummary(name, known))
+    ctx.probes.summaries(once, lambda name: tap_intervals(ctx, features, name), record)
+    averaged = [tap.name for *_, taps_averaged, _ in plans for tap in taps_averaged]
+    ctx.probes.summaries(averaged, lambda name: aggregate_seeds(ctx, features, name), record)
     compared = {spec.name: spec.name if chosen is None else chosen[-1].name for spec, chosen, _, _ in plans}
-    for head, tap in compared.items():
-        verdict = buffer_verdict(ctx.results["taps"], tap, ctx.per_unit, ctx.resamples)
-        ctx.results["buffer"][head] = verdict | ({} if tap == head else {"tap": tap})
+    buffer = {head: buffer_verdict(taps, tap, record.per_unit, ctx.resamples) | ({} if tap == head else {"tap": tap})
+              for head, tap in compared.items()}
     # The paper's questions, each answered from its primary measure with an interval over seeds and test images.
-    ctx.results["claims"] = answer_questions(ctx.results["taps"], ctx.per_unit, ctx.resamples, compared,
-                                             ctx.recipe.claims, seed=ctx.recipe.seed)
-    ctx.run_dir.write_results(ctx.results)
-    if ran:
-        ctx.clock("probe_s", t0)
+    claims = answer_questions(taps, record.per_unit, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed)
+    record.verdicts(buffer, claims)
+    return time.perf_counter() - t0 if ran else None
 
 
 def _chosen_taps(spec, head) -> list[Tap]:

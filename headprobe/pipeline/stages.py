@@ -1,8 +1,10 @@
 """The stages of a run as public functions that pass typed values: load inputs → extract features → train heads
-(or tune the backbone with them) → geometry. Probing the taps is `pipeline.taps`; `compose.run` composes both.
+(or tune the backbone with them) → geometry. Probing the taps is `pipeline.probing`; `compose.run` composes both.
 
-Each stage runs through `RunContext.stage`, which records a failure (or Ctrl-C) in `results.json` before it
-propagates, so finished work stays on disk and `--resume` goes on from it.
+A stage writes nothing: it returns what it made, with what the record keeps of it (`recorded`, `seconds`), and
+`compose.run` hands that to the record's one writer (`record.writer.RecordWriter`). Each stage's work runs through
+`RunContext.stage`, which records a failure (or Ctrl-C) in `results.json` before it propagates, so finished work stays
+on disk and `--resume` goes on from it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,8 +27,15 @@ from headprobe.train.pretrained_heads import PretrainedHead, load_pretrained_hea
 
 @dataclass
 class Inputs:
+    """The backbone and (once `load_data` has run) the data; `load_s`: the seconds loading the backbone took."""
+
     backbone: Any
-    data: Any
+    data: Any = None
+    load_s: float = 0.0
+
+    def data_record(self) -> dict:
+        """results["data"]: the data's description and its class names."""
+        return self.data.info | {"class_names": self.data.class_names}
 
 
 @dataclass
@@ -42,6 +52,14 @@ class FeatureSet:
     inert_params: dict[str, str] | None = None
     # The views the view probes measure (`ViewFeatures`): the test images' (held out) or `views` itself.
     probe_views: Any = None
+    # What the record keeps: results["protocol"] entries (views, views_probed, features) and the stage's seconds.
+    protocol: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+
+    def read(self) -> list[torch.Tensor]:
+        """The memory-mapped cache tensors the run reads (`features.cache.UnchangedCache` guards them)."""
+        return [t for part in (self.train, self.test, self.views, self.probe_views) if part is not None
+                for t in vars(part).values() if isinstance(t, torch.Tensor)]
 
 
 @dataclass
@@ -54,9 +72,17 @@ class HeadPair:
 
 @dataclass
 class TrainedHeads:
-    """The trained heads of each seed ({seed: {name: HeadState}}); `first` is the first seed's."""
+    """The trained heads of each seed ({seed: {name: HeadState}}); `first` is the first seed's. What the record
+    keeps: `heads` (results["heads"] entries), `protocol` (train, seeds), the stage's `seconds` (None: nothing was
+    trained), whether it `resumed` from a checkpoint, the curvature tracking's `track_s` and the `backbone_tuned`."""
 
     by_seed: dict[int, dict]
+    heads: dict = field(default_factory=dict)
+    protocol: dict = field(default_factory=dict)
+    seconds: float | None = None
+    resumed: bool = False
+    track_s: float = 0.0
+    backbone_tuned: dict | None = None
 
     @property
     def first(self) -> dict:
@@ -70,25 +96,27 @@ def probe_needs(recipe: Recipe) -> set[str]:
     return {need for name in recipe.probes for need in PROBES.entry(name).needs}
 
 
-def load_inputs(ctx: RunContext, backbone: Any = None) -> Inputs:
-    """The backbone (`backbone`, a `Backbone` given to `pipeline.run`, else loaded from recipe.backbone) and the
-    data."""
-    from headprobe.backbones import load_backbone
-    from headprobe.data import load_data
+def load_backbone(ctx: RunContext, backbone: Any = None) -> Inputs:
+    """The backbone: `backbone` (a `Backbone` given to `pipeline.run`), else loaded from recipe.backbone; the data
+    follows (`load_data`), so that a failure there finds the backbone recorded."""
+    from headprobe.backbones import load_backbone as load
 
     recipe, t0 = ctx.recipe, time.perf_counter()
     spec = recipe.backbone
     extra = {k: v for k, v in (("part", spec.part), ("num_heads", spec.num_heads)) if v is not None}
     if backbone is None:
-        backbone = ctx.stage(f"loading backbone {spec.id}", load_backbone, spec.id, pooling=spec.pooling,
+        backbone = ctx.stage(f"loading backbone {spec.id}", load, spec.id, pooling=spec.pooling,
                              resolution=spec.resolution, revision=spec.revision, layer=spec.layer,
                              layers=spec.layers, seed=recipe.seed, **extra)
-    ctx.clock("load_s", t0)
-    ctx.results["backbone"] = backbone.describe()
-    data = ctx.stage(f"loading data {recipe.data.source}", load_data, recipe.data)
-    ctx.results["data"] = data.info | {"class_names": data.class_names}
-    ctx.run_dir.write_results(ctx.results)
-    return Inputs(backbone, data)
+    return Inputs(backbone, load_s=time.perf_counter() - t0)
+
+
+def load_data(ctx: RunContext, inputs: Inputs) -> Inputs:
+    """`inputs` with the recipe's data loaded."""
+    from headprobe.data import load_data as load
+
+    data = ctx.stage(f"loading data {ctx.recipe.data.source}", load, ctx.recipe.data)
+    return dataclasses.replace(inputs, data=data)
 
 
 def held_out_view_seed(seed: int) -> int:
@@ -104,7 +132,6 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
     tuned: the backbone has been tuned with the heads (they need views again only for their final geometry)."""
     from headprobe.data.augment import augment_spec
     from headprobe.data.loader import pipeline_record
-    from headprobe.features.cache import UnchangedCache
     from headprobe.features.extract import extract, extract_views
     from headprobe.features.orbits import extract_orbits
 
@@ -137,7 +164,7 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
                                    n_images=spec.n_images, data_info=data.info, batch_size=f.batch_size,
                                    precision=f.precision, cache=f.cache, state=ctx.state, progress=progress,
                                    record=cache)
-        ctx.clock("extract_s", t0)
+        out.seconds["extract_s"] = time.perf_counter() - t0
         # Training views feed frozen-path head training and the geometry of trained heads; the tuned path makes its
         # own views on the fly. The view probes measure held-out views (augment.probe_views: the test images') unless
         # the recipe asks for the training views.
@@ -148,7 +175,7 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
         if heads_need or (probing and not held_out):
             out.views = ctx.stage("extracting augmented views", extract_views, backbone, data.train, augment=spec,
                                   views=recipe.augment.views, seed=recipe.seed, progress=progress, **options)
-            ctx.results["protocol"]["views"] = {
+            out.protocol["views"] = {
                 "augment": dataclasses.asdict(spec) | {"preset": recipe.augment.preset},
                 "views": recipe.augment.views, "cache_key": out.views.key, "hit": out.views.cached}
         if probing:
@@ -156,51 +183,40 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
             out.probe_views = out.views if not held_out else ctx.stage(
                 "extracting augmented views of the test images", extract_views, backbone, data.test, augment=spec,
                 views=recipe.augment.views, seed=seed, progress=progress, **options)
-            ctx.results["protocol"]["views_probed"] = {
+            out.protocol["views_probed"] = {
                 "split": "test" if held_out else "train", "n_images": len(out.probe_views.features),
                 "views": recipe.augment.views, "seed": seed, "cache_key": out.probe_views.key,
                 "hit": out.probe_views.cached, "heads_trained_on": "train" if recipe.heads else None}
         if heads_need or probing:
-            ctx.clock("extract_views_s", t0)
-    ctx.results["protocol"]["features"] = {
+            out.seconds["extract_views_s"] = time.perf_counter() - t0
+    out.protocol["features"] = {
         "pooling": recipe.backbone.pooling, "layer": recipe.backbone.layer, "layers": recipe.backbone.layers,
         "resolution": backbone.preprocess.crop, "precision": f.precision, "cache": cache,
         "memory_map": f.memory_map, "input_pipeline": pipeline_record(f.num_workers, ctx.state.device)}
-    # From here on, results are written only while the memory-mapped cache files read are the bytes verified.
-    read = [t for part in (out.train, out.test, out.views, out.probe_views) if part is not None
-            for t in vars(part).values() if isinstance(t, torch.Tensor)]
-    ctx.run_dir.guard = UnchangedCache(read).check
     return out
 
 
 def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
-    """Train every head once per seed (`recipe.seed_list`) on the same cached views; one seed trains exactly as a
-    single-seed run does (checkpoints in checkpoints/, else checkpoints/seed-S/)."""
+    """Train every head once per seed (`recipe.seed_list`) on the same cached views, where the seed executor puts
+    each seed (`ctx.seeds`); one seed trains exactly as a single-seed run does (checkpoints in checkpoints/, else
+    checkpoints/seed-S/). The training records go to the record's metrics.jsonl as they come."""
     from headprobe.train.cached_views import latest_checkpoint
     from headprobe.train.cached_views import train_heads as train_loop
 
-    recipe, run_dir, seeds = ctx.recipe, ctx.run_dir, ctx.recipe.seed_list
+    recipe, record, seeds = ctx.recipe, ctx.record, ctx.recipe.seed_list
     several = len(seeds) > 1
     trainable = [spec for spec in recipe.heads if spec.type != "pretrained"]
     pretrained = load_pretrained_heads(ctx)
     by_seed, summaries, resumed, track_s = {}, {}, False, 0.0
 
-    def log(record: dict, seed: int) -> None:
-        run_dir.log_metrics(record | {"seed": seed} if several else record)
+    def log(entry: dict, seed: int) -> None:
+        record.log(entry | {"seed": seed} if several else entry)
 
-    world = ctx.state.num_processes
-    shared = bool(trainable) and several and world > 1
-    # With the seeds shared out, each process writes its own seeds' checkpoints into the main process's run
-    # directory when it sees that directory (one machine, or a shared file system) and the main one writes files.
-    writes_checkpoints = run_dir.writable
-    if shared:
-        from headprobe.parallel.collectives import all_objects
-
-        writes_checkpoints = all_objects(run_dir.writable, world)[0] and run_dir.path.is_dir()
+    writes_checkpoints = ctx.seeds.writes_checkpoints(seeds, record) if trainable else record.writable
 
     def train_one(seed: int, log_seed) -> tuple[dict, dict]:
-        checkpoints = run_dir.path / "checkpoints" / (f"seed-{seed}" if several else "")
-        resume_from = latest_checkpoint(checkpoints) if ctx.resume else None
+        checkpoints = record.path / "checkpoints" / (f"seed-{seed}" if several else "")
+        resume_from = latest_checkpoint(checkpoints) if record.resume else None
         with ctx.progress() as progress:
             states, summary = ctx.stage(
                 "training heads" + (f" (seed {seed})" if several else ""), train_loop, trainable,
@@ -210,67 +226,49 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
                 progress=progress, track=recipe.geometry, device=ctx.state.device)
         return states, summary | {"resumed": resume_from is not None}  # travels with the summary when shared
 
-    if shared:  # each seed trained by one process (seed_sharing)
-        from headprobe.pipeline.seed_sharing import train_seeds_shared
-
-        trained = train_seeds_shared(ctx, seeds, trainable, features.views.features.shape[-1], train_one, log)
-    else:
-        trained = {seed: train_one(seed, lambda record, seed=seed: log(record, seed))
-                   for seed in (seeds if trainable else ())}
+    trained = ctx.seeds.train(ctx, seeds, trainable, features.views.features.shape[-1], train_one, log) \
+        if trainable else {}
     train_s = {}
     for seed, (by_seed[seed], summaries[seed]) in trained.items():
         train_s[seed] = summaries[seed].pop("train_s")
         track_s += summaries[seed].pop("track_s")
         resumed = summaries[seed].pop("resumed") or resumed
-    seconds = sum(train_s.values())
-    if shared:  # the processes trained their seeds side by side: the stage took the longest process's time
-        from headprobe.pipeline.seed_sharing import seeds_of_process
-
-        seconds = max(sum(train_s[s] for s in seeds_of_process(seeds, r, world)) for r in range(world))
+    out = TrainedHeads(by_seed, resumed=resumed, track_s=track_s)
     if trainable:
-        ctx.clock_training(seconds, resumed=resumed)
-        _clock_tracking(ctx, track_s)
+        out.seconds = ctx.seeds.stage_seconds(seeds, train_s)
         summary = summaries[seeds[0]]
-        _record_training(ctx, summary, {})
+        out.protocol["train"] = _training_protocol(recipe, summary, {})
     else:
-        by_seed, summary = {seed: {} for seed in seeds}, {"steps": 0}
-    for states in by_seed.values():
+        out.by_seed, summary = {seed: {} for seed in seeds}, {"steps": 0}
+    for states in out.by_seed.values():
         states.update(pretrained)  # the same frozen module for every seed: it is not retrained
     for spec in recipe.heads:
-        trained = by_seed[seeds[0]].get(spec.name)
-        ctx.results["heads"][spec.name] = {
+        first = out.first.get(spec.name)
+        out.heads[spec.name] = {
             "config": dataclasses.asdict(spec),
             "train": {"steps": 0 if spec.type == "pretrained" else summary["steps"],
-                      "status": trained.status if trained else "untrained (no parameters)",
-                      "final_loss": trained.last_loss if trained else None,
-                      "message": trained.message if trained else ""},
+                      "status": first.status if first else "untrained (no parameters)",
+                      "final_loss": first.last_loss if first else None,
+                      "message": first.message if first else ""},
             "geometry": {}}
         if spec.type == "pretrained":
-            ctx.results["heads"][spec.name]["checkpoint"] = trained.head.record.to_dict()
+            out.heads[spec.name]["checkpoint"] = first.head.record.to_dict()
         elif several:
-            ctx.results["heads"][spec.name]["train_seeds"] = {
+            out.heads[spec.name]["train_seeds"] = {
                 str(seed): {"status": t.status, "final_loss": t.last_loss} if (t := states.get(spec.name))
-                else {"status": "untrained (no parameters)", "final_loss": None} for seed, states in by_seed.items()}
+                else {"status": "untrained (no parameters)", "final_loss": None}
+                for seed, states in out.by_seed.items()}
     if several:
-        ctx.results["protocol"]["seeds"] = {
+        out.protocol["seeds"] = {
             "seeds": seeds, "varies": "head initialisation and batch order (the training seed)",
             "shared": "backbone features, the cached augmented views (drawn with `seed`), the probes' own splits and "
                       "seeds; geometry analyses the first seed's heads"}
-    ctx.run_dir.write_results(ctx.results)
-    return TrainedHeads(by_seed)
+    return out
 
 
-def _clock_tracking(ctx: RunContext, track_s: float) -> None:
-    if track_s:
-        # Curvature tracking runs inside the training loop: report its share of training time.
-        ctx.timing["track_s"] = track_s
-        ctx.clock_invocation("track_s", track_s)
-        ctx.results.setdefault("timing_ratios", {})["track_over_train"] = track_s / max(ctx.timing["train_s"], 1e-9)
-
-
-def _record_training(ctx: RunContext, summary: dict, extra: dict) -> None:
-    recipe = ctx.recipe
-    ctx.results["protocol"]["train"] = dataclasses.asdict(recipe.train) | {
+def _training_protocol(recipe: Recipe, summary: dict, extra: dict) -> dict:
+    """results["protocol"]["train"]: the training settings, the objective and the training summary."""
+    return dataclasses.asdict(recipe.train) | {
         "objective": recipe.objective.name, "objective_options": recipe.objective.options,
         "objective_protocol": objective_protocol(recipe.objective.name, recipe.objective.options), **summary, **extra}
 
@@ -283,54 +281,50 @@ def tune_backbone(ctx: RunContext, inputs: Inputs) -> TrainedHeads:
     from headprobe.train.cached_views import latest_checkpoint
     from headprobe.train.tuned import save_tuned_backbone, train_tuned
 
-    recipe, run_dir, spec = ctx.recipe, ctx.run_dir, ctx.recipe.backbone
-    protocol = ctx.results["protocol"]
-    protocol["features_untuned"], protocol["views_untuned"] = protocol["features"], protocol.get("views")
+    recipe, record, spec = ctx.recipe, ctx.record, ctx.recipe.backbone
     lora = dataclasses.asdict(spec.lora) if spec.tune == "lora" else {}
-    record = ctx.stage(f"tuning the backbone ({spec.tune})", apply_tuning, inputs.backbone, spec.tune,
+    tuning = ctx.stage(f"tuning the backbone ({spec.tune})", apply_tuning, inputs.backbone, spec.tune,
                        seed=recipe.seed, **lora)
-    checkpoints = run_dir.path / "checkpoints"
-    resume_from = latest_checkpoint(checkpoints) if ctx.resume else None
+    checkpoints = record.path / "checkpoints"
+    resume_from = latest_checkpoint(checkpoints) if record.resume else None
     with ctx.progress() as progress:
         states, summary = ctx.stage(
             "training the tuned backbone and heads", train_tuned, inputs.backbone, recipe.heads, inputs.data.train,
             augment=augment_spec(recipe.augment.preset, **recipe.augment.options), views=recipe.augment.views,
             objective_name=recipe.objective.name, objective_options=recipe.objective.options, train=recipe.train,
             seed=recipe.seed, precision=recipe.features.precision, num_workers=recipe.features.num_workers,
-            checkpoint_dir=checkpoints if run_dir.writable else None, resume_from=resume_from, log=run_dir.log_metrics,
+            checkpoint_dir=checkpoints if record.writable else None, resume_from=resume_from, log=record.log,
             progress=progress, track=recipe.geometry, state=ctx.state)
-    ctx.clock_training(summary.pop("train_s"), resumed=resume_from is not None)
-    _clock_tracking(ctx, summary.pop("track_s", 0.0))
-    ctx.results["backbone_tuned"] = inputs.backbone.describe()
-    if run_dir.writable:
+    # Identity heads trained the backbone too, but have no layers to probe or analyse.
+    out = TrainedHeads({recipe.seed: {name: s for name, s in states.items() if list(s.modules().parameters())}},
+                       seconds=summary.pop("train_s"), resumed=resume_from is not None,
+                       track_s=summary.pop("track_s", 0.0), backbone_tuned=inputs.backbone.describe())
+    if record.writable:
         saved = ctx.stage("saving the tuned backbone", save_tuned_backbone, inputs.backbone, checkpoints)
-        ctx.results["backbone_tuned"]["saved"] = str(saved.relative_to(run_dir.path))
-    _record_training(ctx, summary, {"tuning": record})
+        out.backbone_tuned["saved"] = str(saved.relative_to(record.path))
+    out.protocol["train"] = _training_protocol(recipe, summary, {"tuning": tuning})
     for head in recipe.heads:
         trained = states[head.name]
-        ctx.results["heads"][head.name] = {
+        out.heads[head.name] = {
             "config": dataclasses.asdict(head),
             "train": {"steps": summary["steps"], "status": trained.status, "final_loss": trained.last_loss,
                       "message": trained.message, "with_backbone": spec.tune},
             "geometry": {}}
-    ctx.run_dir.write_results(ctx.results)
-    # Identity heads trained the backbone too, but have no layers to probe or analyse.
-    return TrainedHeads({recipe.seed: {name: s for name, s in states.items() if list(s.modules().parameters())}})
+    return out
 
 
-def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> None:
-    """Per-head geometry at the end of training (`geometry.analyse.analyse_head`); heads: {name: state} with
-    `.head` and `.predictor` (the first seed's heads, or heads loaded from a checkpoint)."""
+def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> Iterator[tuple[str, dict]]:
+    """Per-head geometry at the end of training (`geometry.analyse.analyse_head`): yields (head, its geometry record)
+    as each head is done; heads: {name: state} with `.head` and `.predictor` (the first seed's heads, or heads loaded
+    from a checkpoint)."""
     from headprobe.geometry.analyse import PARTS, analyse_head, size_estimate
     from headprobe.registry import OBJECTIVES
 
-    t0 = time.perf_counter()
     objective = OBJECTIVES.get(ctx.recipe.objective.name)
     n, k, dim = features.views.features.shape
     for name, trained in heads.items():
         if isinstance(trained, PretrainedHead):
-            ctx.results["heads"][name]["geometry"] = {
-                "skipped": "a pretrained head: the loss it was trained with is not the recipe's objective"}
+            yield name, {"skipped": "a pretrained head: the loss it was trained with is not the recipe's objective"}
             continue
         if ctx.show:  # said before the work starts: its time depends on these sizes
             print(f"geometry of head {name!r}: {size_estimate(trained.head, dim, n, k, ctx.recipe.geometry.rows)}",
@@ -341,9 +335,7 @@ def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> None
                                  trained.predictor, objective, ctx.recipe.objective.options, features.train.features,
                                  features.views.features, rows=ctx.recipe.geometry.rows, seed=ctx.recipe.seed,
                                  on_part=lambda part, task=task, progress=progress: progress.advance(task))
-        ctx.results["heads"][name]["geometry"] = geometry
-        ctx.run_dir.write_results(ctx.results)
-    ctx.clock("geometry_s", t0)
+        yield name, geometry
 
 
 def grey_params(dataset, n_images: int = 64) -> dict[str, str] | None:

@@ -3,9 +3,9 @@ output.
 
 A `Tap` maps backbone features to the representation at that point (`transform`); `tap_data` applies it to every
 feature set the run extracted (`stages.FeatureSet`). For one unit (a tap, and a seed where there are several),
-`run_probes` runs the recipe's probes, `record_probe` records each with its per-image values, `save_unit` stores
-those and `record_uncertainty` puts a 95% interval on every metric. `pipeline.probing` decides which units to probe
-and where (one process, or shared out by `pipeline.probe_sharing`, which calls the same functions).
+`run_probes` runs the recipe's probes and yields their outputs, which the probe executor hands to the record
+(`RecordWriter.probe`); `tap_intervals` makes a 95% interval for every metric of a tap. `pipeline.probing` decides
+which units to probe; the probe executor (`pipeline.executors`) decides where.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
+from headprobe.record.writer import TapSummary
 from headprobe.stats.bootstrap import (
     ORBIT_IMAGES,
     TEST_IMAGES,
     TRAIN_IMAGES,
     bootstrap_resamples,
-    load_per_unit,
     n_units,
-    save_per_unit,
     tap_uncertainty,
 )
 
@@ -81,26 +80,10 @@ def tap_data(features, tap: Tap, recipe, device: torch.device | str | None = Non
                    inert_params=features.inert_params, **rot)
 
 
-def unit_key(tap: Tap, seed: int | None) -> str:
-    return tap.name if seed is None else f"{tap.name}.seed-{seed}"
-
-
-def pending_probes(ctx, tap: Tap, seed: int | None) -> list[str]:
-    """The recipe's probes not yet recorded at (tap, seed); makes its results entry and per-unit store on the way
-    (loaded from the run directory when resuming)."""
-    entry = ctx.results["taps"].setdefault(tap.name, {"head": tap.head, "depth": tap.depth, "metrics": {},
-                                                      "protocol": {}})
-    record = entry if seed is None else entry.setdefault("seeds", {}).setdefault(str(seed),
-                                                                                 {"metrics": {}, "protocol": {}})
-    key = unit_key(tap, seed)
-    store = ctx.run_dir.path / "per_unit" / f"{key}.safetensors"
-    ctx.per_unit.setdefault(key, load_per_unit(store) if ctx.resume else {})
-    return [name for name in ctx.recipe.probes if name not in record["protocol"]]
-
-
 def run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str], processes: tuple[int, int] | None = None):
     """Yield (probe name, `ProbeOutput`) for each of the probes `todo` at (tap, seed), as each finishes. With
-    processes=(rank, world), every process runs these probes together (the sharded k-NN)."""
+    `processes` (this process's rank, how many run the probe: only the shared probe executor passes it), every
+    process runs these probes together (the sharded k-NN)."""
     from headprobe.registry import PROBES
 
     # The probes run on the process's device (the GPU on a GPU node); their per-unit values come back on the CPU.
@@ -112,45 +95,14 @@ def run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str], proce
         yield name, ctx.stage(f"running probe {name!r} on {where}", PROBES.get(name), data, **options)
 
 
-def record_probe(ctx, tap: Tap, seed: int | None, name: str, out, process: int | str | None = None,
-                 write: bool = True) -> None:
-    """One probe's output into results.json, metrics.jsonl (with the process that ran it, in a run of several)
-    and the per-unit store. write=False leaves saving results.json and the per-unit store to the caller
-    (`save_unit`), which records several probes at once."""
-    entry = ctx.results["taps"][tap.name]
-    record = entry if seed is None else entry["seeds"][str(seed)]
-    key = unit_key(tap, seed)
-    record["metrics"].update(out.metrics)
-    record["protocol"][name] = out.protocol
-    per_unit = ctx.per_unit[key]
-    per_unit.update(out.per_unit)
-    extra = ({} if seed is None else {"seed": seed}) | ({} if process is None else {"process": process})
-    ctx.run_dir.log_metrics({"stage": "probe", "tap": tap.name, **extra, "probe": name, **out.metrics})
-    if write:
-        if out.per_unit:
-            save_unit(ctx, tap, seed)
-        ctx.run_dir.write_results(ctx.results)
-
-
-def save_unit(ctx, tap: Tap, seed: int | None) -> None:
-    """The per-unit values of (tap, seed) into the run's per-unit store."""
-    key = unit_key(tap, seed)
-    if ctx.per_unit[key] and ctx.run_dir.writable:
-        store = ctx.run_dir.path / "per_unit" / f"{key}.safetensors"
-        store.parent.mkdir(exist_ok=True)
-        save_per_unit(store, ctx.per_unit[key])
-
-
-def record_uncertainty(ctx, features, tap_name: str, write: bool = True) -> None:
-    """taps[tap]["uncertainty"][metric]: a 95% interval and how it was obtained (stats.bootstrap). Resamples are
-    drawn once per kind of unit and shared by every tap (`draw_resamples`).
-    write=False leaves writing results.json to the caller (`probe_heads` writes once per head, after its verdict:
-    a ~1 MB results.json rewritten per tap cost a third of the intervals' time on the quickstart)."""
-    draw_resamples(ctx, features, ctx.per_unit[tap_name])
-    tap = ctx.results["taps"][tap_name]
-    tap["uncertainty"] = tap_uncertainty(tap["metrics"], ctx.per_unit[tap_name], ctx.resamples)
-    if write:
-        ctx.run_dir.write_results(ctx.results)
+def tap_intervals(ctx, features, tap_name: str) -> TapSummary:
+    """taps[tap]["uncertainty"][metric]: a 95% interval and how it was obtained (stats.bootstrap), from the tap's
+    per-unit values in the record. Resamples are drawn once per kind of unit and shared by every tap
+    (`draw_resamples`)."""
+    per_unit = ctx.record.per_unit[tap_name]
+    draw_resamples(ctx, features, per_unit)
+    metrics = ctx.record.record["taps"][tap_name]["metrics"]
+    return TapSummary(tap_name, tap_uncertainty(metrics, per_unit, ctx.resamples))
 
 
 def draw_resamples(ctx, features, per_unit: dict) -> None:

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-__all__ = ["DEFAULT_INTERVAL_S", "LineProgress", "progress_interval", "stage_progress"]
+__all__ = ["DEFAULT_INTERVAL_S", "FollowedCount", "LineProgress", "progress_interval", "stage_progress"]
 
 DEFAULT_INTERVAL_S = 30.0
 
@@ -121,3 +122,50 @@ def stage_progress(show: bool):
         return LineProgress(sys.stderr, progress_interval())
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                     disable=not show, transient=False)
+
+
+class FollowedCount:
+    """Inside ``with``: task `task` of `progress` follows a count that other processes raise too (`read()`: the count
+    now, None where it cannot be read), checked every `poll` seconds on a background thread, so the main process of
+    a shared stage shows the whole stage's done/total while it works or waits for the others. On leaving, the task
+    is brought to the count once more (the others have added theirs by then).
+
+    >>> import io
+    >>> out, ticks = io.StringIO(), iter(range(100))
+    >>> with LineProgress(out, interval=0, clock=lambda: float(next(ticks))) as p:
+    ...     task = p.add_task("probing 2 taps", total=5)
+    ...     with FollowedCount(p, task, total=5, read=lambda: 5, poll=3600):
+    ...         pass
+    >>> print(out.getvalue(), end="")
+    [progress] probing 2 taps: 5/5 (100%), 5/s, done in 1 s
+    """
+
+    def __init__(self, progress, task: int, total: int, read: Callable[[], int | None], poll: float = 0.5) -> None:
+        self.progress, self.task, self.total, self.read, self.poll = progress, task, total, read, poll
+        self.shown = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, name="headprobe-progress", daemon=True)
+
+    def __enter__(self) -> FollowedCount:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        count = self.read()
+        if count is not None:
+            self._show(count)
+
+    def _follow(self) -> None:
+        while not self.stop.wait(self.poll):
+            count = self.read()
+            if count is None:
+                return
+            self._show(count)
+
+    def _show(self, count: int) -> None:
+        count = min(count, self.total)
+        if count > self.shown:
+            self.progress.advance(self.task, count - self.shown)
+            self.shown = count

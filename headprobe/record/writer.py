@@ -1,0 +1,313 @@
+"""The one writer of a run's record: `results.json`, `metrics.jsonl` and the per-unit stores (`per_unit/*.safetensors`).
+
+The stages of a run compute and return typed values; `pipeline.compose` hands them to a `RecordWriter`, which alone
+changes the record and writes it (`RunDir.write_results` after every finished step, so a failure keeps everything
+computed before it). The writer owns resume too: what a resumed run takes from the record it continues
+(`RecordWriter.begin`: the finished taps, the probing and training time, the earlier invocations) and the per-unit
+values of the probes it does not run again (`open_unit`).
+
+>>> writer = RecordWriter(RunDir("runs/x", writable=False), {"taps": {}, "timing": {}}, invocation=None)
+>>> writer.open_unit("backbone", None, 0, None)
+set()
+>>> writer.add_time("probe_s", 2.0); writer.add_time("probe_s", 1.0); writer.record["timing"]
+{'probe_s': 3.0}
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from headprobe.recipe import RecipeError
+from headprobe.record.directory import RunDir, metrics_from_json, new_results
+from headprobe.record.results import RunRecord
+from headprobe.stats.bootstrap import load_per_unit, save_per_unit
+
+__all__ = ["RecordWriter", "TapSummary", "unit_key"]
+
+# The stages whose time a resumed run keeps: finished probes are not redone, and training resumed from a checkpoint
+# adds its time to the recorded one. Every other stage is redone and re-timed.
+KEPT_ON_RESUME = ("probe_s", "train_s")
+
+
+def unit_key(tap: str, seed: int | None) -> str:
+    """The name of one probed unit (a tap, and a seed where there are several): its per-unit store's file name."""
+    return tap if seed is None else f"{tap}.seed-{seed}"
+
+
+@dataclass
+class TapSummary:
+    """What a tap's intervals (or its seeds' aggregate) set: the uncertainty records, and for a seed aggregate its
+    metrics, protocol and per-unit values (the seed means)."""
+
+    tap: str
+    uncertainty: dict
+    metrics: dict | None = None
+    protocol: dict | None = None
+    per_unit: dict | None = None
+
+
+def _what_it_computes(recipe: dict | None) -> dict | None:
+    """A recorded recipe without `runtime` (how the machine is used, not what is computed): a resumed run may use
+    other threads, and runs recorded before `runtime` existed resume."""
+    return {k: v for k, v in recipe.items() if k != "runtime"} if isinstance(recipe, dict) else recipe
+
+
+class RecordWriter:
+    """The record of one run (`record`, a `RunRecord`) and the only code that changes or writes it. `run_dir` is
+    read-only on every process but the main one, so the others keep the same record in memory and write nothing.
+    `per_unit`: the probes' per-image values by unit (`unit_key`), as the per-unit stores hold them."""
+
+    def __init__(self, run_dir: RunDir, record: RunRecord, invocation: dict | None, resume: bool = False,
+                 timing: dict | None = None) -> None:
+        """`invocation`: this invocation's entry in record["invocations"], None for an analysis of a recorded run;
+        `timing`: where the stages' seconds go, record["timing"] unless given (an analysis keeps its own)."""
+        self.run_dir, self.record, self.invocation, self.resume = run_dir, record, invocation, resume
+        self.timing: dict = record["timing"] if timing is None else timing
+        self.per_unit: dict[str, dict] = {}
+
+    # --- starting, resuming -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def begin(recipe: dict, path: Path, resume: bool,
+              refuse_existing: bool) -> tuple[RunRecord, dict, RunRecord | None]:
+        """(the new record, this invocation's entry in it, the earlier record when it is already complete: nothing
+        to redo). Resuming, the record takes the earlier one's taps (NaN restored), the time of the stages it does
+        not redo (`KEPT_ON_RESUME`) and its invocations; RecipeError for a resume without a run or with another
+        recipe, or (`refuse_existing`: --out given) a new run into a folder holding one."""
+        results = new_results(recipe)
+        invocation = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "resume": resume,
+                      "status": "running", "timing": {}}
+        results["invocations"] = [invocation]
+        if not resume:
+            if refuse_existing and (path / "results.json").exists():
+                raise RecipeError(f"--out {path} already holds a run; pass --resume to continue it or choose another "
+                                  "--out.")
+            return results, invocation, None
+        if not (path / "results.json").is_file():
+            raise RecipeError(f"--resume needs --out pointing at an earlier run; {path}/results.json does not exist.")
+        try:
+            previous = RunDir(path).read_results()
+        except ValueError as err:
+            raise RecipeError(f"--resume: {err}") from None
+        if _what_it_computes(previous.get("recipe")) != _what_it_computes(recipe):
+            raise RecipeError(
+                f"--resume: the recipe differs from the one recorded in {path}/results.json; "
+                "resume with the same recipe and overrides, or start a new run with another --out."
+            )
+        if previous.get("status") == "complete":
+            return results, invocation, previous
+        results["taps"] = metrics_from_json(previous.get("taps", {}))  # null (NaN in JSON) back to NaN
+        results["timing"] = {k: v for k, v in previous.get("timing", {}).items() if k in KEPT_ON_RESUME}
+        # Every invocation keeps the time of the stages it ran (a run from before `invocations` had one).
+        earlier = previous.get("invocations") or [{"started": None, "resume": False, "status": previous.get("status"),
+                                                   "timing": previous.get("timing", {})}]
+        results["invocations"] = [*earlier, invocation]
+        return results, invocation, None
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir.path
+
+    @property
+    def writable(self) -> bool:
+        return self.run_dir.writable
+
+    @property
+    def running(self) -> bool:
+        """Whether the record is of a run in progress (not a finished one being analysed, nor a stopped one)."""
+        return self.record.get("status") == "running"
+
+    def write(self) -> None:
+        """results.json (and results.csv) rewritten from the record."""
+        self.run_dir.write_results(self.record)
+
+    def log(self, entry: dict) -> None:
+        """One record appended to metrics.jsonl (and handed to the trackers)."""
+        self.run_dir.log_metrics(entry)
+
+    def environment(self, environment: dict) -> None:
+        self.record["environment"] = environment
+
+    # --- time -----------------------------------------------------------------------------------------------------
+
+    def add_time(self, key: str, seconds: float) -> None:
+        """`seconds` more of stage `key`, in the run's timing and in this invocation's own."""
+        self.timing[key] = self.timing.get(key, 0.0) + seconds
+        self._invocation_time(key, seconds)
+
+    def training_time(self, seconds: float, resumed: bool, track_s: float = 0.0) -> None:
+        """Training time (resumed from a checkpoint, the steps before it count too) and the curvature tracking's
+        share of it."""
+        timing = self.timing
+        timing["train_s"] = (timing.get("train_s", 0.0) if resumed else 0.0) + seconds
+        self._invocation_time("train_s", seconds)
+        if track_s:
+            timing["track_s"] = track_s
+            self._invocation_time("track_s", track_s)
+            self.record.setdefault("timing_ratios", {})["track_over_train"] = track_s / max(timing["train_s"], 1e-9)
+
+    def _invocation_time(self, key: str, seconds: float) -> None:
+        if self.invocation is not None:
+            own = self.invocation["timing"]
+            own[key] = own.get(key, 0.0) + seconds
+
+    # --- the stages -----------------------------------------------------------------------------------------------
+
+    def backbone(self, backbone: dict, seconds: dict[str, float]) -> None:
+        """The backbone a run loaded (written with the data, or with the failure that stops the run before)."""
+        for key, value in seconds.items():
+            self.add_time(key, value)
+        self.record["backbone"] = backbone
+
+    def data(self, data: dict) -> None:
+        """The data a run loaded."""
+        self.record["data"] = data
+        self.write()
+
+    def features(self, protocol: dict, seconds: dict[str, float], guard: Callable[[bool], None]) -> None:
+        """What extraction recorded (protocol entries: features, views, views_probed). From here on, results are
+        written only while `guard` passes (the cache files read are the bytes verified)."""
+        self.record["protocol"].update(protocol)
+        for key, value in seconds.items():
+            self.add_time(key, value)
+        self.run_dir.guard = guard
+
+    def untuned(self) -> None:
+        """Before tuning: the untuned backbone's features and views stay recorded beside the tuned ones."""
+        protocol = self.record["protocol"]
+        protocol["features_untuned"], protocol["views_untuned"] = protocol["features"], protocol.get("views")
+
+    def training(self, heads: dict, protocol: dict, seconds: float | None = None, resumed: bool = False,
+                 track_s: float = 0.0, backbone_tuned: dict | None = None) -> None:
+        """The heads trained (`heads`: {name: record}), the training protocol and (None: nothing was trained) its
+        time; `backbone_tuned`: the tuned backbone, when it was tuned with them."""
+        if seconds is not None:
+            self.training_time(seconds, resumed, track_s)
+        if backbone_tuned is not None:
+            self.record["backbone_tuned"] = backbone_tuned
+        if "train" in protocol:
+            self.record["protocol"]["train"] = protocol["train"]
+        self.record["heads"].update(heads)
+        self.record["protocol"].update({k: v for k, v in protocol.items() if k != "train"})
+        self.write()
+
+    def geometry(self, head: str, geometry: dict, write: bool = True) -> None:
+        self.record["heads"][head]["geometry"] = geometry
+        if write:
+            self.write()
+
+    def recorded_geometry(self, source: str) -> None:
+        """`headprobe geometry` of a recorded run: the checkpoint analysed and the analysis's own timing."""
+        self.record["geometry_from"], self.record["geometry_timing"] = source, self.timing
+        self.write()
+
+    # --- probes ---------------------------------------------------------------------------------------------------
+
+    def open_unit(self, tap: str, head: str | None, depth: int, seed: int | None) -> set[str]:
+        """The probes already recorded at (tap, seed); makes the unit's entry and per-unit store on the way (loaded
+        from the run directory when resuming)."""
+        entry = self.record["taps"].setdefault(tap, {"head": head, "depth": depth, "metrics": {}, "protocol": {}})
+        unit = entry if seed is None else entry.setdefault("seeds", {}).setdefault(str(seed),
+                                                                                   {"metrics": {}, "protocol": {}})
+        key = unit_key(tap, seed)
+        self.per_unit.setdefault(key, load_per_unit(self._store(key)) if self.resume else {})
+        return set(unit["protocol"])
+
+    def probe(self, tap: str, seed: int | None, name: str, out: Any, process: int | str | None = None,
+              write: bool = True) -> None:
+        """One probe's output (`ProbeOutput`) into results.json, metrics.jsonl (with the process that ran it, in a
+        run of several) and the per-unit store. write=False leaves saving results.json and the per-unit store to
+        `save_units`, which follows several probes recorded at once."""
+        entry = self.record["taps"][tap]
+        unit = entry if seed is None else entry["seeds"][str(seed)]
+        unit["metrics"].update(out.metrics)
+        unit["protocol"][name] = out.protocol
+        self.per_unit[unit_key(tap, seed)].update(out.per_unit)
+        extra = ({} if seed is None else {"seed": seed}) | ({} if process is None else {"process": process})
+        self.log({"stage": "probe", "tap": tap, **extra, "probe": name, **out.metrics})
+        if write:
+            if out.per_unit:
+                self._save_unit(unit_key(tap, seed))
+            self.write()
+
+    def save_units(self, keys: list[str]) -> None:
+        """The per-unit stores of `keys`, then results.json: after probes recorded with write=False."""
+        for key in keys:
+            self._save_unit(key)
+        if keys:
+            self.write()
+
+    def _store(self, key: str) -> Path:
+        return self.path / "per_unit" / f"{key}.safetensors"
+
+    def _save_unit(self, key: str) -> None:
+        if self.per_unit[key] and self.writable:
+            store = self._store(key)
+            store.parent.mkdir(exist_ok=True)
+            save_per_unit(store, self.per_unit[key])
+
+    def reused_tap(self, tap: str, entry: dict, source: Path) -> None:
+        """Tap `tap` taken whole from the finished run in `source` (`entry`: its record, `reused_from` set), with
+        its per-unit values (the store copied)."""
+        store = source / "per_unit" / f"{tap}.safetensors"
+        self.per_unit[tap] = load_per_unit(store)
+        if self.writable and store.is_file():
+            (self.path / "per_unit").mkdir(exist_ok=True)
+            shutil.copyfile(store, self._store(tap))
+        self.record["taps"][tap] = entry
+        self.write()
+
+    def summary(self, summary: TapSummary, write: bool = False) -> None:
+        """A tap's intervals, or its seeds' aggregate (metrics, protocol, per-unit seed means and intervals)."""
+        tap = self.record["taps"][summary.tap]
+        if summary.metrics is not None:
+            tap["metrics"] = summary.metrics
+        if summary.protocol is not None:
+            tap["protocol"] = summary.protocol
+        if summary.per_unit is not None:
+            self.per_unit[summary.tap] = summary.per_unit
+        tap["uncertainty"] = summary.uncertainty
+        if write:
+            self.write()
+
+    def verdicts(self, buffer: dict, claims: dict) -> None:
+        """Each head's buffer verdict and the paper's questions answered."""
+        self.record["buffer"].update(buffer)
+        self.record["claims"] = claims
+        self.write()
+
+    # --- the end ----------------------------------------------------------------------------------------------------
+
+    def complete(self, orbits: dict) -> None:
+        """The run is complete: probing's cost against extraction's, the orbits' coordinates, the status."""
+        timing = self.timing
+        extracted = timing.get("extract_s", 0.0) + timing.get("extract_views_s", 0.0)
+        if extracted > 0:
+            # Probes work on cached features: all of them together should cost less than extracting those.
+            self.record.setdefault("timing_ratios", {})["probe_over_extract"] = timing.get("probe_s", 0.0) / extracted
+        self.record["orbits"] = orbits
+        self.record["status"] = "complete"
+        if self.invocation is not None:
+            self.invocation["status"] = "complete"
+        self.write()
+
+    def stop(self, status: str, stage: str, message: str, main_lost: bool = False) -> bool:
+        """Why the run stopped, into results.json; False (nothing written) when the record is not of a run in
+        progress (an analysis of a recorded run leaves its status alone). `main_lost`: the main process, which
+        writes, is gone, so this one marks the results last written instead."""
+        if not self.running:
+            return False
+        self.record["status"] = status
+        self.record["error"] = {"stage": stage, "message": message}
+        if self.invocation is not None:
+            self.invocation["status"] = status
+        if main_lost:
+            self.run_dir.mark_stopped(status, self.record["error"])
+        else:
+            self.write()
+        return True

@@ -1,0 +1,87 @@
+"""The one writer of the run record (record/writer.py): what it writes where, and what a resumed run takes."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from headprobe.recipe import RecipeError
+from headprobe.record.directory import RunDir
+from headprobe.record.writer import RecordWriter, TapSummary, unit_key
+from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
+
+RECIPE = {"name": "x", "seed": 0, "runtime": {"threads": None}}
+
+
+def _writer(path, resume: bool = False, recipe: dict = RECIPE) -> RecordWriter:
+    record, invocation, finished = RecordWriter.begin(recipe, path, resume, refuse_existing=True)
+    assert finished is None
+    return RecordWriter(RunDir.create(path), record, invocation, resume=resume)
+
+
+def _output(value: float) -> SimpleNamespace:
+    return SimpleNamespace(metrics={"linear.acc": value}, protocol={"C": 1.0},
+                           per_unit={"linear.acc": PerUnit(torch.tensor([1.0, 0.0, 1.0]), TEST_IMAGES)})
+
+
+def test_a_probe_goes_to_results_json_metrics_jsonl_and_the_unit_s_store(tmp_path):
+    writer = _writer(tmp_path)
+    assert writer.open_unit("h", "h", 1, seed=2) == set()
+    writer.probe("h", 2, "linear", _output(2 / 3), process=1)
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["taps"]["h"]["seeds"]["2"] == {"metrics": {"linear.acc": 2 / 3}, "protocol": {"linear": {"C": 1.0}}}
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert {k: logged[k] for k in ("stage", "tap", "seed", "probe", "process", "linear.acc")} == {
+        "stage": "probe", "tap": "h", "seed": 2, "probe": "linear", "process": 1, "linear.acc": 2 / 3}
+    assert (tmp_path / "per_unit" / f"{unit_key('h', 2)}.safetensors").is_file()
+    assert writer.open_unit("h", "h", 1, seed=2) == {"linear"}  # recorded: not pending any more
+
+
+def test_a_resumed_run_takes_the_finished_taps_their_values_and_the_times_it_does_not_redo(tmp_path):
+    first = _writer(tmp_path)
+    first.open_unit("backbone", None, 0, None)
+    first.probe("backbone", None, "linear", _output(math.nan))
+    first.add_time("probe_s", 4.0)
+    first.add_time("extract_s", 9.0)
+    first.stop("interrupted", "running probe 'knn'", "interrupted (KeyboardInterrupt)")
+    with pytest.raises(RecipeError, match="already holds a run; pass --resume"):
+        RecordWriter.begin(RECIPE, tmp_path, resume=False, refuse_existing=True)
+    with pytest.raises(RecipeError, match="the recipe differs"):
+        RecordWriter.begin({**RECIPE, "seed": 1}, tmp_path, resume=True, refuse_existing=True)
+    resumed = _writer(tmp_path, resume=True, recipe={**RECIPE, "runtime": {"threads": 4}})  # threads may differ
+    assert math.isnan(resumed.record["taps"]["backbone"]["metrics"]["linear.acc"])  # null back to NaN
+    assert resumed.record["timing"] == {"probe_s": 4.0}  # extraction is redone and re-timed
+    assert [i["status"] for i in resumed.record["invocations"]] == ["interrupted", "running"]
+    assert resumed.open_unit("backbone", None, 0, None) == {"linear"}
+    assert torch.equal(resumed.per_unit["backbone"]["linear.acc"].values, torch.tensor([1.0, 0.0, 1.0]))
+    resumed.complete({})
+    record, _, finished = RecordWriter.begin(RECIPE, tmp_path, resume=True, refuse_existing=True)
+    assert finished["status"] == "complete" and finished["invocations"][-1]["status"] == "complete"
+    with pytest.raises(RecipeError, match="--resume needs --out pointing at an earlier run"):
+        RecordWriter.begin(RECIPE, tmp_path / "none", resume=True, refuse_existing=True)
+
+
+def test_an_analysis_of_a_finished_run_keeps_its_timing_and_status(tmp_path):
+    writer = _writer(tmp_path)
+    writer.add_time("probe_s", 4.0)
+    writer.complete({})
+    finished = json.loads((tmp_path / "results.json").read_text())
+    analysis = RecordWriter(RunDir(tmp_path), finished, invocation=None, timing={})
+    analysis.add_time("load_s", 1.5)
+    assert not analysis.stop("failed", "analysing", "boom")  # a recorded run's status stays
+    analysis.recorded_geometry("checkpoints/step-4.pt")
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert again["timing"] == {"probe_s": 4.0} and again["geometry_timing"] == {"load_s": 1.5}
+    assert again["status"] == "complete" and "error" not in again
+
+
+def test_only_the_main_process_writes_though_every_process_keeps_the_record(tmp_path):
+    record, invocation, _ = RecordWriter.begin(RECIPE, tmp_path, False, refuse_existing=True)
+    other = RecordWriter(RunDir(tmp_path, writable=False), record, invocation)
+    other.open_unit("backbone", None, 0, None)
+    other.probe("backbone", None, "linear", _output(0.5))
+    other.summary(TapSummary("backbone", {"linear.acc": {"ci95": [0.1, 0.9]}}), write=True)
+    assert other.record["taps"]["backbone"]["uncertainty"]["linear.acc"]["ci95"] == [0.1, 0.9]
+    assert list(tmp_path.iterdir()) == []
