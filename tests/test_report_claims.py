@@ -37,8 +37,9 @@ def test_the_answers_open_the_report_with_one_line_per_question_and_head():
     # the summary is the first section: the answer lines, then the primary measures with their intervals
     summary = text[text.index("<section id='summary'>"):text.index("<section id='answers'>")]
     assert text.index("<section") == text.index("<section id='summary'>")
-    assert lines[0] in summary and "badge buffer" not in summary  # no buffer verdict badges up there
-    assert "<td>mlp</td><td>rotation.acc</td><td class='num'>80.0 / 70.0 (−10.0 [−15.0, −5.0], 3 seeds)</td>" in summary
+    assert lines[0] in summary and "'>buffer</span>" not in summary  # no buffer verdict badges up there
+    assert ("<td>mlp</td><td>rotation.acc</td><td class='num'>80.0 / 70.0 (−10.0 [−15.0, −5.0], 3 seeds)</td>"
+            "<td><span class='badge buffer'>yes</span></td>") in summary
     assert text.index("<section id='summary'>") < text.index("<h2>Answers to the paper&#39;s questions") < text.index(
         "<h2>Metrics at every tap") < text.index("<h2>Buffer verdicts")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from markupsafe import Markup
 
-from .claims import answer_lines, answers_section
+from .claims import BADGE, answer_lines, answers_section
 from .claims_table import claims_rows, paper_cell
 from .collapse import collapse_rows, summarise_collapse
 from .glossary import describe_metric
@@ -78,7 +78,7 @@ def _summary(report: Report) -> Markup:
     results = report.results
     rows = claims_rows({"run": results}) if results.get("claims") else []
     claims = [{"question": r["question"], "head": r["head"], "measure": r["measure"], "cell": paper_cell(r),
-               "answer": r.get("answer") or "—"} for r in rows]
+               "answer": r.get("answer") or "—", "badge": BADGE.get(r.get("answer"), "")} for r in rows]
     verdicts = [f"{head} → {v.get('verdict')} ({v.get('support', 0)} for, {v.get('against', 0)} against, "
                 f"{v.get('unresolved', 0)} unresolved)" for head, v in (results.get("buffer") or {}).items()]
     return render("sections/summary.html.j2", lines=answer_lines(results), claims=claims, verdicts=verdicts)
