@@ -1,6 +1,7 @@
-"""The report's opening section: the answer to each question of the paper per head (results.json["claims"],
-`headprobe.stats.claims`), each with its change, 95% interval and size, the secondary measures folded under it, and
-whether the head trained ("trained: loss fell from X to Y", or why that cannot be told).
+"""The report's answers section, after the summary that opens the page: the answer to each question of the paper
+per head (results.json["claims"], `headprobe.stats.claims`), each with its change, 95% interval and size, the
+secondary measures folded under it, and whether the head trained ("trained: loss fell from X to Y", or why that
+cannot be told).
 """
 
 from __future__ import annotations
