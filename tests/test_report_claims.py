@@ -34,10 +34,14 @@ def test_the_answers_open_the_report_with_one_line_per_question_and_head():
     assert lines[0].startswith("Q-aug: mlp head discards augmentation information (rotation.acc): −10.0 points [")
     assert lines[0].endswith("3 seeds — yes")  # t over seeds: no per-image values in this record
     text = render_report(results, [])
-    header = text[:text.index("<nav>")]
-    assert lines[0] in header and "badge buffer" not in header  # the buffer verdict badges left the header
-    assert text.index("Answers to the paper&#x27;s questions") < text.index("Metrics at every tap") < text.index(
-        "Buffer verdicts")
+    # the summary is the first section: the answer lines, then the primary measures with their intervals
+    summary = text[text.index("<section id='summary'>"):text.index("<section id='answers'>")]
+    assert text.index("<section") == text.index("<section id='summary'>")
+    assert lines[0] in summary and "'>buffer</span>" not in summary  # no buffer verdict badges up there
+    assert ("<td>mlp</td><td>rotation.acc</td><td class='num'>80.0 / 70.0 (−10.0 [−15.0, −5.0], 3 seeds)</td>"
+            "<td><span class='badge buffer'>yes</span></td>") in summary
+    assert text.index("<section id='summary'>") < text.index("<h2>Answers to the paper&#39;s questions") < text.index(
+        "<h2>Metrics at every tap") < text.index("<h2>Buffer verdicts")
 
 
 def test_the_per_parameter_aug_r2_rows_fold_under_their_mean():

@@ -1,6 +1,6 @@
 """The report's collapse table (claim 4): counts over collapsed points per head, split by the largest share."""
 
-from headprobe.report.collapse import collapse_section, summarise_collapse
+from headprobe.report.collapse import collapse_rows, summarise_collapse
 from headprobe.report.html import render_report
 from headprobe.report.plots import Plot
 
@@ -55,10 +55,23 @@ def test_a_head_without_any_collapsed_point_says_so():
 
 
 def test_the_table_sits_in_the_geometry_section_and_is_absent_without_split_records():
-    html = collapse_section(RESULTS, RECORDS)
-    assert "largest share: head" in html and "2/4" in html and "72/100" in html
-    assert collapse_section(RESULTS, [r for r in RECORDS if "curvature_source" not in r]) == ""
+    header, rows = collapse_rows(summarise_collapse(RESULTS, RECORDS))
+    relu = next(row for row in rows if row[0] == "relu")
+    assert header[3] == "largest share: head" and relu[1] == "2/4" and relu[-1].startswith("1/100")
+    assert collapse_rows(summarise_collapse(RESULTS, [r for r in RECORDS if "curvature_source" not in r])) == (
+        header, [])
     curves = Plot("lambda_over_training", "λ_min and λ_max over training", "geometry", error="not drawn here")
-    page = render_report({**RESULTS, "collapse_table": html}, [curves])
+    page = render_report(RESULTS, [curves], RECORDS)
     geometry = page.split("<section id='geometry'>")[1].split("</section>")[0]
     assert "Collapse: where negative curvature comes from" in geometry
+    assert "<td>relu</td><td>2/4</td>" in geometry and "72/100 epochs (Swish, collapsed)" in geometry
+
+
+def test_a_results_json_carrying_the_old_html_collapse_table_renders_the_table_from_the_records():
+    """Before 0.1.0's templates the table travelled as HTML under results["collapse_table"]; the page ignores that
+    string (it is never placed as markup, nor shown as text) and builds the table from metrics.jsonl."""
+    old = {**RESULTS, "collapse_table": "<h3>Collapse</h3><script>alert(1)</script><table><tr><td>stale</td></tr>"}
+    page = render_report(old, [], RECORDS)
+    geometry = page.split("<section id='geometry'>")[1].split("</section>")[0]
+    assert "<script>" not in page and "stale" not in page and "&lt;script&gt;" not in page
+    assert "<td>relu</td><td>2/4</td>" in geometry

@@ -3,7 +3,8 @@ metric a probe writes has an entry."""
 
 import pytest
 
-from headprobe.report.glossary import describe_metric, glossary_table, is_protocol_value, metric_unit, tooltip
+from headprobe.report.glossary import describe_metric, is_protocol_value, metric_unit, tooltip
+from headprobe.report.html import render_report
 
 
 @pytest.mark.parametrize("metric, n_classes, chance", [
@@ -46,6 +47,8 @@ def test_tooltip_and_table_say_meaning_unit_direction_and_chance():
     assert "critic uninformative" in tooltip("mi.infonce")
     assert tooltip("x.y") == "x.y: not in the glossary (see the probe's docstring)"
     assert metric_unit("rankme") == "effective rank (dims)" and metric_unit("x.y") == "value"
-    html = glossary_table(["linear.acc", "x.y", "a<b"], 10)
+    taps = {"backbone": {"head": None, "metrics": {"linear.acc": 0.9, "x.y": 1.0, "a<b": 2.0}}}
+    page = render_report({"data": {"n_classes": 10}, "taps": taps}, [])
+    html = page.split("<table class='glossary'>")[1].split("</table>")[0]  # the glossary as the report renders it
     assert "<th>linear.acc</th>" in html and "<td class='num'>0.1</td>" in html
     assert html.count("not in the glossary") == 2 and "a&lt;b" in html

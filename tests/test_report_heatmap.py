@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from headprobe.report.heatmap import claim_change, plot_tap_heatmap
+from headprobe.report.heatmap import claim_change, plot_tap_heatmap, tap_heatmap
 
 
 def _tap(head, metrics, intervals=None):
@@ -81,3 +81,30 @@ def test_heatmap_is_drawn(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no metrics"):
         plot_tap_heatmap({"taps": {"backbone": _tap(None, {"linear.C": 1.0})}}, tmp_path / "e.png")
+
+
+@pytest.mark.parametrize("n_metrics", [1, 40])
+def test_the_title_and_colour_bar_label_lie_inside_the_saved_figure(n_metrics, tmp_path):
+    """One metric at two taps is the smallest heat-map (its long label ran past top and bottom, the title past both
+    sides); forty metrics the tallest."""
+    from PIL import Image
+
+    from headprobe.report.canvas import DPI, save
+
+    metrics = {f"aug_r2.p{i}": 0.5 + i / 100 for i in range(n_metrics)}
+    results = {"taps": {"backbone": _tap(None, metrics), "h": _tap("h", {m: v - 0.1 for m, v in metrics.items()})}}
+    fig = tap_heatmap(results)
+    path = save(fig, tmp_path / "h.png")
+    fig.set_dpi(DPI)  # lay out and measure at the resolution of the file
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    colour_bar = next(ax for ax in fig.axes if ax.get_label() == "<colorbar>")
+    texts = {"title": fig.get_suptitle().replace("\n", " "), "label": colour_bar.get_ylabel().replace("\n", " ")}
+    assert texts["title"].startswith("Every metric at every tap") and texts["label"].startswith("change vs backbone")
+    boxes = {"title": fig._suptitle.get_window_extent(renderer),
+             "label": colour_bar.yaxis.label.get_window_extent(renderer)}
+    with Image.open(path) as image:
+        width, height = image.size
+    assert (width, height) == (round(fig.get_figwidth() * DPI), round(fig.get_figheight() * DPI))
+    for name, box in boxes.items():
+        assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height, (name, box)

@@ -3,7 +3,7 @@ import json
 from html.parser import HTMLParser
 
 import pytest
-from report_run import results_dict, write_run
+from report_run import results_dict, train_records, write_run
 
 from headprobe.cli import main
 from headprobe.report.html import fmt, render_report, write_report
@@ -87,8 +87,27 @@ def test_text_is_escaped():
     results["buffer"]["<b>head</b>"] = results["buffer"].pop("mlp")
     text = render_report(results, [Plot("x", "a <figure> & more", "metrics", error="bad <img src=x>")])
     assert "<script>" not in text and "<b>head</b>" not in text and "<img src=x>" not in text
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in text and "&lt;b&gt;head&lt;/b&gt;" in text
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in text and "&lt;b&gt;head&lt;/b&gt;" in text
     assert "a &lt;figure&gt; &amp; more" in text
+
+
+def test_a_metric_or_head_named_like_markup_is_text_everywhere_it_is_shown():
+    """Names come from recipes and plug-ins: a head or metric called `<script>...` is shown as text in the summary,
+    the metric table and its tooltips, training, the buffer cards and the glossary, never run as markup."""
+    bad = "<script>alert('x')</script>"
+    results = json.loads(json.dumps(results_dict()).replace('"mlp', '"' + bad + 'mlp'))
+    for tap in results["taps"].values():
+        tap["metrics"][bad] = 1.0
+    records = json.loads(json.dumps(train_records()).replace('"mlp', '"' + bad + 'mlp'))
+    text = render_report(results, [], records)
+    assert "<script" not in text.lower()
+    escaped = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"
+    page = Page(text)
+    assert page.row(escaped.replace("&lt;", "<").replace("&gt;", ">").replace("&#39;", "'") + "mlp")  # training
+    for section in ("metrics", "training", "buffer", "glossary"):
+        body = text.split(f"<section id='{section}'>")[1].split("</section>")[0]
+        assert escaped in body, section
+    assert f"title='{escaped}: not in the glossary" in text  # the tooltip attribute is escaped too
 
 
 def test_a_broken_section_or_figure_is_noted_and_the_page_still_written():
@@ -116,7 +135,7 @@ def test_a_failed_run_shows_its_error():
     results = results_dict() | {"status": "failed",
                                 "error": {"stage": "running probe 'knn' on tap 'mlp'", "message": "OOM"}}
     text = render_report(results, [])
-    assert "failed while running probe &#x27;knn&#x27; on tap &#x27;mlp&#x27;: OOM" in text
+    assert "failed while running probe &#39;knn&#39; on tap &#39;mlp&#39;: OOM" in text
     assert "<span class='badge failed'>failed</span>" in text
 
 

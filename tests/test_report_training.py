@@ -48,7 +48,7 @@ def test_render_report_with_records_puts_a_trained_line_next_to_each_verdict():
     page = render_report(results_dict(), [], train_records())
     assert page.count("trained? ") == 2  # one per buffer card
     assert "trained? converged" in page or "trained? still falling" in page or "trained? barely trained" in page
-    assert "Trained? Read from each head&#x27;s logged loss" in page  # the rule, stated in the report
+    assert "Trained? Read from each head&#39;s logged loss" in page  # the rule, stated in the report
 
 
 def test_deltas_are_coloured_by_the_claims_direction_and_a_negative_infonce_is_flagged():

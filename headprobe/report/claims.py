@@ -1,6 +1,7 @@
-"""The report's opening section: the answer to each question of the paper per head (results.json["claims"],
-`headprobe.stats.claims`), each with its change, 95% interval and size, the secondary measures folded under it, and
-whether the head trained ("trained: loss fell from X to Y", or why that cannot be told).
+"""The report's answers section, after the summary that opens the page: the answer to each question of the paper
+per head (results.json["claims"], `headprobe.stats.claims`), each with its change, 95% interval and size, the
+secondary measures folded under it, and whether the head trained ("trained: loss fell from X to Y", or why that
+cannot be told).
 """
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from markupsafe import Markup
+
 from .convergence import MIN_POINTS, training_convergence
-from .markup import esc, fmt
+from .markup import fmt, render
 
 __all__ = ["answer_lines", "answers_section", "trained_line"]
 
-# Answer → badge colour class (markup.CSS): the claim holds, goes the other way, or is open.
+# Answer → badge colour class (templates/report.css): the claim holds, goes the other way, or is open.
 BADGE = {"yes": "buffer", "equivalent": "buffer", "no": "no-buffer", "lost": "no-buffer", "gained": "mixed"}
 
 
@@ -72,53 +75,28 @@ def _interval(metric: str, record: Mapping) -> str:
     return f"[{in_units(metric, ci[0])}, {in_units(metric, ci[1])}]" if ci else "no interval"
 
 
-def _secondary(secondary: Mapping) -> str:
-    """The secondary measures' changes; the per-parameter aug_r2.* rows folded under aug_r2.mean."""
+def _secondary(secondary: Mapping) -> tuple[list[dict], list[dict]]:
+    """(rows, folded): the secondary measures' changes, the per-parameter aug_r2.* rows folded under aug_r2.mean."""
     rows, folded = [], []
     for metric, record in secondary.items():
-        row = (f"<tr><th>{esc(metric)}</th><td class='num'>{esc(fmt(record.get('backbone')))}</td>"
-               f"<td class='num'>{esc(fmt(record.get('head')))}</td>"
-               f"<td class='num'>{esc(fmt(record.get('change')))}</td>"
-               f"<td class='num'>{esc(_interval(metric, record))}</td><td>{esc(record.get('interval', ''))}</td></tr>")
+        row = {"metric": metric, "backbone": record.get("backbone"), "head": record.get("head"),
+               "change": record.get("change"), "ci": _interval(metric, record), "interval": record.get("interval", "")}
         (folded if metric.startswith("aug_r2.") and metric != "aug_r2.mean" else rows).append(row)
-    head = ("<tr><th>measure</th><th>backbone</th><th>head</th><th>change</th><th>95% interval</th>"
-            "<th>interval</th></tr>")
-    out = f"<table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>" if rows else ""
-    if folded:
-        out += (f"<details><summary>aug_r2 per augmentation parameter ({len(folded)})</summary><table><thead>{head}"
-                f"</thead><tbody>{''.join(folded)}</tbody></table></details>")
-    return out
+    return rows, folded
 
 
-def answers_section(results: Mapping, history: Mapping[str, Sequence[dict]]) -> str:
-    claims = results.get("claims") or {}
-    if not claims:
-        return ("<p class='note'>No question was answered in this run (it trained no head, stopped before probing "
-                "them, or was written by a headprobe before the questions); see the buffer verdicts below.</p>")
+def answers_section(results: Mapping, history: Mapping[str, Sequence[dict]]) -> Markup:
+    claims = {k: c for k, c in (results.get("claims") or {}).items() if isinstance(c, dict)}
     heads = results.get("heads") or {}
-    out = ["<p class='legend'>Each question of the paper answered per head from one pre-declared primary measure: "
-           "the change head − backbone, its 95% interval (with several seeds over retraining and test images "
-           "together), and the answer after Holm's correction across the heads of that question. Secondary "
-           "measures describe; they do not vote.</p>"]
-    trained = {h: trained_line(history.get(h, []), (heads.get(h) or {}).get("train")) for h in heads}
-    if trained:
-        out.append("<div class='card'><h3>Did each head train?</h3>" + "".join(
-            f"<p class='legend'><b>{esc(h)}</b>: {esc(line)}</p>" for h, line in trained.items()) + "</div>")
+    trained = {h: trained_line(history.get(h, []), (heads.get(h) or {}).get("train")) for h in heads} if claims else {}
+    questions = []
     for key, claim in claims.items():
-        if not isinstance(claim, dict):
-            continue
-        body = [f"<h3>{esc(key)}: {esc(claim.get('asks', ''))}</h3>",
-                f"<p class='legend'>primary {esc(claim.get('primary'))}, predicted {esc(claim.get('predicted'))}, "
-                f"margin {esc(fmt(claim.get('margin')))}"
-                + (f" (recipe override: {esc(claim['override'])})" if claim.get("override") else "")
-                + f". {esc(claim.get('answer_rule', ''))}.</p>"]
-        if claim.get("not_measured"):
-            body.append(f"<p class='note'>{esc(claim['not_measured'])}.</p>")
+        answered = []
         for head, record in (claim.get("heads") or {}).items():
+            rows, folded = _secondary(record.get("secondary") or {})
             answer = record.get("answer", "?")
-            body.append(f"<p><span class='badge {esc(BADGE.get(answer, ''))}'>{esc(answer)}</span> "
-                        f"{esc(record.get('line', head))}</p><p class='legend'>{esc(record.get('how', ''))}; "
-                        f"p {esc(fmt(record.get('p')))}, Holm {esc(fmt(record.get('p_holm')))}</p>"
-                        + _secondary(record.get("secondary") or {}))
-        out.append(f"<div class='card'>{''.join(body)}</div>")
-    return "".join(out)
+            answered.append({"answer": answer, "badge": BADGE.get(answer, ""), "line": record.get("line", head),
+                             "how": record.get("how", ""), "p": record.get("p"), "p_holm": record.get("p_holm"),
+                             "secondary": rows, "folded": folded})
+        questions.append({"key": key, "claim": claim, "heads": answered})
+    return render("sections/answers.html.j2", questions=questions, trained=trained)

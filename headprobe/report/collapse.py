@@ -19,8 +19,6 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from .markup import esc, table
-
 PAPER = {"swish": "72/100 epochs (Swish, collapsed)", "silu": "72/100 epochs (Swish, collapsed)",
          "relu": "1/100 epochs (ReLU, collapsed)"}
 
@@ -90,33 +88,16 @@ def summarise_collapse(results: dict, records: Sequence[dict]) -> dict:
     return out
 
 
-def collapse_table(summary: dict) -> str:
-    """The HTML table of `summarise_collapse`'s output; '' when the run tracked no split curvature."""
-    if not summary:
-        return ""
-    rows = []
-    for name, s in summary.items():
-        rows.append([name, f"{s['negative']}/{s['n_collapsed']}", s["negative_frac"], s["from_head"],
-                     s["from_objective"], s["from_predictor_bn"], s["negative_after_escape"],
-                     f"{s['n_collapsed']}/{s['n_points']}", s["m_norm_ratio_median"], s["loss_h_indefinite_frac"],
-                     s["collapsed_start"], s["out_std_start"], s["threshold"], s["out_std_end"], s["escaped"],
-                     s["paper"]])
-    header = ["head", "λ_min < −bound (collapsed points)", "fraction", "largest share: head", "objective",
-              "predictor BN", "negative after escape", "collapsed / tracked", "median ‖M‖/‖H‖",
-              "∇²_h L indefinite", "collapsed at step 0", "out_std step 0", "threshold", "out_std end", "escaped",
-              "paper (λ_min < 0)"]
-    legend = ("<p class='legend'>Counted over the tracked points whose state is collapsed (out_std ≤ threshold, "
-              "recorded per point); negative: λ_min of the loss Hessian w.r.t. the representation batch below "
-              "−max(Lanczos error bound, round-off). Each negative point goes to the part of H with the most "
-              "negative Rayleigh quotient at λ_min's eigenvector v: the head (vᵀMv, M = Σ_i[∇_hL]_i∇²_z h_i), the "
-              "objective ((Jv)ᵀ∇²_hL(Jv) with the predictor's BatchNorm on running statistics) or the predictor's "
-              "BatchNorm on batch statistics (the rest of the G-term). Claim 4 is about the head column. Negative "
-              "after escape: points past the threshold, not evidence about collapse.</p>")
-    return f"<h3>{esc('Collapse: where negative curvature comes from (claim 4)')}</h3>" + table(
-        header, rows, numeric_from=1) + legend
+COLUMNS = ("head", "λ_min < −bound (collapsed points)", "fraction", "largest share: head", "objective",
+           "predictor BN", "negative after escape", "collapsed / tracked", "median ‖M‖/‖H‖", "∇²_h L indefinite",
+           "collapsed at step 0", "out_std step 0", "threshold", "out_std end", "escaped", "paper (λ_min < 0)")
 
 
-def collapse_section(results: dict, records: Sequence[dict]) -> str:
-    """`collapse_table` of `summarise_collapse`: the hook `report.html` calls from its Geometry section."""
-    return collapse_table(summarise_collapse(results, records))
-
+def collapse_rows(summary: dict) -> tuple[list[str], list[list]]:
+    """(header, rows): the table of `summarise_collapse`'s output that the Geometry section of report.html shows,
+    one row of values per head; no rows when the run tracked no split curvature."""
+    rows = [[name, f"{s['negative']}/{s['n_collapsed']}", s["negative_frac"], s["from_head"], s["from_objective"],
+             s["from_predictor_bn"], s["negative_after_escape"], f"{s['n_collapsed']}/{s['n_points']}",
+             s["m_norm_ratio_median"], s["loss_h_indefinite_frac"], s["collapsed_start"], s["out_std_start"],
+             s["threshold"], s["out_std_end"], s["escaped"], s["paper"]] for name, s in summary.items()]
+    return list(COLUMNS), rows

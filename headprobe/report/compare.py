@@ -18,7 +18,7 @@ from pathlib import Path
 
 from headprobe.record.tidy import compare_long_csv
 
-from .markup import esc, fmt, page, table
+from .markup import fmt, render
 
 
 def run_labels(run_dirs: Sequence[str | Path]) -> dict[str, Path]:
@@ -64,10 +64,8 @@ def _run_summary(label: str, path: Path, results: dict) -> list:
             heads, (recipe.get("objective") or {}).get("name") or "—", verdicts, results.get("status", "?")]
 
 
-def paired_section(paired: Mapping | None) -> str:
-    """compare.html's section for `cross_run.compare_sweep`'s output; '' without one."""
-    if not paired:
-        return ""
+def paired_rows(paired: Mapping) -> tuple[list[str], list[list]]:
+    """(header, rows) of `cross_run.compare_sweep`'s output: one row per arm and evidence metric."""
     rows = []
     for label, arm in paired["arms"].items():
         for metric, r in arm["metrics"].items():
@@ -77,34 +75,21 @@ def paired_section(paired: Mapping | None) -> str:
                          r.get("resolved", "—"), f"{r['n_seeds']} × {r['n_units']}"])
     header = ["arm", "tap · metric", "claim", paired["reference"], "arm", "difference", "95% (seeds × images)",
               "95% t over seeds", "resolved", "seeds × units"]
-    legend = ("<p class='legend'>Each arm's run against the reference arm's run of the same seed, paired on the same "
-              "test images (views: the same held-out views); 95%: two-level bootstrap (seeds with replacement, then "
-              "images); resolved: Holm over the evidence metrics of an arm. The claim: a backbone trained with a "
-              "head keeps more information and is less invariant than one trained without.</p>")
-    return f"<h2>Across runs: {esc(paired['reference'])} vs each arm</h2>{legend}" + table(header, rows, numeric_from=3)
+    return header, rows
 
 
 def compare_html(runs: Mapping[str, dict], paths: Mapping[str, Path], paired: Mapping | None = None) -> str:
     header, rows = compare_rows(runs)
-    info = [_run_summary(label, paths[label], results) for label, results in runs.items()]
-    info_html = ("<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in (
-        "run", "directory", "backbone", "data", "heads", "objective", "buffer verdicts", "status")) + "</tr></thead>"
-        "<tbody>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in info)
-        + "</tbody></table>")
-    body_rows = []
+    metrics = []
     for tap, metric, *values in rows:
         numbers = [v for v in values if isinstance(v, (int, float))]
         best = max(numbers) if metric.endswith(".acc") and len(numbers) > 1 else None
-        cells = "".join(f"<td class='num'>{'<b>' if v == best and v is not None else ''}{esc(fmt(v))}"
-                        f"{'</b>' if v == best and v is not None else ''}</td>" for v in values)
-        cls = " class='bb'" if tap == "backbone" else ""
-        body_rows.append(f"<tr{cls}><th>{esc(tap)}</th><td>{esc(metric)}</td>{cells}</tr>")
-    table_html = ("<table class='metrics'><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header)
-                  + f"</tr></thead><tbody>{''.join(body_rows)}</tbody></table>")
-    legend = "<p class='legend'>Bold: the best accuracy in a row. —: the run did not measure it.</p>"
-    head = (f"<h1>headprobe compare</h1><p class='sub'>{len(runs)} runs · {len(rows)} (tap, metric) rows</p>")
-    return page("headprobe compare", head,
-                f"<h2>Runs</h2>{info_html}{paired_section(paired)}<h2>Metrics</h2>{legend}{table_html}")
+        metrics.append({"tap": tap, "metric": metric,
+                        "cells": [(fmt(v), v is not None and v == best) for v in values]})
+    paired_header, paired_table = paired_rows(paired) if paired else ([], [])
+    return render("compare.html.j2", title="headprobe compare", header=header, metrics=metrics,
+                  runs=[_run_summary(label, paths[label], results) for label, results in runs.items()],
+                  paired=paired, paired_header=paired_header, paired_rows=paired_table)
 
 
 def write_compare(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from headprobe.probes.declaration import PROTOCOL, metric_declaration
 
-__all__ = ["MetricInfo", "describe_metric", "glossary_table", "is_protocol_value", "metric_unit", "tooltip"]
+__all__ = ["MetricInfo", "describe_metric", "is_protocol_value", "metric_unit", "tooltip"]
 
 # Metric-name endings that are protocol values (a chosen hyper-parameter, a validation score, a ceiling), for
 # metrics no registered probe declares (a plug-in registered without a declaration).
@@ -74,21 +74,3 @@ def tooltip(metric: str, n_classes: int | None = None) -> str:
     note = f"; {info.note}" if info.note else ""
     return f"{metric}: {info.meaning}; unit: {info.unit}; {info.direction}{chance}{note}"
 
-
-def glossary_table(metrics, n_classes: int | None = None) -> str:
-    """The report's glossary: one row per metric of the run (meaning, unit, direction, chance level)."""
-    from .markup import esc
-
-    rows = []
-    for metric in metrics:
-        info = describe_metric(metric, n_classes)
-        if info is None:
-            rows.append(f"<tr><th>{esc(metric)}</th><td colspan='4'>not in the glossary (see the probe's "
-                        "docstring)</td></tr>")
-            continue
-        chance = f"{info.chance:.4g}" if info.chance is not None else "—"
-        note = f" {info.note}" if info.note else ""
-        rows.append(f"<tr><th>{esc(metric)}</th><td>{esc(info.meaning + '.' + note)}</td><td>{esc(info.unit)}</td>"
-                    f"<td>{esc(info.direction)}</td><td class='num'>{esc(chance)}</td></tr>")
-    head = "".join(f"<th>{h}</th>" for h in ("metric", "meaning", "unit", "direction", "chance"))
-    return f"<table class='glossary'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"

@@ -14,6 +14,7 @@ as raw `align`, protocol values) are grey: their numbers are shown, their change
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -92,20 +93,33 @@ def claim_change(results: dict) -> tuple[list[str], list[str], np.ndarray, np.nd
     return metrics, names, values, change, scaled
 
 
+def wrap_to(text: str, inches: float, points: float) -> str:
+    """`text` broken into lines about `inches` long at a font of `points` (a character is about 0.6 em wide), so a
+    title or colour-bar label stays inside a small figure instead of running past its edge."""
+    return "\n".join(textwrap.wrap(text, max(12, int(inches * 72 / (0.6 * points)))))
+
+
 def _short(value: float) -> str:
     return f"{value:.3g}" if abs(value) >= 1000 or (value != 0 and abs(value) < 0.01) else f"{value:.3f}"
 
 
 def plot_tap_heatmap(results: dict, path: Path) -> Path:
+    """`tap_heatmap` saved to `path`."""
+    return save(tap_heatmap(results), path)
+
+
+def tap_heatmap(results: dict):
     """Metric × tap: the number is the measured value, the colour `claim_change` (green: the way the buffer claim
-    predicts, red: against it, grey: no prediction); rows coloured in the metric's units are marked "(Δ units)"."""
+    predicts, red: against it, grey: no prediction); rows coloured in the metric's units are marked "(Δ units)".
+    The title and the colour bar's label are wrapped to the figure's size (constrained layout keeps them inside)."""
     from matplotlib import colormaps
 
     metrics, names, values, change, scaled = claim_change(results)
     if not metrics:
         raise ValueError("no metrics to plot")
     cmap = colormaps["RdYlGn"].with_extremes(bad="#e6e6e6")
-    fig = new_figure(max(5.0, 1.1 * len(names) + 3.0), max(2.5, 0.42 * len(metrics) + 1.8))
+    width, height = max(5.0, 1.1 * len(names) + 3.0), max(3.2, 0.42 * len(metrics) + 1.8)
+    fig = new_figure(width, height)
     ax = fig.add_subplot()
     image = ax.imshow(np.ma.masked_invalid(np.clip(change, -SATURATION, SATURATION)), cmap=cmap,
                       vmin=-SATURATION, vmax=SATURATION, aspect="auto")
@@ -121,8 +135,8 @@ def plot_tap_heatmap(results: dict, path: Path) -> Path:
                 strong = math.isfinite(change[i, j]) and abs(change[i, j]) > 0.7 * SATURATION
                 ax.text(j, i, _short(values[i, j]), ha="center", va="center", fontsize=8,
                         color="white" if strong else "black")
-    fig.colorbar(image, ax=ax, shrink=0.9,
-                 label=f"change vs backbone ÷ its 95% half-interval, + = as the claim predicts (±{SATURATION:g} "
-                       "saturates)")
-    ax.set_title("Every metric at every tap (numbers: measured value; grey: no prediction)")
-    return save(fig, path)
+    label = (f"change vs backbone ÷ its 95% half-interval, + = as the claim predicts (±{SATURATION:g} "
+             "saturates)")
+    fig.colorbar(image, ax=ax, shrink=0.9, label=wrap_to(label, height - 1.0, 10))
+    fig.suptitle(wrap_to("Every metric at every tap (numbers: measured value; grey: no prediction)", 0.9 * width, 12))
+    return fig

@@ -1,60 +1,21 @@
-"""The HTML building blocks every page of headprobe uses (report.html, compare.html): the stylesheet, escaping,
-number formatting, tables, embedded figures and the page shell."""
+"""What every page of headprobe (report.html, compare.html) is rendered with: the Jinja2 templates in
+``headprobe/report/templates/`` with autoescaping on, so a metric, head or recipe name is text and never markup,
+and the formatting of values those templates share (`fmt`, `flatten`).
+
+>>> environment().from_string("<td>{{ name }}</td>").render(name="<script>")
+'<td>&lt;script&gt;</td>'
+"""
 
 from __future__ import annotations
 
 import base64
-import html
-from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .plots import Plot
+import jinja2
+from markupsafe import Markup
 
-__all__ = ["CSS", "esc", "figure", "flatten", "fmt", "kv_table", "page", "table"]
-
-CSS = """
-:root { --ink:#1d2330; --muted:#5f6b7a; --line:#d9dee5; --soft:#f4f6f9; --bb:#eef0f3; --out:#e7f0fb;
-        --good:#1f7a3f; --bad:#b42318; --warn:#a15c00; }
-* { box-sizing: border-box; }
-body { margin:0; font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;
-       color:var(--ink); background:#fff; }
-main { max-width:1180px; margin:0 auto; padding:24px 28px 64px; }
-header { border-bottom:2px solid var(--ink); padding-bottom:12px; margin-bottom:8px; }
-h1 { font-size:26px; margin:0 0 4px; } h2 { font-size:20px; margin:36px 0 10px; padding-bottom:4px;
-     border-bottom:1px solid var(--line); } h3 { font-size:16px; margin:20px 0 8px; }
-.sub { color:var(--muted); margin:0; } nav { margin:10px 0 0; font-size:14px; }
-nav a { color:var(--ink); margin-right:14px; text-decoration:none; border-bottom:1px dotted var(--muted); }
-table { border-collapse:collapse; margin:6px 0 14px; font-size:13.5px; }
-th, td { border:1px solid var(--line); padding:4px 9px; text-align:left; vertical-align:top; }
-th { background:var(--soft); font-weight:600; }
-td.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
-.metrics td.bb, .metrics th.bb { background:var(--bb); }
-.metrics td.out, .metrics th.out { background:var(--out); font-weight:600; }
-.metrics tr.bb td, .metrics tr.bb th { background:var(--bb); }
-.delta { display:block; font-size:11.5px; font-weight:400; }
-.up { color:var(--good); } .down { color:var(--bad); }
-.kv th { width:16em; font-weight:500; } .kv td { word-break:break-word; }
-.grid { display:grid; grid-template-columns:repeat(auto-fit,minmax(340px,1fr)); gap:0 28px; }
-pre { background:var(--soft); border:1px solid var(--line); padding:10px 12px; overflow:auto; max-height:26em;
-      font-size:12.5px; line-height:1.4; }
-figure { margin:14px 0 22px; } figure img { max-width:100%; height:auto; border:1px solid var(--line); }
-figcaption { color:var(--muted); font-size:13px; margin-top:4px; }
-.missing, .note { background:#fff8e6; border:1px solid #f0d9a8; padding:8px 12px; color:var(--warn); }
-.error { background:#fdecea; border:1px solid #f5c2bd; padding:8px 12px; color:var(--bad); }
-.badge { display:inline-block; padding:1px 9px; border-radius:10px; font-size:13px; font-weight:600;
-         color:#fff; background:var(--muted); }
-.badge.buffer, .badge.complete { background:var(--good); } .badge.mixed, .badge.running { background:var(--warn); }
-.badge.no-buffer, .badge.failed { background:var(--bad); }
-.card { border:1px solid var(--line); border-radius:6px; padding:4px 16px 8px; margin:12px 0; }
-.bar { display:inline-block; height:9px; background:#8aa4c8; vertical-align:middle; margin-right:6px; }
-.legend { color:var(--muted); font-size:13px; }
-"""
-
-
-def esc(value) -> str:
-    return html.escape(str(value), quote=True)
+__all__ = ["data_uri", "environment", "flatten", "fmt", "render"]
 
 
 def fmt(value, plain: bool = False) -> str:
@@ -92,31 +53,27 @@ def flatten(data: dict, prefix: str = "") -> dict:
     return flat
 
 
-def kv_table(data: dict, caption: str | None = None) -> str:
-    rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(fmt(v, plain=True))}</td></tr>" for k, v in flatten(data).items())
-    head = f"<h3>{esc(caption)}</h3>" if caption else ""
-    return f"{head}<table class='kv'>{rows}</table>" if rows else f"{head}<p class='legend'>nothing recorded</p>"
+def data_uri(path: str | Path) -> str:
+    """A PNG file as a ``data:`` URI, so the page carries its figures and links nothing outside."""
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence], numeric_from: int = 1, cls: str = "") -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td class='num'>{esc(fmt(c))}</td>" if i >= numeric_from and isinstance(c, (int, float))
-                         else f"<td>{esc(fmt(c))}</td>" for i, c in enumerate(row)) + "</tr>"
-        for row in rows)
-    return f"<table class='{esc(cls)}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def figure(plot: Plot) -> str:
-    if plot.path is None or plot.error:
-        return f"<figure class='missing'>Figure “{esc(plot.title)}” could not be drawn: {esc(plot.error)}</figure>"
-    data = base64.b64encode(Path(plot.path).read_bytes()).decode("ascii")
-    return (f"<figure><img src='data:image/png;base64,{data}' alt='{esc(plot.title)}'>"
-            f"<figcaption>{esc(plot.title)} (plots/{esc(Path(plot.path).name)})</figcaption></figure>")
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    """The templates shipped as package data; undefined names are errors, not blanks."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("headprobe.report", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters |= {"fmt": fmt, "plain": lambda value: fmt(value, plain=True), "flatten": flatten,
+                    "data_uri": data_uri, "basename": lambda path: Path(path).name}
+    env.tests["number"] = _is_number
+    return env
 
 
-def page(title: str, header: str, body: str) -> str:
-    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>{esc(title)}</title><style>{CSS}</style></head>"
-            f"<body><main><header>{header}</header>{body}</main></body></html>\n")
+def render(template: str, **context) -> Markup:
+    """`template` (a path under templates/) rendered with `context`; the result is safe to place in another page."""
+    return Markup(environment().get_template(template).render(**context))
+

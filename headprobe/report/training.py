@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from markupsafe import Markup
+
 from .convergence import RULE, training_convergence
-from .markup import esc, figure, fmt, kv_table
+from .markup import fmt, render
 
 __all__ = ["CONVERGENCE_LEGEND", "head_fields", "last_step", "stopped_note", "training_section"]
 
@@ -68,30 +70,20 @@ def _convergence_text(verdict: dict) -> str:
             f"± {fmt(verdict['tail_drop_se'])})")
 
 
-def training_section(results: dict, plots: Sequence, history: Mapping[str, Sequence[dict]]) -> str:
+def training_section(results: dict, plots: Sequence, history: Mapping[str, Sequence[dict]]) -> Markup:
     heads = results.get("heads", {})
     note = stopped_note(results, history)
-    if not heads and not history:
-        text = note or "This run trained no head."
-        return f"<p class='note'>{esc(text)}</p>"
     rows = []
-    names = list(heads) + [h for h in history if h not in heads]
-    for name in names:
+    for name in list(heads) + [h for h in history if h not in heads]:
         head = heads.get(name, {})
         config, train = head.get("config", {}), head.get("train", {})
         recs = history.get(name, [])
-        steps = train.get("steps") if head else (recs[-1]["step"] if recs else None)
-        status = train.get("status") or ("stopped while running" if note else "—")
         fields = ", ".join(f"{k}: {fmt(v, plain=True)}" for k, v in head_fields(config, head.get("checkpoint")).items())
-        final = train.get("final_loss", recs[-1].get("loss") if recs else None)
-        trained = _convergence_text(training_convergence(recs)) if recs else "—"
-        rows.append(f"<tr><th>{esc(name)}</th><td>{esc(fields or '—')}</td><td>{esc(status)}</td>"
-                    f"<td class='num'>{esc(fmt(steps))}</td><td class='num'>{esc(fmt(final))}</td>"
-                    f"<td>{esc(trained)}</td><td>{esc(train.get('message') or '')}</td></tr>")
-    header = "".join(f"<th>{h}</th>" for h in ("head", "configuration", "status", "steps", "final loss",
-                                                "trained?", "message"))
-    table = f"<table><thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    return ((f"<p class='note'>{esc(note)}</p>" if note else "") + table
-            + f"<p class='legend'>{esc(CONVERGENCE_LEGEND)}</p>"
-            + kv_table(results.get("protocol", {}).get("train", {}), "Training protocol")
-            + "".join(figure(p) for p in plots if p.section == "training"))
+        rows.append({"name": name, "fields": fields or "—",
+                     "status": train.get("status") or ("stopped while running" if note else "—"),
+                     "steps": train.get("steps") if head else (recs[-1]["step"] if recs else None),
+                     "final": train.get("final_loss", recs[-1].get("loss") if recs else None),
+                     "trained": _convergence_text(training_convergence(recs)) if recs else "—",
+                     "message": train.get("message") or ""})
+    return render("sections/training.html.j2", note=note, rows=rows, legend=CONVERGENCE_LEGEND,
+                  protocol=results.get("protocol", {}).get("train", {}), plots=plots)
