@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from timeouts import HANG_TIMEOUT_S
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +34,12 @@ RECIPE = {
 }
 
 
-def _kill_when(recipe: dict, out: Path, ready, env: dict, timeout: float = 240.0, sig=signal.SIGKILL) -> int:
+def _kill_when(recipe: dict, out: Path, ready, env: dict, sig=signal.SIGKILL) -> int:
     """Start the run in a subprocess and send it `sig` as soon as `ready(out)` holds: SIGKILL (no clean-up can run)
     or SIGINT (Ctrl-C). Returns the process's exit code."""
     job = subprocess.Popen([sys.executable, "-c", SCRIPT, json.dumps(recipe), str(out)], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + HANG_TIMEOUT_S
     try:
         while not ready(out):
             if job.poll() is not None:
@@ -48,7 +49,7 @@ def _kill_when(recipe: dict, out: Path, ready, env: dict, timeout: float = 240.0
             time.sleep(0.05)
         os.kill(job.pid, sig)
     finally:
-        code = job.wait(timeout=60)
+        code = job.wait(timeout=HANG_TIMEOUT_S)
     return code
 
 
@@ -64,7 +65,7 @@ def _probing_heads(out: Path) -> bool:
 def _run(recipe: dict, out: Path, env: dict, resume: bool = False) -> dict:
     """One run in its own process (every run of a comparison alike: the same threads, the same floating point)."""
     args = [sys.executable, "-c", SCRIPT, json.dumps(recipe), str(out)] + (["--resume"] if resume else [])
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "results.json").read_text())
 
@@ -166,7 +167,7 @@ def test_two_runs_sharing_one_cold_cache_at_once_agree_and_leave_no_partial_file
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for name in ("first", "second")}
     for name, job in jobs.items():
-        _, err = job.communicate(timeout=300)
+        _, err = job.communicate(timeout=HANG_TIMEOUT_S)
         assert job.returncode == 0, (name, err[-3000:])
     first, second = (json.loads((tmp_path / name / "results.json").read_text()) for name in jobs)
     assert first["status"] == second["status"] == "complete"
