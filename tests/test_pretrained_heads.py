@@ -98,8 +98,8 @@ def test_resnet_formats_own_head_is_probed_end_to_end(fmt, tmp_path):
     if fmt == "lightly":
         assert results["heads"]["own"]["checkpoint"]["head_rebuilt"]["from"] == "the act given (recipe heads[i].act)"
     assert results["backbone"]["checkpoint"]["sha256"] == results["heads"]["own"]["checkpoint"]["sha256"]
-    # The checkpoints are freshly initialised: the projector's random layers lose 35–50 points of class accuracy, as
-    # does the fresh head after one epoch (Q-class lost, linear.acc resolved for at both).
+    # The checkpoints are freshly initialised: the projector's random layers lose 35–50 points of class accuracy and
+    # the fresh head, after one epoch, 30–52 (Q-class lost, linear.acc resolved for at both).
     assert {h: r["answer"] for h, r in results["claims"]["Q-class"]["heads"].items()} == {"own": "lost", "mlp": "lost"}
     assert all(v["evidence"]["linear.acc"]["resolved"] == "for" for v in results["buffer"].values())
     # solo-learn's projector spreads the views more than the backbone (view_spread_rel resolved against): mixed.
