@@ -40,14 +40,20 @@ def tiny_dinov2(tmp_path_factory) -> str:
     return str(path)
 
 
-@pytest.fixture
-def tiny_recipe(tiny_dinov2) -> dict:
-    """A recipe that runs in a few seconds: tiny DINOv2 on 200/80 digits."""
+def tiny_recipe_of(checkpoint: str) -> dict:
+    """A recipe that runs in a few seconds: the tiny DINOv2 saved at `checkpoint` on 200/80 digits (for module- or
+    session-scoped fixtures, which cannot take the function-scoped `tiny_recipe`)."""
     return {
         "name": "tiny",
-        "backbone": {"id": f"hf:{tiny_dinov2}", "pooling": "cls"},
+        "backbone": {"id": f"hf:{checkpoint}", "pooling": "cls"},
         "data": {"source": "sklearn-digits", "limit": {"train": 200, "test": 80}},
         "features": {"batch_size": 50},
         "probes": {"linear": {"C_grid": [0.01, 0.1, 1.0]}, "knn": {"ks": [5, 20]}},
         "report": False,  # report.html is tested on its own (tests/test_report_*.py) and in test_cli
     }
+
+
+@pytest.fixture
+def tiny_recipe(tiny_dinov2) -> dict:
+    """A recipe that runs in a few seconds: tiny DINOv2 on 200/80 digits."""
+    return tiny_recipe_of(tiny_dinov2)

@@ -33,7 +33,7 @@ def bench_gpu(monkeypatch):
 @pytest.mark.slow
 def test_bench_gpu_runs_on_the_cpu_and_records_every_field(tmp_path):
     subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--repeats", "1", "--threads", "1",
-                    "--out", str(tmp_path)], check=True, capture_output=True, text=True, timeout=600)
+                    "--out", str(tmp_path)], check=True, capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     result = json.loads((tmp_path / "gpu_script_cpu.quick.json").read_text())
     assert not (tmp_path / "gpu.json").exists()  # that name is kept for numbers measured on a GPU
     assert result["benchmark"] == "gpu_script_cpu" and result["ran_on_gpu"] is False

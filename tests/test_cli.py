@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from timeouts import HANG_TIMEOUT_S
 
 from headprobe.cli import main
 
@@ -233,7 +234,8 @@ def test_a_bad_recipe_under_torchrun_is_printed_once(tmp_path):
     path = _write(tmp_path, _tiny())
     done = subprocess.run([torchrun, "--nproc_per_node", "2", "-m", "headprobe", "run", str(path), "--out",
                            str(tmp_path / "never"), "--set", "backbone.pooling=maen"],
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=HANG_TIMEOUT_S)
     assert done.returncode != 0
     assert done.stderr.count("error: backbone.pooling") == 1, done.stderr[-3000:]
     assert not (tmp_path / "never").exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from timeouts import HANG_TIMEOUT_S
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
         env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / f"cache-{name}"), "OMP_NUM_THREADS": "1",
                "LAG_OF_RANK_1": str(LAG) if name == "dealt" else "0"}
         done = subprocess.run([*launcher, str(script), json.dumps(recipe), str(tmp_path / name)], env=env,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
         assert done.returncode == 0, done.stderr[-3000:]
         runs[name] = json.loads((tmp_path / name / "results.json").read_text())
     assert runs["two"]["environment"]["num_processes"] == 2
@@ -121,7 +122,7 @@ def test_two_processes_equal_one(tiny_recipe, tmp_path):
     env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / "cache-two"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([torchrun, "--nproc_per_node", "2", str(script), json.dumps(spec), str(tmp_path / "two"),
                            "--resume"], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = json.loads((tmp_path / "two" / "results.json").read_text())
     assert train_records("two") == train_records("one")  # no step was trained (and logged) again

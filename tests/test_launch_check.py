@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from timeouts import HANG_TIMEOUT_S
 
 from headprobe.parallel.launch_check import launch_warning, requested_processes, warn_if_fewer_processes
 
@@ -77,7 +78,7 @@ def _launch(args: list[str], tiny_recipe: dict, tmp_path: Path) -> tuple[subproc
         env.pop(name, None)
     done = subprocess.run([_accelerate(), "launch", *args, "--main_process_port", "29517", "-m", "headprobe", "run",
                            str(recipe), "--out", str(tmp_path / "run")],
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     return done, json.loads((tmp_path / "run" / "results.json").read_text())
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from timeouts import HANG_TIMEOUT_S
 
 from headprobe.parallel.peers import Peer, lost_peers, lost_sentence, process_runs
 
@@ -21,7 +22,7 @@ def test_a_dead_process_and_an_unreaped_zombie_no_longer_run():
     try:
         assert process_runs(job.pid)
         os.kill(job.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_TIMEOUT_S
         while process_runs(job.pid):  # a zombie until waited for: already gone
             assert time.monotonic() < deadline
             time.sleep(0.05)
@@ -101,7 +102,7 @@ def test_a_killed_process_is_recorded_by_the_survivor_and_resume_finishes(tiny_r
     job = subprocess.Popen([*torchrun, str(script), json.dumps(recipe), str(out), str(signals)], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + HANG_TIMEOUT_S
         while not all((signals / f"pid-{rank}").exists() for rank in (0, 1)):
             assert job.poll() is None, job.stderr.read()[-3000:]
             assert time.monotonic() < deadline, "the run never reached the probe stage"
@@ -109,7 +110,7 @@ def test_a_killed_process_is_recorded_by_the_survivor_and_resume_finishes(tiny_r
         time.sleep(0.5)  # both pid files are whole
         victim = int((signals / f"pid-{killed}").read_text())
         os.kill(victim, signal.SIGKILL)
-        _, err = job.communicate(timeout=600)
+        _, err = job.communicate(timeout=HANG_TIMEOUT_S)
     finally:
         if job.poll() is None:
             job.kill()
@@ -122,7 +123,7 @@ def test_a_killed_process_is_recorded_by_the_survivor_and_resume_finishes(tiny_r
     assert "relu" not in failed["taps"]  # killed before the head taps were probed
     (signals / "go").touch()
     done = subprocess.run([*torchrun, str(script), json.dumps(recipe), str(out), str(signals), "--resume"], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = json.loads((out / "results.json").read_text())
     assert resumed["status"] == "complete" and set(resumed["taps"]) == {"backbone", "relu@1", "relu"}
@@ -148,7 +149,7 @@ def test_a_stopped_process_fails_the_run_after_the_collective_timeout(tiny_recip
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     stopped = None
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + HANG_TIMEOUT_S
         while not all((signals / f"pid-{rank}").exists() for rank in (0, 1)):
             assert job.poll() is None, job.stderr.read()[-3000:]
             assert time.monotonic() < deadline, "the run never reached the probe stage"
@@ -157,14 +158,14 @@ def test_a_stopped_process_fails_the_run_after_the_collective_timeout(tiny_recip
         stopped = int((signals / "pid-1").read_text())
         os.kill(stopped, signal.SIGSTOP)
         (signals / "go").touch()  # process 0 goes on to the probes' first exchange and waits there
-        deadline = time.monotonic() + 900
+        deadline = time.monotonic() + HANG_TIMEOUT_S
         while json.loads((out / "results.json").read_text())["status"] == "running":
             assert time.monotonic() < deadline, "the stopped process was waited for forever"
             time.sleep(0.5)
     finally:
         if stopped is not None:
             os.kill(stopped, signal.SIGKILL)
-        job.communicate(timeout=600)
+        job.communicate(timeout=HANG_TIMEOUT_S)
     failed = json.loads((out / "results.json").read_text())
     assert failed["status"] == "failed"
     assert failed["error"]["message"].startswith(

@@ -41,7 +41,13 @@ def test_the_checkpoints_own_head_is_probed_next_to_a_retrained_one(dino_checkpo
     assert head["checkpoint"]["part"] == "teacher" and len(head["checkpoint"]["sha256"]) == 64
     assert results["heads"]["mlp"]["train"]["steps"] > 0  # the fresh head trained as usual
     assert results["backbone"]["checkpoint"]["sha256"] == head["checkpoint"]["sha256"]
-    assert results["buffer"]["dino"]["verdict"] in ("buffer", "no-buffer", "mixed", "inconclusive")
+    # The checkpoint is freshly initialised, never trained: its head (and the fresh head, after one epoch) loses
+    # class information the backbone has (linear.acc −23 / −17 points, resolved), and nothing is resolved against.
+    answers = {h: r["answer"] for h, r in results["claims"]["Q-class"]["heads"].items()}
+    assert answers == {"dino": "lost", "mlp": "lost"}
+    assert {h: (v["verdict"], v["against"]) for h, v in results["buffer"].items()} == {"dino": ("buffer", 0),
+                                                                                       "mlp": ("buffer", 0)}
+    assert all(v["evidence"]["linear.acc"]["resolved"] == "for" for v in results["buffer"].values())
 
 
 def test_a_pretrained_head_needs_an_ssl_backbone(dino_checkpoint):
@@ -92,4 +98,10 @@ def test_resnet_formats_own_head_is_probed_end_to_end(fmt, tmp_path):
     if fmt == "lightly":
         assert results["heads"]["own"]["checkpoint"]["head_rebuilt"]["from"] == "the act given (recipe heads[i].act)"
     assert results["backbone"]["checkpoint"]["sha256"] == results["heads"]["own"]["checkpoint"]["sha256"]
-    assert results["buffer"]["own"]["verdict"] in ("buffer", "no-buffer", "mixed", "inconclusive")
+    # The checkpoints are freshly initialised: the projector's random layers lose 35–50 points of class accuracy and
+    # the fresh head, after one epoch, 30–52 (Q-class lost, linear.acc resolved for at both).
+    assert {h: r["answer"] for h, r in results["claims"]["Q-class"]["heads"].items()} == {"own": "lost", "mlp": "lost"}
+    assert all(v["evidence"]["linear.acc"]["resolved"] == "for" for v in results["buffer"].values())
+    # solo-learn's projector spreads the views more than the backbone (view_spread_rel resolved against): mixed.
+    expected = {"solo-learn": "mixed", "lightly": "buffer", "vicreg": "buffer"}[fmt]
+    assert (results["buffer"]["own"]["verdict"], results["buffer"]["mlp"]["verdict"]) == (expected, "buffer")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from timeouts import HANG_TIMEOUT_S
 
 from headprobe.recipe import RecipeError
 from headprobe.record.lock import LOCK_NAME, RunFolderLocked, RunLock, folder_lock
@@ -83,7 +84,7 @@ def test_the_heartbeat_keeps_a_held_lock_fresh(tmp_path, monkeypatch):
     with RunLock(run, "run"):
         old = time.time() - 1000
         os.utime(run / LOCK_NAME, (old, old))
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_TIMEOUT_S
         while (run / LOCK_NAME).stat().st_mtime < old + 500:
             assert time.monotonic() < deadline, "the heartbeat never touched the lock"
             time.sleep(0.05)
@@ -122,7 +123,7 @@ sys.exit(main(["run", sys.argv[1], "--out", sys.argv[2]]))
 
 def _headprobe(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "headprobe", *args], env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=HANG_TIMEOUT_S)
 
 
 @pytest.mark.slow
@@ -137,7 +138,7 @@ def test_commands_meeting_a_running_run_exit_2_naming_it_and_its_results_stay_wh
                               str(tmp_path / "gate")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + HANG_TIMEOUT_S
         while not (tmp_path / "held").exists():
             assert first.poll() is None, first.stderr.read()[-3000:]
             assert time.monotonic() < deadline, "the first run never reached training"
@@ -155,7 +156,7 @@ def test_commands_meeting_a_running_run_exit_2_naming_it_and_its_results_stay_wh
         assert not (out / "report.html").exists()
     finally:
         (tmp_path / "gate").touch()
-        _, err = first.communicate(timeout=600)
+        _, err = first.communicate(timeout=HANG_TIMEOUT_S)
     assert first.returncode == 0, err[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "complete" and set(results["taps"]) == {"backbone", "relu@1", "relu"}

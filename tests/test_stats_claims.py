@@ -161,7 +161,13 @@ def test_a_tiny_run_answers_each_question_for_each_head(tiny_recipe, tmp_path):
     assert set(narrow["Q-aug"]["secondary"]) == {"rotation.mlp.acc"}
     assert {"knn.k5.acc", "align", "uniform"} <= set(narrow["Q-class"]["secondary"])
     assert narrow["Q-class"]["line"].startswith("Q-class: narrow head keeps the class information")
-    assert results["buffer"]["narrow"]["verdict"]  # kept alongside, demoted in the report
+    # The older verdicts, kept alongside (demoted in the report): the 2-d head loses every kind of information the
+    # probes read (class, label MI, rotation), nothing against; the identity head has every margin 0.
+    narrow_verdict, ident_verdict = results["buffer"]["narrow"], results["buffer"]["ident"]
+    assert (narrow_verdict["verdict"], narrow_verdict["against"]) == ("buffer", 0)
+    assert {m for m, e in narrow_verdict["evidence"].items() if e["resolved"] == "for"} == {
+        "linear.acc", "knn.k5.acc", "mi.label", "rotation.acc", "rotation.mlp.acc"}
+    assert ident_verdict["verdict"] == "inconclusive" and ident_verdict["support"] == ident_verdict["against"] == 0
 
 
 def test_a_question_without_its_primary_keeps_its_secondary_measures_and_gives_no_answer():

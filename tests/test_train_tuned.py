@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from timeouts import HANG_TIMEOUT_S
 
 import headprobe.train.tuned as tuned_module
 from headprobe import run
@@ -211,7 +212,7 @@ def test_two_processes_train_like_one(tiny_recipe, tmp_path):
     script.write_text(TWO_PROCESSES)
     env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / "cache-two"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script), json.dumps(recipe),
-                           str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300)
+                           str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((tmp_path / "two" / "results.json").read_text())
     assert two["environment"]["num_processes"] == 2 and two["protocol"]["train"]["batch_per_process"] == 10

@@ -14,7 +14,8 @@ What each receives:
 
 TensorBoard writes into ``RUN/tensorboard/``; W&B's project is the recipe's name and its run the run folder's name
 (``WANDB_MODE=offline`` keeps it on disk under ``RUN/wandb/``); MLflow's experiment is the recipe's name, stored
-where ``MLFLOW_TRACKING_URI`` says. The packages are optional: a recipe naming one that is not installed is refused
+where ``MLFLOW_TRACKING_URI`` says, with the interval ends as ``<metric>.low`` / ``.high`` and the texts as run tags
+(`mlflow_values`). The packages are optional: a recipe naming one that is not installed is refused
 before anything runs (`recipe.trackers.missing_packages`).
 """
 
@@ -94,6 +95,20 @@ def curve_values(record: Mapping[str, Any]) -> tuple[dict[str, float], int] | No
     return values, int(record["step"])
 
 
+def mlflow_values(values: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, tags) for MLflow: its metrics take numbers only, so the texts (verdicts, answers) go as run tags; an
+    interval's ends are ``<metric>.low`` / ``.high``, since MLflow's file store keeps each metric in a file of that
+    name and ``<metric>/low`` would need the file to be a folder too."""
+    numbers, texts = {}, {}
+    for key, value in values.items():
+        if isinstance(value, str):
+            texts[key] = value
+        else:
+            stem, sep, end = key.rpartition("/")
+            numbers[f"{stem}.{end}" if sep and end in ("low", "high") and stem in values else key] = value
+    return numbers, texts
+
+
 class Trackers:
     """Accelerate trackers of one run; `log_record` takes metrics.jsonl records, `log_results` the final record."""
 
@@ -112,8 +127,12 @@ class Trackers:
         """The final values at the last training step: W&B drops anything logged at a step before its last one."""
         values = final_values(results)
         for tracker in self.trackers:
-            if tracker.name == "mlflow":  # MLflow takes numbers only; its texts would be refused one by one
-                tracker.log({k: v for k, v in values.items() if not isinstance(v, str)}, step=self.last_step)
+            if tracker.name == "mlflow":
+                numbers, texts = mlflow_values(values)
+                tracker.log(numbers, step=self.last_step)
+                import mlflow
+
+                mlflow.set_tags(texts)
             else:
                 tracker.log(values, step=self.last_step)
 

@@ -14,6 +14,7 @@ partly restored state.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -114,8 +115,13 @@ def save_checkpoint(path: Path, step: int, groups, backbone=None) -> None:
                                      "scaler": g.scaler.state_dict()} for g in groups}}
     if backbone is not None:
         saved |= {"tuning": dict(backbone.tuning), "backbone": trainable_state(backbone)}
-    torch.save(saved, tmp)
-    tmp.replace(path)
+    try:
+        torch.save(saved, tmp)
+        tmp.replace(path)
+    except BaseException:  # a Ctrl-C, SIGTERM or full disk mid-write leaves no half-written temporary behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def _same_names(path: Path, what: str, saved: set[str], ours: set[str]) -> None:

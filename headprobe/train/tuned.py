@@ -124,10 +124,15 @@ def save_tuned_backbone(backbone, folder: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "backbone.safetensors"
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file(trainable_state(backbone), str(tmp), metadata={
-        "id": backbone.id, "base_fingerprint": str(backbone.tuning.get("base_fingerprint")),
-        "tuning": json.dumps(backbone.tuning, default=str)})
-    tmp.replace(path)
+    try:
+        save_file(trainable_state(backbone), str(tmp), metadata={
+            "id": backbone.id, "base_fingerprint": str(backbone.tuning.get("base_fingerprint")),
+            "tuning": json.dumps(backbone.tuning, default=str)})
+        tmp.replace(path)
+    except BaseException:  # a Ctrl-C, SIGTERM or full disk mid-write leaves no half-written temporary behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
