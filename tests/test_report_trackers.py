@@ -48,6 +48,24 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_runs(monkeyp
         load_recipe({"report_to": ["tensorbord"]})
 
 
+def test_mlflow_without_a_store_it_can_open_is_refused_before_anything_runs(monkeypatch):
+    """mlflow-skinny without MLFLOW_TRACKING_URI: MLflow 3's default sqlite store needs SQLAlchemy, missing here."""
+    monkeypatch.setitem(recipe_trackers.TRACKER_MODULES, "mlflow", "json")  # "installed"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    real = recipe_trackers.importlib.util.find_spec
+    monkeypatch.setattr(recipe_trackers.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sqlalchemy" else real(name, *a))
+    with pytest.raises(RecipeError, match=r"MLFLOW_TRACKING_URI is not set .* set MLFLOW_TRACKING_URI to your "
+                                          r"tracking server \(http://...\) or to a local folder"):
+        load_recipe({"report_to": ["mlflow"]})
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:./mlruns")
+    assert load_recipe({"report_to": ["mlflow"]}).report_to == ["mlflow"]
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.setattr(recipe_trackers.importlib.util, "find_spec",  # the full mlflow: SQLAlchemy is there
+                        lambda name, *a: ModuleSpec(name, None) if name == "sqlalchemy" else real(name, *a))
+    assert recipe_trackers.mlflow_store_problem({}) is None
+
+
 class _Run:
     def __init__(self, calls):
         self.calls = calls

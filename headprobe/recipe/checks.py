@@ -62,7 +62,7 @@ def _check_trackers(recipe: Recipe) -> None:
     """Every tracker of report_to is installed (they are optional packages); said before anything runs."""
     if not recipe.report_to:
         return
-    from .trackers import missing_packages
+    from .trackers import missing_packages, mlflow_store_problem
 
     if len(set(recipe.report_to)) != len(recipe.report_to):
         raise RecipeError(f"report_to = {recipe.report_to} names a tracker twice; list each once.")
@@ -70,6 +70,8 @@ def _check_trackers(recipe: Recipe) -> None:
     if missing:
         raise RecipeError(f"report_to = {recipe.report_to} needs {', '.join(missing)}, which is not installed; "
                           f"`pip install {' '.join(missing)}`, or remove it from report_to.")
+    if "mlflow" in recipe.report_to and (problem := mlflow_store_problem()) is not None:
+        raise RecipeError(problem)
 
 
 def _check_hub_options(data: DataSpec, prefix: str) -> None:

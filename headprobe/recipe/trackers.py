@@ -4,6 +4,8 @@ recipe checks (a missing package is refused before anything runs) and by `report
 from __future__ import annotations
 
 import importlib.util
+import os
+from collections.abc import Mapping
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -21,3 +23,23 @@ def missing_packages(names: list[str]) -> list[str]:
         if not found:
             missing.append(TRACKER_INSTALL[name])
     return missing
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # a module in sys.modules without a spec
+        return True
+
+
+def mlflow_store_problem(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why MLflow could not open its store, said before the run starts, or None. Without ``MLFLOW_TRACKING_URI``
+    MLflow 3 stores runs in ``sqlite:///mlflow.db``, which needs SQLAlchemy: `mlflow-skinny` alone then fails only
+    when the run ends, with a database error that does not name the fix."""
+    environ = os.environ if environ is None else environ
+    if environ.get("MLFLOW_TRACKING_URI", "").strip() or _importable("sqlalchemy"):
+        return None
+    return ("report_to names mlflow, but MLFLOW_TRACKING_URI is not set and MLflow 3's default store "
+            "(sqlite:///mlflow.db) needs SQLAlchemy, which is not installed (mlflow-skinny leaves it out): set "
+            "MLFLOW_TRACKING_URI to your tracking server (http://...) or to a local folder (file:./mlruns, with "
+            "MLFLOW_ALLOW_FILE_STORE=true), or `pip install mlflow`.")
