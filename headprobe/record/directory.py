@@ -16,21 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from headprobe import __version__
+from headprobe.parallel.atomic import replace_atomically
 from headprobe.record import results as record
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to a temporary file next to `path`, then rename it over `path`; a failed write (disk full)
     removes the temporary and leaves `path` as it was."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+    replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def _jsonable(obj: Any) -> Any:

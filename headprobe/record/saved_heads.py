@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from headprobe.parallel.atomic import replace_atomically
 from headprobe.train.checkpoint import latest_checkpoint, load_checkpoint, load_module
 
 EXPORT_NAME = "heads.safetensors"
@@ -161,8 +162,5 @@ def export_heads(run_dir: str | Path, path: str | Path | None = None) -> Path:
                for seed, heads in _from_checkpoints(run_dir, record).items()
                for name, state in heads.items() for key, tensor in state.items()}
     target = Path(path) if path is not None else run_dir / EXPORT_NAME
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    save_file(tensors, str(tmp), metadata={"headprobe": json.dumps(record)})
-    tmp.replace(target)
+    replace_atomically(target, lambda tmp: save_file(tensors, str(tmp), metadata={"headprobe": json.dumps(record)}))
     return target

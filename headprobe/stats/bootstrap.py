@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from headprobe.parallel.atomic import replace_atomically
 from headprobe.stats.recomputed import Recomputed
 
 # Enough resamples that the smallest attainable two-sided p-value, 2 / (B + 1) ≈ 0.001, survives a Holm
@@ -280,7 +281,6 @@ def n_units(statistic) -> int:
 def save_per_unit(path, per_unit: dict[str, PerUnit]) -> None:
     """Write per-unit values as safetensors (tensors and a str→str header only: nothing to unpickle), atomically,
     so a resumed run keeps the intervals of the taps it finished."""
-    import os
 
     from safetensors.torch import save_file
 
@@ -302,9 +302,7 @@ def save_per_unit(path, per_unit: dict[str, PerUnit]) -> None:
     # One copy each: statistics share tensors in memory (an orbit's per-image spread and its ratio), which
     # safetensors refuses to write.
     tensors = {k: v.detach().double().cpu().clone().contiguous() for k, v in tensors.items()}
-    tmp = f"{path}.tmp"
-    save_file(tensors, tmp, metadata=units)
-    os.replace(tmp, path)
+    replace_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=units))
 
 
 def load_per_unit(path) -> dict[str, PerUnit]:

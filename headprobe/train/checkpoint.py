@@ -14,11 +14,12 @@ partly restored state.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from headprobe.parallel.atomic import replace_atomically
 
 
 class CheckpointError(RuntimeError):
@@ -106,7 +107,6 @@ def load_module(module: nn.Module | None, state: dict | None, what: str, origin:
 def save_checkpoint(path: Path, step: int, groups, backbone=None) -> None:
     """Write the heads and optimisers of `groups` (`engine.Optimisation`s) and a tuned `backbone`'s weights."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     heads = {s.name: {"head": s.head.state_dict(), "predictor": s.predictor.state_dict() if s.predictor else None,
                       "status": s.status, "message": s.message, "last_loss": s.last_loss}
              for group in groups for s in group.heads}
@@ -115,13 +115,7 @@ def save_checkpoint(path: Path, step: int, groups, backbone=None) -> None:
                                      "scaler": g.scaler.state_dict()} for g in groups}}
     if backbone is not None:
         saved |= {"tuning": dict(backbone.tuning), "backbone": trainable_state(backbone)}
-    try:
-        torch.save(saved, tmp)
-        tmp.replace(path)
-    except BaseException:  # a Ctrl-C, SIGTERM or full disk mid-write leaves no half-written temporary behind
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+    replace_atomically(path, lambda tmp: torch.save(saved, tmp))
 
 
 def _same_names(path: Path, what: str, saved: set[str], ours: set[str]) -> None:

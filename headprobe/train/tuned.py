@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from headprobe.geometry.pullback import BATCHNORMS
+from headprobe.parallel.atomic import replace_atomically
 from headprobe.parallel.collectives import all_rows
 from headprobe.train.checkpoint import trainable_state
 from headprobe.train.engine import (
@@ -123,16 +124,9 @@ def save_tuned_backbone(backbone, folder: str | Path) -> Path:
         return save_adapter(backbone, folder / "lora")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "backbone.safetensors"
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        save_file(trainable_state(backbone), str(tmp), metadata={
-            "id": backbone.id, "base_fingerprint": str(backbone.tuning.get("base_fingerprint")),
-            "tuning": json.dumps(backbone.tuning, default=str)})
-        tmp.replace(path)
-    except BaseException:  # a Ctrl-C, SIGTERM or full disk mid-write leaves no half-written temporary behind
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+    metadata = {"id": backbone.id, "base_fingerprint": str(backbone.tuning.get("base_fingerprint")),
+                "tuning": json.dumps(backbone.tuning, default=str)}
+    replace_atomically(path, lambda tmp: save_file(trainable_state(backbone), str(tmp), metadata=metadata))
     return path
 
 

@@ -1,0 +1,36 @@
+"""Files replaced whole or not at all: written to a temporary next to the target, then renamed over it.
+
+A reader in another process (a peer on a shared file system, a resumed run, `headprobe report`) sees the old file or
+the new one, never half of one; a write cut short by Ctrl-C, SIGTERM or a full disk removes its temporary and leaves
+the target as it was.
+
+>>> import tempfile, pathlib
+>>> target = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
+>>> replace_atomically(target, lambda tmp: tmp.write_text("new"))
+>>> target.read_text(), sorted(p.name for p in target.parent.iterdir())
+('new', ['a.txt'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["replace_atomically"]
+
+
+def replace_atomically(path: Path | str, write: Callable[[Path], object]) -> None:
+    """write(temporary path), then rename the temporary over `path` (its folder created if missing). On any
+    exception, KeyboardInterrupt included, the temporary is removed and the exception propagates."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
