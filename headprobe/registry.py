@@ -324,29 +324,29 @@ HEADS.add("pretrained", "headprobe.ssl:load_pretrained_head",
           "VICReg/Barlow projectors): probed at every layer, never trained")
 
 # Names the recipe's `augment.preset` and `probes.orbits.sweeps` take (the recipe schema checks against these
-# registries, as it does `heads[].type` against HEADS); the definitions live beside the code that uses them
-# (data/augment.py PRESETS, data/orbits.py ORBIT_SWEEPS; tests/test_registry.py keeps the names equal), and each
-# entry points at the function that takes the name.
+# registries, as it does `heads[].type` against HEADS). Each entry points at the definition itself (an AugmentSpec
+# in data/augment.py, an OrbitSweep in data/orbits.py), which `augment_spec` and `orbit_sweep` load from here: a
+# preset or sweep a plug-in registers runs like a built-in one.
 AUGMENT_PRESETS = Registry("augmentation preset")
-AUGMENT_PRESETS.add("simclr", "headprobe.data.augment:augment_spec",
+AUGMENT_PRESETS.add("simclr", "headprobe.data.augment:SIMCLR",
                     "SimCLR: crop(0.08-1), flip, colour jitter 0.4/0.4/0.4/0.1 (p 0.8), grayscale 0.2, blur 0.5")
-AUGMENT_PRESETS.add("dino", "headprobe.data.augment:augment_spec",
+AUGMENT_PRESETS.add("dino", "headprobe.data.augment:DINO",
                     "DINO's first global view: crop(0.4-1) bicubic, flip, jitter (saturation 0.2), grayscale, blur 1.0")
-AUGMENT_PRESETS.add("crop-flip", "headprobe.data.augment:augment_spec",
+AUGMENT_PRESETS.add("crop-flip", "headprobe.data.augment:CROP_FLIP",
                     "crop(0.2-1) + flip only: the paper's SimSiam collapse experiments")
-AUGMENT_PRESETS.add("rotation", "headprobe.data.augment:augment_spec",
+AUGMENT_PRESETS.add("rotation", "headprobe.data.augment:ROTATION",
                     "SimCLR plus RandomRotation(45°): the paper's information (guillotine) experiment")
-AUGMENT_PRESETS.add("none", "headprobe.data.augment:augment_spec", "no augmentation (resize and crop only)")
+AUGMENT_PRESETS.add("none", "headprobe.data.augment:NO_AUGMENTATION", "no augmentation (resize and crop only)")
 
 ORBIT_SWEEPS = Registry("orbit sweep")
-ORBIT_SWEEPS.add("rotation45", "headprobe.data.orbits:sweep_values",
+ORBIT_SWEEPS.add("rotation45", "headprobe.data.orbits:ROTATION45",
                  "rotation 0-45° in 10 steps: the paper's trajectory-curvature sweep")
-ORBIT_SWEEPS.add("rotation360", "headprobe.data.orbits:sweep_values",
+ORBIT_SWEEPS.add("rotation360", "headprobe.data.orbits:ROTATION360",
                  "rotation 0-330° in 12 steps of 30° (a closed orbit): the paper's orbit spread")
-ORBIT_SWEEPS.add("hue", "headprobe.data.orbits:sweep_values", "hue shift -0.5..0.5 of the colour wheel, 11 steps")
-ORBIT_SWEEPS.add("saturation", "headprobe.data.orbits:sweep_values",
+ORBIT_SWEEPS.add("hue", "headprobe.data.orbits:HUE", "hue shift -0.5..0.5 of the colour wheel, 11 steps")
+ORBIT_SWEEPS.add("saturation", "headprobe.data.orbits:SATURATION",
                  "saturation factor 0 (grey) to 2, 11 steps; 1 is the image")
-ORBIT_SWEEPS.add("blur", "headprobe.data.orbits:sweep_values", "Gaussian blur sigma 0-3 px, 7 steps")
+ORBIT_SWEEPS.add("blur", "headprobe.data.orbits:BLUR", "Gaussian blur sigma 0-3 px, 7 steps")
 
 FAMILIES: dict[str, Registry] = {
     "backbones": BACKBONES,

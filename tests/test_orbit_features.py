@@ -68,11 +68,10 @@ def test_key_changes_with_everything_that_changes_the_orbits(setup, tiny_dinov2)
     other = load_data(DataSpec(limit=LimitSpec(train=20, test=12)))
     assert orbit_key(bb, other.info, "blur", 5, "fp32")[0] != base
     # A changed sweep definition (here: more blur) is a different key, so an old file is never read for it.
-    import headprobe.features.orbits as orbit_features
+    import headprobe.data.orbits as orbit_definitions
 
-    wider = dict(ORBIT_SWEEPS) | {"blur": dataclasses.replace(ORBIT_SWEEPS["blur"], high=4.0)}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(orbit_features, "ORBIT_SWEEPS", wider)
+        patch.setattr(orbit_definitions, "BLUR", dataclasses.replace(ORBIT_SWEEPS["blur"], high=4.0))
         assert orbit_key(bb, data.info, "blur", 5, "fp32")[0] != base
 
 

@@ -14,9 +14,14 @@ def test_lazy_entries_resolve_and_unknown_names_suggest():
 
 
 def test_every_registered_target_imports():
-    for registry in FAMILIES.values():
+    from headprobe.data.augment import AugmentSpec
+    from headprobe.data.orbits import OrbitSweep
+
+    definitions = {"augment": AugmentSpec, "sweeps": OrbitSweep}  # these families register the definitions
+    for family, registry in FAMILIES.items():
         for entry in registry:
-            assert callable(entry.load()), entry
+            loaded = entry.load()
+            assert isinstance(loaded, definitions[family]) if family in definitions else callable(loaded), entry
 
 
 def test_split_prefixed():
@@ -29,8 +34,27 @@ def test_split_prefixed():
 
 def test_preset_and_sweep_families_list_exactly_the_names_the_code_defines():
     from headprobe.data.augment import PRESETS, augment_spec
-    from headprobe.probes.orbits import ORBIT_SWEEPS, sweep_values
+    from headprobe.data.orbits import orbit_sweep
+    from headprobe.probes.orbits import ORBIT_SWEEPS
 
     assert FAMILIES["augment"].names() == list(PRESETS)
     assert FAMILIES["sweeps"].names() == list(ORBIT_SWEEPS)
-    assert FAMILIES["augment"].get("dino") is augment_spec and FAMILIES["sweeps"].get("hue") is sweep_values
+    assert all(FAMILIES["augment"].get(name) is PRESETS[name] == augment_spec(name) for name in PRESETS)
+    assert all(FAMILIES["sweeps"].get(name) is ORBIT_SWEEPS[name] is orbit_sweep(name) for name in ORBIT_SWEEPS)
+
+
+def test_a_preset_or_sweep_registered_with_something_else_is_refused_by_name():
+    from headprobe.data.augment import augment_spec
+    from headprobe.data.orbits import orbit_sweep
+
+    FAMILIES["augment"].add("wrong", "math:sqrt", "a function, not an AugmentSpec")
+    FAMILIES["sweeps"].add("wrong", "math:sqrt", "a function, not an OrbitSweep")
+    try:
+        with pytest.raises(ValueError, match=r"registered with math:sqrt, which is a builtin_function_or_method, not "
+                                             r"an AugmentSpec; register the AugmentSpec itself"):
+            augment_spec("wrong")
+        with pytest.raises(ValueError, match=r"not an OrbitSweep; register the OrbitSweep itself"):
+            orbit_sweep("wrong")
+    finally:
+        FAMILIES["augment"].remove("wrong")
+        FAMILIES["sweeps"].remove("wrong")

@@ -153,7 +153,7 @@ class AugmentSpec:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
-_SIMCLR = AugmentSpec(
+SIMCLR = AugmentSpec(
     # SimCLR (Chen et al. 2020, App. A) with colour strength s = 0.5, its CIFAR setting:
     # ColorJitter(0.8s, 0.8s, 0.8s, 0.2s) with p = 0.8. Blur p = 0.5 is its ImageNet setting.
     crop_scale=(0.08, 1.0),
@@ -167,42 +167,47 @@ _SIMCLR = AugmentSpec(
     blur_p=0.5,
 )
 
+# DINO's first global view (facebookresearch/dino main_dino.py, DataAugmentationDINO with the default
+# global_crops_scale (0.4, 1.0)); its second global view is augment_spec("dino", blur_p=0.1, solarize_p=0.2).
+DINO = AugmentSpec(
+    crop_scale=(0.4, 1.0),
+    interpolation="bicubic",
+    flip_p=0.5,
+    jitter_p=0.8,
+    brightness=0.4,
+    contrast=0.4,
+    saturation=0.2,
+    hue=0.1,
+    grayscale_p=0.2,
+    blur_p=1.0,
+)
+# The paper's collapse experiments (SimSiam): crop(0.2-1) + flip only.
+CROP_FLIP = AugmentSpec(crop_scale=(0.2, 1.0), flip_p=0.5)
+# The paper's information experiment: SimCLR's augmentations plus RandomRotation(45°).
+ROTATION = dataclasses.replace(SIMCLR, rotation_degrees=45.0)
+NO_AUGMENTATION = AugmentSpec()
+# The built-in presets by name. A recipe's `augment.preset` is looked up in the AUGMENT_PRESETS registry, whose
+# entries point at these (and where a plug-in adds its own).
 PRESETS: Mapping[str, AugmentSpec] = types.MappingProxyType(
-    {
-        "simclr": _SIMCLR,
-        # DINO's first global view (facebookresearch/dino main_dino.py, DataAugmentationDINO with the
-        # default global_crops_scale (0.4, 1.0)); its second global view is
-        # augment_spec("dino", blur_p=0.1, solarize_p=0.2).
-        "dino": AugmentSpec(
-            crop_scale=(0.4, 1.0),
-            interpolation="bicubic",
-            flip_p=0.5,
-            jitter_p=0.8,
-            brightness=0.4,
-            contrast=0.4,
-            saturation=0.2,
-            hue=0.1,
-            grayscale_p=0.2,
-            blur_p=1.0,
-        ),
-        # The paper's collapse experiments (SimSiam): crop(0.2-1) + flip only.
-        "crop-flip": AugmentSpec(crop_scale=(0.2, 1.0), flip_p=0.5),
-        # The paper's information experiment: SimCLR's augmentations plus RandomRotation(45°).
-        "rotation": dataclasses.replace(_SIMCLR, rotation_degrees=45.0),
-        "none": AugmentSpec(),
-    }
+    {"simclr": SIMCLR, "dino": DINO, "crop-flip": CROP_FLIP, "rotation": ROTATION, "none": NO_AUGMENTATION}
 )
 _KNOBS = [f.name for f in dataclasses.fields(AugmentSpec)]
 
 
 def augment_spec(preset: str, **overrides) -> AugmentSpec:
     """A preset with some knobs replaced, e.g. ``augment_spec("simclr", size=224, blur_p=0.0)``."""
-    if preset not in PRESETS:
-        raise ValueError(unknown_name_message("augmentation preset", preset, list(PRESETS)))
+    from ..registry import AUGMENT_PRESETS
+
+    if preset not in AUGMENT_PRESETS:
+        raise ValueError(unknown_name_message("augmentation preset", preset, AUGMENT_PRESETS.names()))
     for knob in overrides:
         if knob not in _KNOBS:
             raise ValueError(unknown_name_message(f"augmentation knob (preset {preset!r})", knob, _KNOBS))
-    return dataclasses.replace(PRESETS[preset], **overrides)
+    base = AUGMENT_PRESETS.get(preset)
+    if not isinstance(base, AugmentSpec):
+        raise ValueError(f"augmentation preset {preset!r} is registered with {AUGMENT_PRESETS.entry(preset).target}, "
+                         f"which is a {type(base).__name__}, not an AugmentSpec; register the AugmentSpec itself.")
+    return dataclasses.replace(base, **overrides)
 
 
 def _check_size(image_size: tuple[int, int]) -> tuple[int, int]:

@@ -20,7 +20,7 @@ from PIL import Image
 
 from ..registry import unknown_name_message
 
-__all__ = ["ORBIT_SWEEPS", "OrbitSweep", "anchor_index", "orbit_images", "sweep_values"]
+__all__ = ["ORBIT_SWEEPS", "OrbitSweep", "anchor_index", "orbit_images", "orbit_sweep", "sweep_values"]
 
 
 @dataclass(frozen=True)
@@ -41,24 +41,32 @@ class OrbitSweep:
     cyclic: bool = False
 
 
+# the paper's curvature sweep: "10 angles in 0–45°"
+ROTATION45 = OrbitSweep("rotate", 0.0, 45.0, 10, identity=0.0)
+# the paper's orbits: "rotated in 12 steps", i.e. 0, 30, ..., 330°
+ROTATION360 = OrbitSweep("rotate", 0.0, 360.0, 12, identity=0.0, cyclic=True)
+# −0.5 and +0.5 are the same half-turn of the colour wheel, reached from both sides of the anchor
+HUE = OrbitSweep("hue", -0.5, 0.5, 11, identity=0.0)
+SATURATION = OrbitSweep("saturation", 0.0, 2.0, 11, identity=1.0)
+BLUR = OrbitSweep("blur", 0.0, 3.0, 7, identity=0.0)
+# The built-in sweeps by name. `probes.orbits.sweeps` is looked up in the ORBIT_SWEEPS registry
+# (`headprobe.registry`), whose entries point at these (and where a plug-in adds its own): `orbit_sweep`.
 ORBIT_SWEEPS: Mapping[str, OrbitSweep] = types.MappingProxyType(
-    {
-        # the paper's curvature sweep: "10 angles in 0–45°"
-        "rotation45": OrbitSweep("rotate", 0.0, 45.0, 10, identity=0.0),
-        # the paper's orbits: "rotated in 12 steps", i.e. 0, 30, ..., 330°
-        "rotation360": OrbitSweep("rotate", 0.0, 360.0, 12, identity=0.0, cyclic=True),
-        # −0.5 and +0.5 are the same half-turn of the colour wheel, reached from both sides of the anchor
-        "hue": OrbitSweep("hue", -0.5, 0.5, 11, identity=0.0),
-        "saturation": OrbitSweep("saturation", 0.0, 2.0, 11, identity=1.0),
-        "blur": OrbitSweep("blur", 0.0, 3.0, 7, identity=0.0),
-    }
+    {"rotation45": ROTATION45, "rotation360": ROTATION360, "hue": HUE, "saturation": SATURATION, "blur": BLUR}
 )
 
 
-def _sweep(sweep: str) -> OrbitSweep:
-    if sweep not in ORBIT_SWEEPS:
-        raise ValueError(unknown_name_message("orbit sweep", sweep, list(ORBIT_SWEEPS)))
-    return ORBIT_SWEEPS[sweep]
+def orbit_sweep(sweep: str) -> OrbitSweep:
+    """The sweep registered as `sweep` (built in, or added to the ORBIT_SWEEPS registry by a plug-in)."""
+    from ..registry import ORBIT_SWEEPS as REGISTERED
+
+    if sweep not in REGISTERED:
+        raise ValueError(unknown_name_message("orbit sweep", sweep, REGISTERED.names()))
+    found = REGISTERED.get(sweep)
+    if not isinstance(found, OrbitSweep):
+        raise ValueError(f"orbit sweep {sweep!r} is registered with {REGISTERED.entry(sweep).target}, which is a "
+                         f"{type(found).__name__}, not an OrbitSweep; register the OrbitSweep itself.")
+    return found
 
 
 def sweep_values(sweep: str, steps: int | None = None) -> list[float]:
@@ -70,7 +78,7 @@ def sweep_values(sweep: str, steps: int | None = None) -> list[float]:
     >>> sweep_values("saturation", 5)
     [0.0, 0.5, 1.0, 1.5, 2.0]
     """
-    spec = _sweep(sweep)
+    spec = orbit_sweep(sweep)
     steps = spec.steps if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 3:
         raise ValueError(
@@ -92,7 +100,7 @@ def sweep_values(sweep: str, steps: int | None = None) -> list[float]:
 def anchor_index(sweep: str, steps: int | None = None) -> int:
     """Index of the unchanged image (the anchor) in the sweep: 0 for rotations and blur, the middle for hue and
     saturation."""
-    return sweep_values(sweep, steps).index(_sweep(sweep).identity)
+    return sweep_values(sweep, steps).index(orbit_sweep(sweep).identity)
 
 
 def _on_floats(image: Image.Image, op: str, value: float) -> Image.Image:
@@ -130,7 +138,7 @@ def orbit_images(image: Image.Image, sweep: str, steps: int | None = None) -> li
     from torchvision.transforms.v2 import InterpolationMode
     from torchvision.transforms.v2 import functional as F
 
-    spec = _sweep(sweep)
+    spec = orbit_sweep(sweep)
     values = sweep_values(sweep, steps)
     if image.mode != "RGB":
         image = image.convert("RGB")

@@ -23,7 +23,7 @@ import json
 import torch
 
 from headprobe.data.cache_dir import cache_root
-from headprobe.data.orbits import ORBIT_SWEEPS, orbit_images, sweep_values
+from headprobe.data.orbits import orbit_images, orbit_sweep, sweep_values
 from headprobe.features.cache import load_cached, save_cached
 from headprobe.features.extract import (
     effective_precision,
@@ -40,7 +40,7 @@ __all__ = ["extract_orbits", "orbit_key"]
 def orbit_key(backbone, data_info: dict, sweep: str, n_images: int, precision: str) -> tuple[str, dict]:
     """(cache key, description) of one sweep's features of the first `n_images` test images."""
     _, description = feature_key(backbone, data_info, "test-orbits", precision)
-    description |= {"sweep": sweep, "definition": dataclasses.asdict(ORBIT_SWEEPS[sweep]),
+    description |= {"sweep": sweep, "definition": dataclasses.asdict(orbit_sweep(sweep)),
                     "values": sweep_values(sweep), "n_images": n_images, "frames": "resize and crop, then sweep"}
     blob = json.dumps(description, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24], description

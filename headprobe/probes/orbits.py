@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..checks import check_finite, check_floating
-from ..data.orbits import ORBIT_SWEEPS, OrbitSweep, anchor_index, orbit_images, sweep_values
+from ..data.orbits import ORBIT_SWEEPS, OrbitSweep, anchor_index, orbit_images, orbit_sweep, sweep_values
 
 __all__ = [
     "ORBIT_SWEEPS",
@@ -167,7 +167,7 @@ def _orbit_space(traj, normalize: bool, sweep: str | None):
     traj = _check_traj(traj)
     anchor, cyclic = 0, False
     if sweep is not None:
-        anchor, cyclic = anchor_index(sweep, traj.shape[1]), ORBIT_SWEEPS[sweep].cyclic
+        anchor, cyclic = anchor_index(sweep, traj.shape[1]), orbit_sweep(sweep).cyclic
     unit = _unit(traj)
     return traj, unit, unit if normalize else traj, anchor, cyclic
 
