@@ -29,7 +29,7 @@ from headprobe.probes.knn_prefilter import (
 )
 
 __all__ = [
-    "PREFILTER_MIN_TRAIN", "PREFILTER_SPEEDUP", "KnnResult", "blocked_topk", "by_similarity_then_index",
+    "DEFAULT_KS", "PREFILTER_MIN_TRAIN", "PREFILTER_SPEEDUP", "KnnResult", "blocked_topk", "by_similarity_then_index",
     "fast_bfloat16", "knn", "ordered_topk", "prefer_bfloat16", "prefilter_default", "product_seconds",
     "similarity_name",
 ]
@@ -57,6 +57,10 @@ class KnnResult:
     predictions: dict[int, torch.Tensor]
     protocol: dict
 
+# The neighbour counts of DINO's k-NN evaluation (eval_knn.py's nb_knn): the default of `knn`, of `sharded_knn` and
+# of the recipe's probes.knn.ks, written here once.
+DEFAULT_KS = (10, 20, 100, 200)
+
 
 @torch.no_grad()
 def knn(
@@ -64,7 +68,7 @@ def knn(
     train_labels: torch.Tensor,
     test_features: torch.Tensor,
     test_labels: torch.Tensor,
-    ks: Sequence[int] = (10, 20, 100, 200),
+    ks: Sequence[int] = DEFAULT_KS,
     temperature: float = 0.07,
     weighting: str = "exp",
     chunk_size: int = 256,

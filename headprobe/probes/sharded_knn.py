@@ -28,7 +28,13 @@ import torch
 
 from headprobe.checks import as_tensor, check_labelled_split
 from headprobe.parallel.collectives import all_objects, all_rows, max_over_ranks, sum_over_ranks
-from headprobe.probes.knn import KnnResult, by_similarity_then_index, prefilter_default, similarity_name
+from headprobe.probes.knn import (
+    DEFAULT_KS,
+    KnnResult,
+    by_similarity_then_index,
+    prefilter_default,
+    similarity_name,
+)
 from headprobe.probes.knn_prefilter import Bf16Prefilter, Float32TopK, canonical_normalize
 
 
@@ -113,7 +119,7 @@ def sharded_knn(
     test_labels: torch.Tensor,
     offset: int,
     world: int,
-    ks: Sequence[int] = (10, 20, 100, 200),
+    ks: Sequence[int] = DEFAULT_KS,
     temperature: float = 0.07,
     weighting: str = "exp",
     chunk_size: int = 256,

@@ -10,13 +10,14 @@ from headprobe.registry import POSITIVE, at_least
 from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
 
 from ..declaration import CLASS_CHANCE, INFORMATION, Metric, Probe, TrainImages
+from ..knn import DEFAULT_KS
 from ..tap_data import ProbeOutput, TapData
 
 
 @dataclass
 class KnnSpec:
-    # The neighbour counts (the k-NN estimator's own default too: tests/test_recipe_schema.py keeps them equal).
-    ks: list[int] = field(default_factory=lambda: [10, 20, 100, 200], metadata=at_least(1))
+    # The neighbour counts (default: DINO's, `probes.knn.DEFAULT_KS`, the estimator's own default too).
+    ks: list[int] = field(default_factory=lambda: list(DEFAULT_KS), metadata=at_least(1))
     temperature: float = field(default=0.07, metadata=POSITIVE)
     weighting: Literal["exp", "uniform"] = "exp"
     # Test queries per similarity block: memory only (O(chunk_size × N)), never the predictions.
