@@ -116,6 +116,29 @@ def test_busy_elsewhere_counts_busy_processes_that_are_running_now():
     assert loaded >= 3 and loaded >= quiet
 
 
+def test_an_automatic_count_is_chosen_once_per_process_so_a_sweeps_runs_compute_alike(monkeypatch):
+    import torch
+
+    from headprobe.parallel import threads
+
+    for name in ("HEADPROBE_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "_first_auto", None)
+    monkeypatch.setattr(threads, "usable_cpus", lambda *a: (2, "affinity 2 CPUs, cgroup quota none"))
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(threads, "busy_elsewhere", lambda: (0.0, "now"))
+        first = threads.configure_threads(None)
+        monkeypatch.setattr(threads, "busy_elsewhere", lambda: (2.0, "now"))  # another job came in between runs
+        second = threads.configure_threads(None)
+        assert (first["count"], second["count"], torch.get_num_threads()) == (2, 2, 2)
+        assert second["rule"].endswith("(chosen at this process's first run and kept, so its runs compute alike)")
+        assert threads.configure_threads(1)["count"] == 1  # an explicit count still wins
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_passive_waiting_is_set_only_before_torch_and_never_over_the_users_choice():
     env: dict = {}
     assert prefer_passive_waiting(env) is False  # torch is already imported in this process

@@ -205,10 +205,25 @@ def apply_threads(choice: ThreadChoice) -> None:
     threadpool_limits(limits=choice.count)
 
 
+# The first automatic choice of this process, which its later runs keep (`configure_threads`).
+_first_auto: ThreadChoice | None = None
+
+
 def configure_threads(requested: int | None) -> dict:
     """Choose (`choose_threads`) and apply (`apply_threads`) the run's threads; returns what
-    `results.json["environment"]["threads"]` records: count, source, rule and the OpenMP wait policy."""
+    `results.json["environment"]["threads"]` records: count, source, rule and the OpenMP wait policy.
+
+    An automatic count is chosen once per process: the runs of a sweep (or of a pipeline that calls `run` several
+    times) then sum in the same order and give the same numbers for the same seed, whatever other work came and
+    went between them (a count chosen afresh moved one arm's untouched backbone by ~1e-13 against the other's)."""
+    global _first_auto
     choice = choose_threads(requested)
+    if choice.source == "auto":
+        if _first_auto is None:
+            _first_auto = choice
+        else:
+            choice = ThreadChoice(_first_auto.count, "auto", f"{_first_auto.rule} (chosen at this process's first "
+                                  "run and kept, so its runs compute alike)")
     apply_threads(choice)
     return choice.to_dict() | {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
