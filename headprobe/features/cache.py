@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from headprobe.features.tensor_file import changed_mappings, checksum_hasher, map_tensors, read_header, write_streamed
+from headprobe.parallel.atomic import replace_atomically
 
 __all__ = ["FORMAT_VERSION", "CacheChangedError", "UnchangedCache", "checksum_algorithm", "load_cached",
            "save_cached", "save_cached_streamed", "tensor_checksum"]
@@ -112,17 +113,16 @@ def save_cached_streamed(path: Path, key: str, description: dict,
 
 def _write_atomically(path: Path, write) -> bool:
     """write(temporary path), then rename it to `path`; False (one warning per cache folder) where that fails."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write_read_only(tmp: Path) -> None:
         write(tmp)
         # Written once, then read-only: a new version comes by rename, never by writing into this file, so a run's
         # mapping of it keeps its bytes (UnchangedCache checks that nobody wrote into it anyway).
         os.chmod(tmp, 0o444)
-        os.replace(tmp, path)
+
+    try:
+        replace_atomically(path, write_read_only)
     except Exception as err:  # OSError, or safetensors' own error wrapping one (read-only, disk full)
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         folder = path.parent.parent
         if folder not in _UNWRITABLE:
             _UNWRITABLE.add(folder)

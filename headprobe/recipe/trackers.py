@@ -12,24 +12,16 @@ TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "ml
 TRACKER_INSTALL = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny"}
 
 
-def missing_packages(names: list[str]) -> list[str]:
-    """`pip install` names of the trackers in `names` whose package cannot be imported."""
-    missing = []
-    for name in names:
-        try:
-            found = importlib.util.find_spec(TRACKER_MODULES[name]) is not None
-        except ValueError:  # a module in sys.modules without a spec
-            found = True
-        if not found:
-            missing.append(TRACKER_INSTALL[name])
-    return missing
-
-
 def _importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
     except ValueError:  # a module in sys.modules without a spec
         return True
+
+
+def missing_packages(names: list[str]) -> list[str]:
+    """`pip install` names of the trackers in `names` whose package cannot be imported."""
+    return [TRACKER_INSTALL[name] for name in names if not _importable(TRACKER_MODULES[name])]
 
 
 def mlflow_store_problem(environ: Mapping[str, str] | None = None) -> str | None:
