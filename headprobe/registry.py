@@ -196,6 +196,18 @@ class Registry:
     def get(self, name: str) -> Any:
         return self.entry(name).load()
 
+    def definition(self, name: str, kind: type) -> Any:
+        """The `kind` instance registered as `name` (a family whose entries point at definitions, such as augment
+        presets and orbit sweeps); ValueError naming the allowed names, or what the target is instead."""
+        if name not in self:
+            raise ValueError(unknown_name_message(self.family, name, self.names()))
+        found = self.get(name)
+        if not isinstance(found, kind):
+            raise ValueError(f"{self.family} {name!r} is registered with {self.entry(name).target}, which is a "
+                             f"{type(found).__name__}, not a{'n' if kind.__name__[0] in 'AEIOU' else ''} "
+                             f"{kind.__name__}; register the {kind.__name__} itself.")
+        return found
+
 
 BACKBONES = Registry("backbone source")
 BACKBONES.add(

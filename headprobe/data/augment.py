@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..registry import unknown_name_message
+from ..registry import AUGMENT_PRESETS, unknown_name_message
 
 PARAM_NAMES: tuple[str, ...] = (
     "crop_x",  # left edge / image width
@@ -196,17 +196,10 @@ _KNOBS = [f.name for f in dataclasses.fields(AugmentSpec)]
 
 def augment_spec(preset: str, **overrides) -> AugmentSpec:
     """A preset with some knobs replaced, e.g. ``augment_spec("simclr", size=224, blur_p=0.0)``."""
-    from ..registry import AUGMENT_PRESETS
-
-    if preset not in AUGMENT_PRESETS:
-        raise ValueError(unknown_name_message("augmentation preset", preset, AUGMENT_PRESETS.names()))
+    base = AUGMENT_PRESETS.definition(preset, AugmentSpec)
     for knob in overrides:
         if knob not in _KNOBS:
             raise ValueError(unknown_name_message(f"augmentation knob (preset {preset!r})", knob, _KNOBS))
-    base = AUGMENT_PRESETS.get(preset)
-    if not isinstance(base, AugmentSpec):
-        raise ValueError(f"augmentation preset {preset!r} is registered with {AUGMENT_PRESETS.entry(preset).target}, "
-                         f"which is a {type(base).__name__}, not an AugmentSpec; register the AugmentSpec itself.")
     return dataclasses.replace(base, **overrides)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..registry import unknown_name_message
+from .. import registry
 
 __all__ = ["ORBIT_SWEEPS", "OrbitSweep", "anchor_index", "orbit_images", "orbit_sweep", "sweep_values"]
 
@@ -58,15 +58,7 @@ ORBIT_SWEEPS: Mapping[str, OrbitSweep] = types.MappingProxyType(
 
 def orbit_sweep(sweep: str) -> OrbitSweep:
     """The sweep registered as `sweep` (built in, or added to the ORBIT_SWEEPS registry by a plug-in)."""
-    from ..registry import ORBIT_SWEEPS as REGISTERED
-
-    if sweep not in REGISTERED:
-        raise ValueError(unknown_name_message("orbit sweep", sweep, REGISTERED.names()))
-    found = REGISTERED.get(sweep)
-    if not isinstance(found, OrbitSweep):
-        raise ValueError(f"orbit sweep {sweep!r} is registered with {REGISTERED.entry(sweep).target}, which is a "
-                         f"{type(found).__name__}, not an OrbitSweep; register the OrbitSweep itself.")
-    return found
+    return registry.ORBIT_SWEEPS.definition(sweep, OrbitSweep)
 
 
 def sweep_values(sweep: str, steps: int | None = None) -> list[float]:
