@@ -85,22 +85,20 @@ run(json.loads(sys.argv[1]), out=sys.argv[2], resume=len(sys.argv) > 4, quiet=Tr
 """
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="torchrun missing")
-@pytest.mark.parametrize("killed", [1, 0])
-def test_a_killed_process_is_recorded_by_the_survivor_and_resume_finishes(tiny_recipe, tmp_path, killed):
+def _start_two_processes(tiny_recipe: dict, tmp_path: Path, **env_extra: str):
+    """SCRIPT under torchrun with 2 processes on a tiny run, returned once both have written their pid (each then
+    waits at the probe stage for signals/go): (job, the argv to run it again, env, out, signals)."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     recipe = {**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 101, "test": 37}},
               "heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 2},
               "train": {"epochs": 1, "batch_size": 32}, "probes": {"linear": {"C_grid": [0.1, 1.0]}}}
-    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2"]
-    env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     out, signals = tmp_path / "run", tmp_path / "signals"
     signals.mkdir()
-    job = subprocess.Popen([*torchrun, str(script), json.dumps(recipe), str(out), str(signals)], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    argv = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", str(script), json.dumps(recipe),
+            str(out), str(signals)]
+    env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", **env_extra}
+    job = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + HANG_TIMEOUT_S
         while not all((signals / f"pid-{rank}").exists() for rank in (0, 1)):
@@ -108,6 +106,19 @@ def test_a_killed_process_is_recorded_by_the_survivor_and_resume_finishes(tiny_r
             assert time.monotonic() < deadline, "the run never reached the probe stage"
             time.sleep(0.1)
         time.sleep(0.5)  # both pid files are whole
+    except BaseException:
+        job.kill()
+        raise
+    return job, argv, env, out, signals
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="torchrun missing")
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_killed_process_is_recorded_by_the_survivor_and_resume_finishes(tiny_recipe, tmp_path, killed):
+    job, argv, env, out, signals = _start_two_processes(tiny_recipe, tmp_path)
+    try:
         victim = int((signals / f"pid-{killed}").read_text())
         os.kill(victim, signal.SIGKILL)
         _, err = job.communicate(timeout=HANG_TIMEOUT_S)
@@ -122,8 +133,7 @@ def test_a_killed_process_is_recorded_by_the_survivor_and_resume_finishes(tiny_r
     assert "training heads" in message and "--resume" in message
     assert "relu" not in failed["taps"]  # killed before the head taps were probed
     (signals / "go").touch()
-    done = subprocess.run([*torchrun, str(script), json.dumps(recipe), str(out), str(signals), "--resume"], env=env,
-                          capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
+    done = subprocess.run([*argv, "--resume"], env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = json.loads((out / "results.json").read_text())
     assert resumed["status"] == "complete" and set(resumed["taps"]) == {"backbone", "relu@1", "relu"}
@@ -135,26 +145,9 @@ def test_a_killed_process_is_recorded_by_the_survivor_and_resume_finishes(tiny_r
 def test_a_stopped_process_fails_the_run_after_the_collective_timeout(tiny_recipe, tmp_path):
     """SIGSTOP on process 1 at the probe stage: process 0 waits in its next collective for HEADPROBE_COLLECTIVE_TIMEOUT
     (60 s here, far above any wait of this run), then records "failed" with the sentence, not "running" forever."""
-    script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
-    recipe = {**tiny_recipe, "data": {"source": "sklearn-digits", "limit": {"train": 101, "test": 37}},
-              "heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 2},
-              "train": {"epochs": 1, "batch_size": 32}, "probes": {"linear": {"C_grid": [0.1, 1.0]}}}
-    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2"]
-    env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
-           "HEADPROBE_COLLECTIVE_TIMEOUT": "60"}
-    out, signals = tmp_path / "run", tmp_path / "signals"
-    signals.mkdir()
-    job = subprocess.Popen([*torchrun, str(script), json.dumps(recipe), str(out), str(signals)], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    job, _, _, out, signals = _start_two_processes(tiny_recipe, tmp_path, HEADPROBE_COLLECTIVE_TIMEOUT="60")
     stopped = None
     try:
-        deadline = time.monotonic() + HANG_TIMEOUT_S
-        while not all((signals / f"pid-{rank}").exists() for rank in (0, 1)):
-            assert job.poll() is None, job.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "the run never reached the probe stage"
-            time.sleep(0.1)
-        time.sleep(0.5)
         stopped = int((signals / "pid-1").read_text())
         os.kill(stopped, signal.SIGSTOP)
         (signals / "go").touch()  # process 0 goes on to the probes' first exchange and waits there
