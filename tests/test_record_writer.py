@@ -85,3 +85,63 @@ def test_only_the_main_process_writes_though_every_process_keeps_the_record(tmp_
     other.summary(TapSummary("backbone", {"linear.acc": {"ci95": [0.1, 0.9]}}), write=True)
     assert other.record["taps"]["backbone"]["uncertainty"]["linear.acc"]["ci95"] == [0.1, 0.9]
     assert list(tmp_path.iterdir()) == []
+
+
+def _interrupt_saves(monkeypatch, times: int | None) -> None:
+    """The per-unit store's write cut short by Ctrl-C the first `times` times (None: every time)."""
+    import headprobe.record.writer as writer_module
+
+    real, calls = writer_module.save_per_unit, {"n": 0}
+
+    def save(path, per_unit):
+        calls["n"] += 1
+        if times is None or calls["n"] <= times:
+            raise KeyboardInterrupt
+        real(path, per_unit)
+
+    monkeypatch.setattr(writer_module, "save_per_unit", save)
+
+
+def test_ctrl_c_while_a_store_is_written_records_the_probe_with_its_values(tmp_path, monkeypatch):
+    """The interrupt lands between the probe's line in metrics.jsonl and its store (what test_faults' Ctrl-C in
+    probing hit once in CI): the stop writes the store before results.json, so the resumed run keeps the probe and
+    its intervals."""
+    writer = _writer(tmp_path)
+    writer.open_unit("relu", "relu", 1, None)
+    _interrupt_saves(monkeypatch, times=1)
+    with pytest.raises(KeyboardInterrupt):
+        writer.probe("relu", None, "linear", _output(2 / 3))
+    assert writer.stop("interrupted", "probing", "interrupted (KeyboardInterrupt)")
+    resumed = _writer(tmp_path, resume=True)
+    assert resumed.open_unit("relu", "relu", 1, None) == {"linear"}
+    assert torch.equal(resumed.per_unit["relu"]["linear.acc"].values, torch.tensor([1.0, 0.0, 1.0]))
+
+
+def test_a_store_that_cannot_be_written_leaves_its_probe_out_of_results_json(tmp_path, monkeypatch):
+    """No results.json lists a probe whose per-unit values are not on disk: a resumed run redoes it instead of
+    recording its intervals as unavailable."""
+    writer = _writer(tmp_path)
+    writer.open_unit("relu", "relu", 1, None)
+    writer.probe("relu", None, "knn", SimpleNamespace(metrics={"knn.k5.acc": 0.5}, protocol={}, per_unit={
+        "knn.k5.acc": PerUnit(torch.tensor([1.0, 0.0]), TEST_IMAGES)}))
+    _interrupt_saves(monkeypatch, times=None)
+    with pytest.raises(KeyboardInterrupt):
+        writer.probe("relu", None, "linear", _output(2 / 3))
+    assert writer.stop("interrupted", "probing", "interrupted (KeyboardInterrupt)")
+    written = json.loads((tmp_path / "results.json").read_text())["taps"]["relu"]
+    assert written["metrics"] == {"knn.k5.acc": 0.5} and list(written["protocol"]) == ["knn"]
+    monkeypatch.undo()
+    resumed = _writer(tmp_path, resume=True)
+    assert resumed.open_unit("relu", "relu", 1, None) == {"knn"}
+    assert set(resumed.per_unit["relu"]) == {"knn.k5.acc"}
+
+
+def test_probes_recorded_together_are_written_with_their_stores(tmp_path, monkeypatch):
+    """Probes recorded with write=False (a shared probing stage) reach results.json only with their stores, however
+    the next write of results.json comes."""
+    writer = _writer(tmp_path)
+    writer.open_unit("relu", "relu", 1, 0)
+    writer.probe("relu", 0, "linear", _output(2 / 3), write=False)
+    writer.add_time("probe_s", 1.0)
+    writer.write()  # any write, not only save_units
+    assert (tmp_path / "per_unit" / f"{unit_key('relu', 0)}.safetensors").is_file()

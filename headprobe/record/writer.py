@@ -69,6 +69,10 @@ class RecordWriter:
         self.run_dir, self.record, self.invocation, self.resume = run_dir, record, invocation, resume
         self.timing: dict = record["timing"] if timing is None else timing
         self.per_unit: dict[str, dict] = {}
+        # Probes in the record whose per-unit values are not yet in their store, by unit key: (the unit's record,
+        # probe name, its metric names). results.json never lists a probe before its store holds its values, or a
+        # resumed run would take the probe as done and its intervals as unavailable.
+        self._unsaved: dict[str, list[tuple[dict, str, list[str]]]] = {}
 
     # --- starting, resuming -------------------------------------------------------------------------------------
 
@@ -123,7 +127,10 @@ class RecordWriter:
         return self.record.get("status") == "running"
 
     def write(self) -> None:
-        """results.json (and results.csv) rewritten from the record."""
+        """results.json (and results.csv) rewritten from the record, after the per-unit stores of the probes it
+        lists."""
+        for key in list(self._unsaved):
+            self._save_unit(key)
         self.run_dir.write_results(self.record)
 
     def log(self, entry: dict) -> None:
@@ -228,6 +235,8 @@ class RecordWriter:
         unit["metrics"].update(out.metrics)
         unit["protocol"][name] = out.protocol
         self.per_unit[unit_key(tap, seed)].update(out.per_unit)
+        if out.per_unit:
+            self._unsaved.setdefault(unit_key(tap, seed), []).append((unit, name, list(out.metrics)))
         extra = ({} if seed is None else {"seed": seed}) | ({} if process is None else {"process": process})
         self.log({"stage": "probe", "tap": tap, **extra, "probe": name, **out.metrics})
         if write:
@@ -250,6 +259,16 @@ class RecordWriter:
             store = self._store(key)
             store.parent.mkdir(exist_ok=True)
             save_per_unit(store, self.per_unit[key])
+        self._unsaved.pop(key, None)
+
+    def _forget_unsaved(self) -> None:
+        """The probes whose per-unit values could not be saved taken out of the record (a resumed run redoes them)."""
+        for pending in self._unsaved.values():
+            for unit, name, metrics in pending:
+                unit["protocol"].pop(name, None)
+                for metric in metrics:
+                    unit["metrics"].pop(metric, None)
+        self._unsaved.clear()
 
     def reused_tap(self, tap: str, entry: dict, source: Path) -> None:
         """Tap `tap` taken whole from the finished run in `source` (`entry`: its record, `reused_from` set), with
@@ -308,6 +327,11 @@ class RecordWriter:
             self.invocation["status"] = status
         if main_lost:
             self.run_dir.mark_stopped(status, self.record["error"])
-        else:
-            self.write()
+            return True
+        try:  # a store whose write the interrupt cut short is written now; failing that, its probes are redone
+            for key in list(self._unsaved):
+                self._save_unit(key)
+        except (Exception, KeyboardInterrupt):
+            self._forget_unsaved()
+        self.write()
         return True
