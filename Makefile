@@ -27,12 +27,16 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/headprobe run recipes/quickstart.yaml
 
+# pytest-xdist: one worker per CPU (at most 4); the tests that start torchrun or accelerate run in one of them, one
+# after another (tests/conftest.py). On 2 cores: 8.9 min against 13.8 min in one worker (2026-12-02, load 1-2).
+XDIST := -n auto --maxprocesses 4 --dist loadgroup
+
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q $(XDIST)
 
 # The edit loop: the suite without the end-to-end tests marked `slow` (`make test`, what CI runs, keeps them).
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q $(XDIST) -m "not slow"
 
 test-offline: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m offline_weights

@@ -29,7 +29,7 @@ VARIANTS = {
     "LeWMProjectionHead": [{}, {"batch_norm": False}],
     "MMCRProjectionHead": [{}, {"batch_norm": False, "use_bias": True}, {"num_layers": 1}],
     "DINOProjectionHead": [{}, {"batch_norm": True}],
-    "SMoGPrototypes": [{"group_features": torch.randn(3, 6), "beta": 0.9}],
+    "SMoGPrototypes": [{"group_features": torch.randn(3, 6, generator=torch.Generator().manual_seed(0)), "beta": 0.9}],
     "ProjectionHead": [{"blocks": [(12, 10, nn.BatchNorm1d(10), nn.GELU()), (10, 6, None, None)]}],
 }
 NAMES = {nn.ReLU: "relu", nn.GELU: "gelu"}
