@@ -301,3 +301,20 @@ def test_float32_search_is_exact_on_exact_ties_beyond_its_widened_candidates():
         expected = np.lexsort((np.arange(400), -every[row].numpy()))[:5]  # by similarity, then by index
         assert idx[row].tolist() == expected.tolist() and torch.equal(sims[row], every[row, expected])
     assert idx[:3].tolist() == [[7, 50, 51, 52, 53]] * 3
+
+
+@pytest.mark.parametrize("ks, message", [([], "empty"), ([5, 0], "must be positive"), ([5, 5], "lists a k twice")])
+def test_knn_sharded_knn_and_the_recipe_refuse_the_same_neighbour_counts_alike(ks, message):
+    """One check of the neighbour counts (`neighbour_counts`): the estimator, its sharded form and the recipe's
+    check say the same sentence, the recipe naming its key."""
+    from headprobe.probes.builtin.knn import KnnSpec, check_knn
+    from headprobe.probes.declaration import TrainImages
+    from headprobe.probes.sharded_knn import sharded_knn
+
+    x, y = torch.randn(20, 4), torch.arange(20) % 3
+    with pytest.raises(ValueError, match=f"^ks .*{message}"):
+        knn(x, y, x, y, ks=ks)
+    with pytest.raises(ValueError, match=f"^ks .*{message}"):
+        sharded_knn(x, y, x, y, offset=0, world=1, ks=ks)
+    with pytest.raises(ValueError, match=f"^probes.knn.ks .*{message}"):
+        check_knn(KnnSpec(ks=ks), TrainImages(None, "the recipe"))

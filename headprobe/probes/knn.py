@@ -30,8 +30,8 @@ from headprobe.probes.knn_prefilter import (
 
 __all__ = [
     "DEFAULT_KS", "PREFILTER_MIN_TRAIN", "PREFILTER_SPEEDUP", "KnnResult", "blocked_topk", "by_similarity_then_index",
-    "fast_bfloat16", "knn", "ordered_topk", "prefer_bfloat16", "prefilter_default", "product_seconds",
-    "similarity_name",
+    "fast_bfloat16", "knn", "neighbour_counts", "ordered_topk", "prefer_bfloat16", "prefilter_default",
+    "product_seconds", "similarity_name",
 ]
 
 _WEIGHTINGS = ("exp", "uniform")
@@ -42,6 +42,19 @@ PREFILTER_MIN_TRAIN = 2048
 PREFILTER_SPEEDUP = 0.8
 # The calibration product: (rows × D) @ (D × columns), D capped (the ratio barely moves with D, the cost does).
 _CALIBRATION_ROWS, _CALIBRATION_COLUMNS, _CALIBRATION_MAX_DIM = 256, 4096, 1024
+
+
+def neighbour_counts(ks: Sequence[int], name: str = "ks") -> list[int]:
+    """`ks` as a list of ints; ValueError naming `name` (e.g. "probes.knn.ks" in a recipe) when it is empty, holds a
+    count below 1 or a count twice. The one check of the neighbour counts: `knn`, `sharded_knn` and the recipe's."""
+    ks = [int(k) for k in ks]
+    if not ks:
+        raise ValueError(f"{name} is empty; give at least one neighbour count, e.g. {name}=[10, 20].")
+    if min(ks) <= 0:
+        raise ValueError(f"{name} = {ks}: neighbour counts must be positive, e.g. {name}=[10, 20].")
+    if len(set(ks)) != len(ks):
+        raise ValueError(f"{name} = {ks} lists a k twice (duplicates); list each neighbour count once.")
+    return ks
 
 
 @dataclass
@@ -117,13 +130,7 @@ def knn(
             f"train_features has dimension {train_features.shape[1]} but test_features has "
             f"{test_features.shape[1]}; both must come from the same backbone and pooling."
         )
-    ks = [int(k) for k in ks]
-    if not ks:
-        raise ValueError("ks is empty; pass at least one neighbour count, e.g. ks=(10, 20).")
-    if min(ks) <= 0:
-        raise ValueError(f"ks must be positive neighbour counts but got {ks}.")
-    if len(set(ks)) != len(ks):
-        raise ValueError(f"ks contains duplicates ({ks}); list each neighbour count once.")
+    ks = neighbour_counts(ks)
     if weighting not in _WEIGHTINGS:
         raise ValueError(f"weighting {weighting!r} is not supported; use one of {_WEIGHTINGS}.")
     if not temperature > 0:

@@ -32,6 +32,7 @@ from headprobe.probes.knn import (
     DEFAULT_KS,
     KnnResult,
     by_similarity_then_index,
+    neighbour_counts,
     prefilter_default,
     similarity_name,
 )
@@ -143,9 +144,7 @@ def sharded_knn(
     check_labelled_split("test", test_features, test_labels)
     if len(train_shard_features):
         check_labelled_split("train", train_shard_features, train_shard_labels)
-    ks = [int(k) for k in ks]
-    if not ks or min(ks) <= 0 or len(set(ks)) != len(ks):
-        raise ValueError(f"ks must be distinct positive neighbour counts, e.g. (10, 20), but got {ks}.")
+    ks = neighbour_counts(ks)
     if weighting not in ("exp", "uniform"):
         raise ValueError(f"weighting {weighting!r} is not supported; use 'exp' or 'uniform'.")
     if not temperature > 0:

@@ -10,7 +10,7 @@ from headprobe.registry import POSITIVE, at_least
 from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
 
 from ..declaration import CLASS_CHANCE, INFORMATION, Metric, Probe, TrainImages
-from ..knn import DEFAULT_KS
+from ..knn import DEFAULT_KS, neighbour_counts
 from ..tap_data import ProbeOutput, TapData
 
 
@@ -30,11 +30,7 @@ class KnnSpec:
 
 def check_knn(options: KnnSpec, train: TrainImages) -> None:
     """ks: not empty, no k twice, none above the training images."""
-    ks = options.ks
-    if not ks:
-        raise ValueError("probes.knn.ks is empty; give at least one k, e.g. [10, 20].")
-    if len(set(ks)) != len(ks):
-        raise ValueError(f"probes.knn.ks = {ks} lists a k twice; list each neighbour count once.")
+    ks = neighbour_counts(options.ks, "probes.knn.ks")
     for i, k in enumerate(ks):
         if train.count is not None and k > train.count:
             raise ValueError(f"probes.knn.ks[{i}] = {k} is more neighbours than the {train.count} training "
