@@ -101,7 +101,6 @@ def test_busy_elsewhere_reads_the_runnable_threads_less_its_own(tmp_path):
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux's /proc/stat")
 def test_busy_elsewhere_counts_busy_processes_that_are_running_now():
-    quiet, _ = busy_elsewhere()
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
     try:
         import time
@@ -112,8 +111,9 @@ def test_busy_elsewhere_counts_busy_processes_that_are_running_now():
         for job in spinners:
             job.kill()
             job.wait()
-    # Three spinners are runnable whenever they are sampled, whatever else the machine is doing.
-    assert loaded >= 3 and loaded >= quiet
+    # Three spinners are runnable whenever they are sampled, whatever else the machine is doing. (Not compared with
+    # a read before them: other work, another pytest-xdist worker's included, may stop in between.)
+    assert loaded >= 3
 
 
 def test_an_automatic_count_is_chosen_once_per_process_so_a_sweeps_runs_compute_alike(monkeypatch):
