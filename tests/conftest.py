@@ -60,8 +60,8 @@ def tiny_recipe(tiny_dinov2) -> dict:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs two workers), the tests that start torchrun or accelerate or hold a fixed
-    port run in one worker, one after another (`--dist loadgroup`): two at once would meet on port 29500."""
+    """Under pytest-xdist (`make test` runs one worker per CPU), the tests that start torchrun or accelerate or hold a
+    fixed port run in one worker, one after another (`--dist loadgroup`): two at once would meet on port 29500."""
     for item in items:
         if item.get_closest_marker("distributed") or item.nodeid.startswith("tests/test_launch_check.py"):
             item.add_marker(pytest.mark.xdist_group("processes"))

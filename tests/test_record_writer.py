@@ -143,5 +143,5 @@ def test_probes_recorded_together_are_written_with_their_stores(tmp_path, monkey
     writer.open_unit("relu", "relu", 1, 0)
     writer.probe("relu", 0, "linear", _output(2 / 3), write=False)
     writer.add_time("probe_s", 1.0)
-    writer.write()  # any write, not only save_units
+    writer.write()  # the next write of results.json, whatever calls it
     assert (tmp_path / "per_unit" / f"{unit_key('relu', 0)}.safetensors").is_file()

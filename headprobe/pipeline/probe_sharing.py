@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from headprobe.parallel.collectives import all_objects
 from headprobe.probes.declaration import declared_probe
-from headprobe.record.writer import RecordWriter, TapSummary, unit_key
+from headprobe.record.writer import RecordWriter, TapSummary
 
 # From this many training rows the k-NN bank is sharded across processes by default (`shard_knn_bank`).
 SHARD_BANK_ROWS = 65_536
@@ -172,7 +172,8 @@ class SharedProbes:
             record.probe(tap.name, seed, name, out, process, write=False)
             if seed is None:  # a tap probed once: `probed_intervals` makes its intervals from these
                 self.intervals.setdefault(tap.name, {}).update(uncertainty)
-        record.save_units([unit_key(units[i][0].name, units[i][1]) for i in sorted({item[0] for item in outputs})])
+        if outputs:
+            record.write()  # results.json after the per-unit stores of every probe just recorded
 
     def _followed(self, ctx, progress, n_units: int, total: int, count: str):
         """The main process's display of the whole stage: done/total over every process (`count`), followed while

@@ -129,8 +129,7 @@ class RecordWriter:
     def write(self) -> None:
         """results.json (and results.csv) rewritten from the record, after the per-unit stores of the probes it
         lists."""
-        for key in list(self._unsaved):
-            self._save_unit(key)
+        self._save_unsaved()
         self.run_dir.write_results(self.record)
 
     def log(self, entry: dict) -> None:
@@ -228,8 +227,8 @@ class RecordWriter:
     def probe(self, tap: str, seed: int | None, name: str, out: Any, process: int | str | None = None,
               write: bool = True) -> None:
         """One probe's output (`ProbeOutput`) into results.json, metrics.jsonl (with the process that ran it, in a
-        run of several) and the per-unit store. write=False leaves saving results.json and the per-unit store to
-        `save_units`, which follows several probes recorded at once."""
+        run of several) and the per-unit store. write=False leaves both to the next `write`, which follows several
+        probes recorded at once."""
         entry = self.record["taps"][tap]
         unit = entry if seed is None else entry["seeds"][str(seed)]
         unit["metrics"].update(out.metrics)
@@ -240,15 +239,6 @@ class RecordWriter:
         extra = ({} if seed is None else {"seed": seed}) | ({} if process is None else {"process": process})
         self.log({"stage": "probe", "tap": tap, **extra, "probe": name, **out.metrics})
         if write:
-            if out.per_unit:
-                self._save_unit(unit_key(tap, seed))
-            self.write()
-
-    def save_units(self, keys: list[str]) -> None:
-        """The per-unit stores of `keys`, then results.json: after probes recorded with write=False."""
-        for key in keys:
-            self._save_unit(key)
-        if keys:
             self.write()
 
     def _store(self, key: str) -> Path:
@@ -260,6 +250,11 @@ class RecordWriter:
             store.parent.mkdir(exist_ok=True)
             save_per_unit(store, self.per_unit[key])
         self._unsaved.pop(key, None)
+
+    def _save_unsaved(self) -> None:
+        """The per-unit stores of the probes recorded since their last write."""
+        for key in list(self._unsaved):
+            self._save_unit(key)
 
     def _forget_unsaved(self) -> None:
         """The probes whose per-unit values could not be saved taken out of the record (a resumed run redoes them)."""
@@ -329,8 +324,7 @@ class RecordWriter:
             self.run_dir.mark_stopped(status, self.record["error"])
             return True
         try:  # a store whose write the interrupt cut short is written now; failing that, its probes are redone
-            for key in list(self._unsaved):
-                self._save_unit(key)
+            self._save_unsaved()
         except (Exception, KeyboardInterrupt):
             self._forget_unsaved()
         self.write()
