@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", **verbose)
     p.set_defaults(fn=cmd_geometry)
 
-    p = sub.add_parser("claims", help="the answers of one or more runs as the paper's table: z / h(z) (Δ [95% CI], n)")
+    p = sub.add_parser("claims", help="the answers of one or more runs as the paper's table: z / h(z) (Δ [95%% CI], n)")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--format", choices=("md", "latex", "csv"), default="md",
                    help="md (Markdown), latex (booktabs tabular) or csv (every number unrounded); default md")

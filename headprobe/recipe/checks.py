@@ -5,12 +5,11 @@ field's own type, range and registered names (`recipe.schema`); none imports a m
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 import warnings
 
-from ..registry import BACKBONES, DATA_SOURCES, OBJECTIVES, OFFLINE_MODELS, SCRATCH_MODELS, Registry
+from ..registry import BACKBONES, DATA_SOURCES, OBJECTIVES, OFFLINE_MODELS, SCRATCH_MODELS, Registry, parameter_names
 from .schema import NAME_PATTERN, BackboneSpec, DataSpec, LoraSpec, Recipe, RecipeError, not_allowed, unknown_name
 
 
@@ -296,7 +295,7 @@ def _check_heads(recipe: Recipe) -> None:
                               f"set heads[{i}].predictor to a width, e.g. 512.")
     objective = recipe.objective
     if objective.options:  # checked whether or not heads use them: a typo is a typo
-        params = [p for p in inspect.signature(OBJECTIVES.get(objective.name)).parameters][2:]
+        params = parameter_names(OBJECTIVES.entry(objective.name).target)[2:]
         # gather_distributed is the run's to decide (per step source), not the recipe's
         params = [p for p in params if p not in ("p1", "p2", "z1", "z2", "gather_distributed")]
         for key in objective.options:

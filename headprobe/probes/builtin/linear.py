@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from headprobe.registry import POSITIVE, at_least
-from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
 
 from ..declaration import CLASS_CHANCE, INFORMATION, PROTOCOL, Metric, Probe, TrainImages
 from ..tap_data import ProbeOutput, TapData
@@ -33,6 +30,10 @@ def check_linear(options: LinearProbeSpec, train: TrainImages) -> None:
 
 def measure_linear(tap: TapData, **options) -> ProbeOutput:
     """Linear probe (class accuracy) and the label-MI lower bound I(Z;Y) ≥ H(Y) − CE of that probe, in nats."""
+    import torch
+
+    from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
+
     from ..label_mi import label_mi_lower_bound
     from ..linear import linear_probe
 
