@@ -75,10 +75,6 @@ def _numbers(record: Mapping) -> dict:
         "head_value": record.get("head")}
 
 
-def _value(measure: str, value: float) -> str:
-    return (f"{100 * value:.1f}" if measure.endswith(".acc") else f"{value:.3g}").replace("-", "−")
-
-
 def paper_cell(row: Mapping) -> str:
     """``z / h(z) (Δ [95% CI], n)`` of one row; accuracies in percent, changes in points."""
     from ..stats.claims import in_units
@@ -88,7 +84,7 @@ def paper_cell(row: Mapping) -> str:
     interval = f" [{in_units(measure, ci[0])}, {in_units(measure, ci[1])}]" if ci else " [no interval]"
     seeds = row.get("n_seeds")
     n = f"{seeds}×{row['n_units']}" if row.get("n_units") else f"{seeds} seed{'' if seeds == 1 else 's'}"
-    return (f"{_value(measure, row['backbone'])} / {_value(measure, row['head_value'])} "
+    return (f"{in_units(measure, row['backbone'])} / {in_units(measure, row['head_value'])} "
             f"({in_units(measure, row['change'], signed=True)}{interval}, {n})")
 
 

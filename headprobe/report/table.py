@@ -26,9 +26,12 @@ def half_width(tap: dict, metric: str) -> float | None:
 
 
 def with_interval(tap: dict, metric: str) -> str:
-    """`0.9620 ±0.0090` where the metric has an interval, else the value alone."""
+    """`0.9620 ±0.0090` where the metric has an interval, else the value alone; a protocol value (`linear.C`, chosen
+    on validation data) never has one: it is a setting, and a spread over seeds would read as a negative C."""
+    from .glossary import is_protocol_value
+
     text = _fmt(tap.get("metrics", {}).get(metric))
-    half = half_width(tap, metric)
+    half = None if is_protocol_value(metric) else half_width(tap, metric)
     return text if half is None else f"{text} ±{_fmt(float(half))}"
 
 
