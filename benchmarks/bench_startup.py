@@ -1,6 +1,6 @@
 """Start-up time of the light commands: `headprobe --help`, `list`, `validate`, `claims` and `report`, each a fresh
-`python -m headprobe` process, timed to its first line of output and to its exit (target: first output within 1.5 s;
-`report` then draws its figures, which is its work, not its start). With `--before REF`, the same commands from the
+`python -m headprobe` process, timed to its first line of output and to its exit (target: exit within 1.5 s, and for
+`report`, which then draws its figures, its summary within 1.5 s). With `--before REF`, the same commands from the
 git revision REF (`git archive`, in a temporary folder), so the file holds the numbers before and after a change.
 
 Also recorded: the load average (the machine may be shared), the CPU (lscpu's model name) and, per command, the
@@ -111,13 +111,14 @@ def main() -> None:
                     totals.append(total)
                 heavy.setdefault(label, {})[name] = imported
                 median_first = report.timing(f"{label}: {name}, first output", firsts)
-                report.timing(f"{label}: {name}, exit", totals, heavy_imported=imported, error=error)
+                median_exit = report.timing(f"{label}: {name}, exit", totals, heavy_imported=imported, error=error)
                 if error:
                     report.note(f"{label}: `headprobe {' '.join(COMMANDS[name])}` failed: {error}")
-                if label == "now":
-                    report.check(f"headprobe {name}: first output", "the 1.5 s target", f"<= {TARGET_S} s",
-                                 f"{median_first:.2f} s (imports {', '.join(imported) or 'no heavy library'})",
-                                 median_first <= TARGET_S and not imported and not error)
+                if label == "now":  # `report` is timed to its summary, every other command to its exit
+                    seconds, until = (median_first, "first output") if name == "report" else (median_exit, "exit")
+                    report.check(f"headprobe {name}: {until}", "the 1.5 s target", f"<= {TARGET_S} s",
+                                 f"{seconds:.2f} s (imports {', '.join(imported) or 'no heavy library'})",
+                                 seconds <= TARGET_S and not imported and not error)
         report.extra["heavy_imported"] = heavy
         report.note("`report` draws its figures with matplotlib after its first output (the summary); its exit "
                     "time is that drawing.")
