@@ -236,12 +236,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_claims(args: argparse.Namespace) -> int:
     from headprobe.record.directory import read_results
 
-    from .report.claims_table import claims_rows, format_claims
+    from .report.claims_table import claims_rows, format_claims, training_lines
     from .report.compare import run_labels
 
     try:
         labels = run_labels(args.run_dirs)
-        rows = claims_rows({label: read_results(path) for label, path in labels.items()}, args.secondary)
+        rows = claims_rows({label: read_results(path) for label, path in labels.items()}, args.secondary,
+                           training_lines(labels))
     except (FileNotFoundError, ValueError) as err:
         return _error(str(err), EXIT_USAGE)
     text = format_claims(rows, args.format)
