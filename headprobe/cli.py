@@ -204,7 +204,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from headprobe.record.directory import read_results
 
     from .report.compare import default_out_dir, run_labels, write_compare
-    from .report.table import compare_table
+    from .report.table import print_compare
 
     try:
         labels = run_labels(args.run_dirs)
@@ -215,7 +215,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out_dir(args.run_dirs)
     # Said first: without --out the files go next to the runs, not necessarily into the current directory.
     console.print(f"writing compare.csv and compare.html into {out}", markup=False, soft_wrap=True)
-    console.print(compare_table(runs))
+    print_compare(runs, console, args.width)
     try:
         written = write_compare(list(labels.values()), out)
     except OSError as err:
@@ -372,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", help="folder for compare.csv and compare.html (default: the deepest folder holding "
                                  "all the runs)")
+    p.add_argument("--width", type=int, default=None,
+                   help="columns of the printed table (default: the terminal's; as wide as it needs in a log or pipe)")
     p.set_defaults(fn=cmd_compare)
     return parser
 
