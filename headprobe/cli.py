@@ -53,21 +53,27 @@ def quiet_libraries(verbose: bool, environ: dict | None = None) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from headprobe.pipeline.compose import RunError, run, run_sweep
+    from headprobe.pipeline.resume import resume_folder
 
     from .recipe import RecipeError, load_recipe
 
+    if args.recipe is None and (args.set or not (args.resume and args.out)):
+        # Without a recipe only a resume knows what to run: the one recorded in --out.
+        return _error("give a recipe (`headprobe run RECIPE`), or continue a run or sweep from the recipe it "
+                      "recorded with `headprobe run --resume --out DIR` (no --set: the recorded recipe is run).",
+                      EXIT_USAGE) if _is_main_process() else EXIT_USAGE
     try:
-        recipe = load_recipe(args.recipe, args.set)
+        recipe = None if args.recipe is None else load_recipe(args.recipe, args.set)
     except RecipeError as err:
         # Every process of a launch reads the same recipe: the main one says what is wrong, once.
         return _error(str(err), EXIT_USAGE) if _is_main_process() else EXIT_USAGE
     quiet_libraries(args.verbose)
     _warn_about_launch()
     try:
-        if recipe.sweep or recipe.sweep_zip:
-            if args.resume:
-                return _error("--resume continues one run; resume each run of a sweep by its own --out.", EXIT_USAGE)
-            run_sweep(args.recipe, out=args.out, overrides=args.set, quiet=not _is_main_process())
+        if recipe is None:
+            resume_folder(args.out, quiet=not _is_main_process())
+        elif recipe.sweep or recipe.sweep_zip:
+            run_sweep(args.recipe, out=args.out, overrides=args.set, quiet=not _is_main_process(), resume=args.resume)
         else:
             run(args.recipe, out=args.out, overrides=args.set, resume=args.resume, quiet=not _is_main_process())
     except RecipeError as err:
@@ -315,10 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     verbose = {"action": "store_true", "help": "show transformers' weight-loading bars and warnings (also "
                                                "HEADPROBE_VERBOSE=1)"}
     p = sub.add_parser("run", help="run a recipe end to end")
-    p.add_argument("recipe")
+    p.add_argument("recipe", nargs="?", help="the recipe (YAML); with --resume it may be left out: the run or sweep "
+                                             "in --out continues from the recipe it recorded")
     p.add_argument("--set", **overrides)
     p.add_argument("--out", help="run directory (default runs/<recipe name>-<timestamp>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished probes")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out, keeping finished probes (a sweep's folder: its unfinished runs)")
     p.add_argument("--verbose", **verbose)
     p.set_defaults(fn=cmd_run)
 
