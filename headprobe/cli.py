@@ -144,6 +144,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         recipe = load_recipe(args.recipe, args.set)
     except RecipeError as err:
         return _error(str(err), EXIT_USAGE)
+    from .data.sources import missing_data
+
+    missing = missing_data(recipe.data.source)  # what `run` would stop on before loading any model
+    if missing:
+        return _error(missing, EXIT_USAGE)
     probes = ", ".join(recipe.probes)
     # load_recipe has validated every combination of the sweep, as `run` will make them.
     from .recipe.sweeps import sweep_size
@@ -345,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait for the job to finish and report how it ended")
     p.set_defaults(fn=cmd_submit)
 
-    p = sub.add_parser("validate", help="check a recipe without loading any model")
+    p = sub.add_parser("validate", help="check a recipe, and that its data is on this machine, without loading any "
+                                        "model")
     p.add_argument("recipe")
     p.add_argument("--set", **overrides)
     p.set_defaults(fn=cmd_validate)

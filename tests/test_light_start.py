@@ -44,7 +44,10 @@ def _run_with_claims(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("command", [["--help"], ["list"], ["validate", "recipes/quickstart.yaml"],
-                                     ["validate", "recipes/scratch_guillotine.yaml"], ["claims", "RUN"],
+                                     # a sweep with the rotation probe and objective options; digits, which
+                                     # every machine has (validate checks the data is there)
+                                     ["validate", "recipes/scratch_guillotine.yaml", "--set",
+                                      "data.source=sklearn-digits"], ["claims", "RUN"],
                                      ["report", "RUN"]], ids=lambda c: " ".join(c))
 def test_a_light_command_imports_no_heavy_library(command, tmp_path):
     run = _run_with_claims(tmp_path / "run")

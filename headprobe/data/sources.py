@@ -139,15 +139,15 @@ def load_fashion_mnist(ref: str = "", revision: str | None = None):
     import datasets
 
     root = Path(ref).expanduser() if ref else FASHION_MNIST_DIR
-    files = {split: (root / f"{prefix}-images-idx3-ubyte.gz", root / f"{prefix}-labels-idx1-ubyte.gz")
-             for split, prefix in (("train", "train"), ("test", "t10k"))}
+    train_images, train_labels, test_images, test_labels = _fashion_mnist_files(root)
+    files = {"train": (train_images, train_labels), "test": (test_images, test_labels)}
     if not all(p.exists() for pair in files.values() for p in pair):
         try:
             ds, fingerprint = load_hub("zalando-datasets/fashion_mnist", revision)
         except DataSourceError:
             raise DataSourceError(
                 f"fashion-mnist: the IDX files are not in {root} and the hub copy is not cached; install them "
-                "with `apt-get install dataset-fashion-mnist` (Debian) or point data.source at "
+                f"with `{FASHION_MNIST_INSTALL}` (Debian) or point data.source at "
                 "fashion-mnist:<dir with the four *-ubyte.gz files>."
             ) from None
         return ds, fingerprint
@@ -168,6 +168,50 @@ def load_fashion_mnist(ref: str = "", revision: str | None = None):
     ds.save_to_disk(str(tmp))
     tmp.rename(target)
     return datasets.load_from_disk(str(target)), fingerprint
+
+
+FASHION_MNIST_INSTALL = "apt-get install dataset-fashion-mnist"
+
+
+def _fashion_mnist_files(root: Path) -> list[Path]:
+    return [root / f"{prefix}-{kind}-idx{dims}-ubyte.gz" for prefix in ("train", "t10k")
+            for kind, dims in (("images", 3), ("labels", 1))]
+
+
+def _hub_copy_cached(dataset_id: str) -> bool:
+    """Whether `dataset_id` has a folder in the Hugging Face caches, found by their environment variables and
+    defaults (HF_DATASETS_CACHE, HF_HUB_CACHE, HF_HOME) without importing `datasets`."""
+    import os
+
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")).expanduser()
+    owner, _, name = dataset_id.partition("/")
+    places = (Path(os.environ.get("HF_DATASETS_CACHE", home / "datasets")).expanduser() / f"{owner}___{name}",
+              Path(os.environ.get("HF_HUB_CACHE", home / "hub")).expanduser() / f"datasets--{owner}--{name}")
+    return any(p.is_dir() for p in places)
+
+
+def missing_data(source: str) -> str | None:
+    """What is missing for `data.source` to load on this machine, as a sentence naming the fix, or None: the
+    Fashion-MNIST IDX files (or its cached hub copy), an imagefolder's directory, a local `save_to_disk` folder.
+    Checked without loading anything; a hub id and a plug-in's source are taken as present (only loading tells)."""
+    name, ref = split_prefixed(source, DATA_SOURCES)
+    if name == "fashion-mnist":
+        root = Path(ref).expanduser() if ref else FASHION_MNIST_DIR
+        absent = [p.name for p in _fashion_mnist_files(root) if not p.is_file()]
+        if absent and not _hub_copy_cached("zalando-datasets/fashion_mnist"):  # `load_fashion_mnist`'s fallback
+            return (f"data.source = {source!r}: {', '.join(absent)} not in {root}; install Debian's files with "
+                    f"`{FASHION_MNIST_INSTALL}` (they go to {FASHION_MNIST_DIR}), or point data.source at "
+                    "fashion-mnist:<dir with the four *-ubyte.gz files>.")
+    if name == "imagefolder":
+        root = Path(ref).expanduser()
+        if not root.is_dir() or not any(p.is_file() for p in root.rglob("*")):
+            what = "is not a directory" if not root.is_dir() else "holds no files"
+            return (f"data.source = {source!r}: {root} {what}; point it at a folder of class sub-folders "
+                    "(or train/ and test/ holding them).")
+    if name == "hf" and ref.startswith(("/", ".", "~")) and not Path(ref).expanduser().exists():
+        return (f"data.source = {source!r}: {Path(ref).expanduser()} does not exist; point it at a folder written "
+                "by save_to_disk, or at a hub dataset id.")
+    return None
 
 
 def _stratified_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
