@@ -15,7 +15,7 @@ taps).
 
 from __future__ import annotations
 
-__all__ = ["AFTER", "head_tap_count", "remaining_estimate"]
+__all__ = ["AFTER", "geometry_estimate", "head_tap_count", "remaining_estimate"]
 
 AFTER = ("probing", "training")
 
@@ -50,3 +50,29 @@ def remaining_estimate(recipe, timing: dict, first_probe_s: float | None, head_t
     if recipe.geometry.final:
         line += "; plus the final geometry of each head (not estimated)"
     return line
+
+
+def geometry_estimate(results: dict, heads: int, rows: int) -> str:
+    """What `headprobe geometry` will spend, said before it starts, from what the run recorded: loading the backbone
+    and data and extracting the features and views again (the run's own seconds for them; less where its feature
+    cache is still there), then `heads` heads at `rows` rows, timed per head where an earlier geometry of this run
+    (`geometry_timing`, or the run's final geometry) was, else each head's sizes are said as it starts.
+
+    >>> geometry_estimate({"timing": {"load_s": 3.0, "extract_s": 60.0, "extract_views_s": 200.0}}, 2, 64)[:78]
+    'geometry estimate: loading and extracting again ≤ ~263 s (what the run took; '
+    """
+    timing = results.get("timing") or {}
+    again = sum(float(timing.get(k) or 0.0) for k in ("load_s", "extract_s", "extract_views_s"))
+    first = (f"loading and extracting again ≤ ~{again:.0f} s (what the run took; less from a warm feature cache)"
+             if again else "loading and extracting again (not timed by the run)")
+    earlier = results.get("geometry_timing") or {}
+    seconds, analysed = earlier.get("geometry_s") or timing.get("geometry_s"), [
+        h for h, entry in (results.get("heads") or {}).items() if (entry or {}).get("geometry")]
+    plural = "s" if heads != 1 else ""
+    if seconds and analysed:
+        per_head = float(seconds) / len(analysed)
+        then = (f"~{per_head * heads:.0f} s for {heads} head{plural} at {rows} rows ({per_head:.0f} s per head last "
+                "time, at the rows it used then)")
+    else:
+        then = f"{heads} head{plural} at {rows} rows each (not timed before: each head says its sizes as it starts)"
+    return f"geometry estimate: {first}, then {then}"
