@@ -130,3 +130,11 @@ def test_a_chosen_hyper_parameter_has_no_interval_in_the_terminal(report):
     print_summary(results, console=console)
     row = next(line for line in console.file.getvalue().splitlines() if "linear.C" in line)
     assert "±" not in row and "40.0000" in row
+
+
+def test_each_questions_margin_is_in_its_answer_lines_units(report):
+    _, text = report
+    answers = text[text.index("<section id='answers'>"):]
+    assert "primary linear.acc, predicted no change, margin 2.0 points." in answers
+    assert "primary rotation.acc, predicted lower at the head, margin 0.0 points." in answers
+    assert "margin 0.0200" not in answers

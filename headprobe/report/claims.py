@@ -92,6 +92,16 @@ def _secondary(secondary: Mapping) -> tuple[list[dict], list[dict]]:
     return rows, folded
 
 
+def _margin(claim: Mapping) -> str:
+    """The question's margin in its primary's units, as its answer lines write it ("2.0 points" for 0.02 accuracy)."""
+    from ..stats.claims import in_units
+
+    primary, margin = claim.get("primary") or "", claim.get("margin")
+    if not isinstance(margin, (int, float)):
+        return fmt(margin)
+    return in_units(primary, margin) + (" points" if primary.endswith(".acc") else "")
+
+
 def answers_section(results: Mapping, history: Mapping[str, Sequence[dict]]) -> Markup:
     claims = {k: c for k, c in (results.get("claims") or {}).items() if isinstance(c, dict)}
     heads = results.get("heads") or {}
@@ -105,5 +115,5 @@ def answers_section(results: Mapping, history: Mapping[str, Sequence[dict]]) -> 
             answered.append({"answer": answer, "badge": BADGE.get(answer, ""), "line": record.get("line", head),
                              "how": record.get("how", ""), "p": record.get("p"), "p_holm": record.get("p_holm"),
                              "secondary": rows, "folded": folded})
-        questions.append({"key": key, "claim": claim, "heads": answered})
+        questions.append({"key": key, "claim": claim, "heads": answered, "margin": _margin(claim)})
     return render("sections/answers.html.j2", questions=questions, trained=trained)
