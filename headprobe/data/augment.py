@@ -31,13 +31,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-from PIL import Image
-
 from ..registry import AUGMENT_PRESETS, unknown_name_message
 
-if TYPE_CHECKING:  # torch loads when views are made, not when a recipe's augment section is checked
+if TYPE_CHECKING:  # torch, numpy and PIL load when views are made, not when a recipe's augment section is checked
     import torch
+    from PIL import Image
 
 PARAM_NAMES: tuple[str, ...] = (
     "crop_x",  # left edge / image width
@@ -235,6 +233,7 @@ def params_dict(params: torch.Tensor) -> dict[str, float]:
 
 
 def _generator(seed: int, index: int, view: int) -> torch.Generator:
+    import numpy as np
     import torch
 
     for name, value in (("seed", seed), ("index", index), ("view", view)):
@@ -274,6 +273,7 @@ def sample_params(spec: AugmentSpec, image_size: tuple[int, int], seed: int, ind
 
     Deterministic in (spec, image_size, seed, index, view) and independent of global RNG state.
     """
+    import numpy as np
     import torch
 
     width, height = _check_size(image_size)

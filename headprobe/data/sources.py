@@ -11,11 +11,13 @@ import hashlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..registry import DATA_SOURCES, split_prefixed
 from .errors import DataSourceError
+
+if TYPE_CHECKING:  # numpy loads when data does, not when `validate` checks a data source is there
+    import numpy as np
 
 
 @dataclass
@@ -43,6 +45,7 @@ def _sha(*parts: object) -> str:
 def load_sklearn_digits(ref: str = "", revision: str | None = None):
     """scikit-learn's 1,797 8×8 digits as grey PIL images (0–16 ink scaled to 0–255)."""
     import datasets
+    import numpy as np
     from PIL import Image
     from sklearn.datasets import load_digits
 
@@ -126,6 +129,8 @@ def _read_idx(path: Path) -> np.ndarray:
     """An IDX file (the MNIST format: big-endian magic, dims, uint8 payload), gzipped or not (torchvision's
     `read_sn3_pascalvincent_tensor` opens plain files only, and Debian ships them gzipped)."""
     import gzip
+
+    import numpy as np
 
     raw = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
     ndim = raw[3]
@@ -216,6 +221,7 @@ def missing_data(source: str) -> str | None:
 
 def _stratified_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
     """Indices of a class-stratified subset of `size` (sorted); all indices if size ≥ len."""
+    import numpy as np
     from sklearn.model_selection import train_test_split
 
     n = len(labels)
@@ -232,6 +238,7 @@ def _stratified_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
 def load_data(spec, revision: str | None = None) -> DataSplits:
     """Resolve `spec` (a `DataSpec`) to train/test splits with ``image`` and ``label`` columns."""
     import datasets
+    import numpy as np
 
     prefix, ref = split_prefixed(spec.source, DATA_SOURCES)
     revision = revision if revision is not None else spec.revision
