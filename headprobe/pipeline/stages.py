@@ -174,10 +174,12 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
         if ctx.show and (heads_need or probing):  # the views often take longest: said before they start
             from headprobe.pipeline.time_estimate import views_estimate
 
-            # the images the clean extraction forwarded (rotated copies too; orbits' are few and left out)
+            # the images the clean extraction forwarded: rotated copies and orbit frames too
             extracted = sum(len(ds) for split, ds in (("train", data.train), ("test", data.test))
                             for key in (split, *(f"{split}-rot{a}" for a in (90, 180, 270)))
                             if key in cache and not cache[key]["hit"])
+            extracted += sum(frames.shape[0] * frames.shape[1] for sweep, frames in (out.orbits or {}).items()
+                             if not cache.get(f"orbits-{sweep}", {}).get("hit", True))
             images = len(data.train) * bool(heads_need or (probing and not held_out)) + \
                 len(data.test) * bool(probing and held_out)
             line = views_estimate(out.seconds["extract_s"], extracted, recipe.augment.views * images)
