@@ -11,11 +11,8 @@ here, below every layer that declares options, and imports nothing.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import importlib
-import importlib.util
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -49,26 +46,6 @@ def _import(target: str) -> Any:
     """``"package.module:attribute"`` → that attribute, importing the module on first use."""
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
-
-
-def parameter_names(target: str) -> list[str]:
-    """The parameter names of the function ``"package.module:function"`` names, in `inspect.signature`'s order,
-    read from the module's source when it defines the function at its top level (so that checking a recipe's
-    `objective.options` does not import torch), else from the imported function's signature."""
-    module, _, attr = target.partition(":")
-    if module not in sys.modules:
-        spec = importlib.util.find_spec(module)
-        if spec is not None and spec.origin and spec.origin.endswith(".py"):
-            with open(spec.origin, encoding="utf-8") as source:
-                tree = ast.parse(source.read(), filename=spec.origin)
-            for node in tree.body:
-                if isinstance(node, ast.FunctionDef) and node.name == attr:
-                    a = node.args
-                    return [p.arg for p in (*a.posonlyargs, *a.args, *filter(None, [a.vararg]), *a.kwonlyargs,
-                                            *filter(None, [a.kwarg]))]
-    import inspect
-
-    return list(inspect.signature(_import(target)).parameters)
 
 
 @dataclass(frozen=True)
