@@ -22,6 +22,7 @@ from headprobe.pipeline import probing, stages, taps
 from headprobe.pipeline.executors import executors_for
 from headprobe.pipeline.stages import RunContext, RunError
 from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
+from headprobe.recipe.folder_names import is_inside
 from headprobe.record.directory import RunDir, check_out_folder, default_run_dir
 from headprobe.record.lock import folder_lock
 from headprobe.record.writer import RecordWriter
@@ -334,6 +335,10 @@ def run_sweep(
     recipe = load_recipe(recipe_path, overrides)
     root = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(root)
+    for label, _ in combos:  # each run writes into its own folder inside the sweep's, never beside it
+        if not is_inside(root, root / label):
+            raise RecipeError(f"the sweep run {label!r} would be written outside {str(root)!r} (its folder "
+                              f"resolves to {str((root / label).resolve())!r}); rename it with sweep_labels.")
     results, probed = [], {}  # probed: the first run of each backbone-tap input, whose backbone tap the others take
     for label, items in combos:
         inputs = backbone_tap_inputs(load_recipe(recipe_path, items))

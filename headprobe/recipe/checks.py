@@ -11,6 +11,7 @@ import re
 import warnings
 
 from ..registry import BACKBONES, DATA_SOURCES, OBJECTIVES, OFFLINE_MODELS, SCRATCH_MODELS, Registry
+from .folder_names import folder_name_problem
 from .schema import NAME_PATTERN, BackboneSpec, DataSpec, LoraSpec, Recipe, RecipeError, not_allowed, unknown_name
 
 
@@ -279,6 +280,9 @@ def _check_heads(recipe: Recipe) -> None:
     for i, head in enumerate(recipe.heads):
         if head.name == "backbone" or not head.name or "@" in head.name:
             raise RecipeError(f"heads[{i}].name = {head.name!r} is reserved or invalid; use e.g. 'mlp_relu'.")
+        if (problem := folder_name_problem(head.name)) is not None or head.name.startswith("."):
+            raise RecipeError(f"heads[{i}].name = {head.name!r} {problem or 'starts with a dot'}; it names the head's "
+                              "files inside the run folder (per_unit/HEAD.safetensors), so use e.g. 'mlp_relu'.")
         if names.count(head.name) > 1:
             raise RecipeError(f"heads[{i}].name = {head.name!r} is used twice; each head needs its own name.")
         if head.type == "pretrained" and not recipe.backbone.id.startswith("ssl:"):
