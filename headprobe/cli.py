@@ -265,7 +265,9 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     except (SavedHeadsError, CheckpointError, ValueError) as err:
         return _error(str(err), EXIT_USAGE)
     except OSError as err:
-        return _error(f"could not write the heads: {err}", EXIT_FAILED)
+        where = f" {err.filename}" if err.filename else ""
+        return _error(f"could not write the heads{where}: {err.strerror or err}; choose a writable --out (a "
+                      ".safetensors file in a folder you can write to).", EXIT_FAILED)
     _console().print(f"heads: {path} (headprobe.load_heads({str(path)!r}) rebuilds them)", markup=False,
                      soft_wrap=True)
     return EXIT_OK

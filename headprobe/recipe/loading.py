@@ -46,6 +46,12 @@ def load_recipe(
     return _from_data(resolve_recipe_data(source, overrides, values))
 
 
+def load_section(cls: type, data: Any, path: str) -> Any:
+    """One section of a recipe (e.g. a `HeadSpec` from a head's config as results.json records it), with every
+    field's type, range and registered name checked as `load_recipe` checks them; `path` names it in messages."""
+    return _build(cls, data, path)
+
+
 def dump_recipe(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.to_dict(), sort_keys=False)
 
