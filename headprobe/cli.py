@@ -384,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     # Before torch loads its OpenMP runtime (it reads the wait policy once): idle threads sleep, never spin against
     # other jobs on a shared machine.
     prefer_passive_waiting()
+    from .report.warning_lines import one_line_warnings
+
+    one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     return args.fn(args)

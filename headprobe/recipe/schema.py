@@ -258,6 +258,9 @@ class RuntimeSpec:
     # Intra-op CPU threads; null: chosen from the CPUs the process may use and the machine's load. The environment
     # variable HEADPROBE_THREADS overrides it; an explicit OMP_NUM_THREADS counts when this is null.
     threads: int | None = field(default=None, metadata=at_least(1))
+    # The longest wait, in seconds, for one call to an experiment tracker of report_to (its server); a tracker that
+    # takes longer or fails is dropped with one warning, and the run goes on (`report.trackers`).
+    tracker_timeout_s: float = field(default=30.0, metadata={"range": Range(0, 86400, open_low=True)})
 
 
 @dataclass
