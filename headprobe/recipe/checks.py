@@ -10,9 +10,27 @@ import math
 import re
 import warnings
 
-from ..registry import BACKBONES, DATA_SOURCES, OBJECTIVES, OFFLINE_MODELS, SCRATCH_MODELS, Registry
+from ..registry import (
+    BACKBONES,
+    DATA_SOURCES,
+    OBJECTIVES,
+    OFFLINE_MODELS,
+    SCRATCH_MODELS,
+    Registry,
+    UnavailablePluginError,
+)
 from .folder_names import folder_name_problem
-from .schema import NAME_PATTERN, BackboneSpec, DataSpec, LoraSpec, Recipe, RecipeError, not_allowed, unknown_name
+from .schema import (
+    NAME_PATTERN,
+    BackboneSpec,
+    DataSpec,
+    LoraSpec,
+    Recipe,
+    RecipeError,
+    not_allowed,
+    unknown_name,
+    unregistered,
+)
 
 
 def check_recipe(recipe: Recipe) -> None:
@@ -119,8 +137,7 @@ def _check_prefixed(path: str, value: str, registry: Registry) -> None:
     prefix, sep, _ = value.partition(":")
     name = prefix if sep else value
     if name not in registry:
-        raise unknown_name(f"{path} = {value!r}", registry.family, name, registry.names(),
-                           {e.name: e.usage for e in registry})
+        raise unregistered(f"{path} = {value!r}", registry, name, {e.name: e.usage for e in registry})
 
 
 def _check_seeds(recipe: Recipe) -> None:
@@ -165,7 +182,10 @@ def _check_probes(recipe: Recipe, n_train: int | None) -> None:
     images = ("data.limit.train" if recipe.data.limit.train is not None and n_train == recipe.data.limit.train
               else recipe.data.source)
     for name, options in recipe.probes.items():
-        check = declared_probe(name).check
+        try:
+            check = declared_probe(name).check
+        except UnavailablePluginError as err:  # its module fails on import: taken out, with its first line
+            raise RecipeError(f"probes.{name}: {err}") from None
         if check is None:
             continue
         try:

@@ -24,10 +24,10 @@ import yaml
 
 from headprobe.recipe.safe_yaml import AliasLimitError, BoundedAliasLoader
 
-from ..registry import Registry
+from ..registry import Registry, UnavailablePluginError
 from .checks import check_recipe
 from .fields import check_range
-from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unknown_name
+from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unregistered
 from .sweeps import NO_SWEEP, sweep_folder_name, sweep_items
 
 
@@ -292,7 +292,7 @@ def _check_declared(f: dataclasses.Field, value: Any, where: str) -> None:
             check_range(at, item, f.metadata["range"])
         registry = f.metadata.get("registry")
         if registry is not None and item not in registry:
-            raise unknown_name(f"{at} = {item!r}", registry.family, item, registry.names())
+            raise unregistered(f"{at} = {item!r}", registry, item)
 
 
 def _build_named_section(value: Any, path: str, registry: Registry) -> dict:
@@ -304,9 +304,12 @@ def _build_named_section(value: Any, path: str, registry: Registry) -> dict:
     out = {}
     for name, options in value.items():
         if name not in registry:
-            raise unknown_name(f"{path}.{name}", registry.family, name, registry.names())
-        out[name] = _build(registry.entry(name).load_options() or NoOptions, options,
-                           f"{path}.{name}")
+            raise unregistered(f"{path}.{name}", registry, name)
+        try:
+            declared = registry.load_entry(name, options=True)
+        except UnavailablePluginError as err:
+            raise RecipeError(f"{path}.{name}: {err}") from None
+        out[name] = _build(declared or NoOptions, options, f"{path}.{name}")
     return out
 
 

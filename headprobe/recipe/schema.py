@@ -62,6 +62,14 @@ def unknown_name(where: str, family: str, name: str, allowed: Sequence[str],
     return RecipeError(f"{where}: unknown {family}; allowed: {listed}.{did_you_mean_hint(name, allowed, shown)}")
 
 
+def unregistered(where: str, registry: Any, name: str, shown: Mapping[str, str] | None = None) -> RecipeError:
+    """`unknown_name` for a name `registry` does not hold, or, for a plug-in taken out because it cannot be imported
+    (`Registry.set_unavailable`), the import error's first line."""
+    if registry.unavailable(name) is not None:
+        return RecipeError(f"{where}: {registry.unavailable_sentence(name)}")
+    return unknown_name(where, registry.family, name, registry.names(), shown)
+
+
 def not_allowed(where: str, value: Any, allowed: Sequence[str], guesses: Sequence[str] | None = None) -> RecipeError:
     """`where = value is not allowed; allowed: ...` for a fixed set of values, guessing among `guesses`
     (default: `allowed`)."""
