@@ -290,6 +290,13 @@ def _check_layers_and_resolution(spec: BackboneSpec) -> None:
                               "(-1: the final features).")
 
 
+def takes_predictor(objective: str) -> bool:
+    """Whether objective `objective` takes a head's predictor outputs: its function's signature says so, by its
+    first parameters ``(p1, p2, z1, z2, ...)`` (simsiam) rather than ``(z1, z2, ...)``."""
+    parameters = inspect.signature(OBJECTIVES.get(objective)).parameters
+    return next(iter(parameters), None) == "p1"
+
+
 def _check_heads(recipe: Recipe) -> None:
     """Head names, the objective's options and the augmentation knobs against the heads and the data."""
     part = recipe.backbone.part
@@ -315,9 +322,16 @@ def _check_heads(recipe: Recipe) -> None:
         if head.type == "pretrained" and recipe.backbone.tune != "frozen":
             raise RecipeError(f"heads[{i}] ({head.name}) is `type: pretrained` with backbone.tune = "
                               f"{recipe.backbone.tune!r}; a checkpoint's own head is probed on its frozen backbone.")
-        if recipe.objective.name == "simsiam" and head.predictor is None and head.type != "pretrained":
-            raise RecipeError(f"heads[{i}] ({head.name}) has no predictor, which objective simsiam needs; "
-                              f"set heads[{i}].predictor to a width, e.g. 512.")
+        if head.type == "pretrained":
+            continue
+        predictor = takes_predictor(recipe.objective.name)
+        if predictor and head.predictor is None:
+            raise RecipeError(f"heads[{i}] ({head.name}) has no predictor, which objective "
+                              f"{recipe.objective.name} needs; set heads[{i}].predictor to a width, e.g. 512.")
+        if not predictor and head.predictor is not None:
+            raise RecipeError(f"heads[{i}].predictor = {head.predictor}, but objective {recipe.objective.name} "
+                              "takes no predictor (only an objective of predictor outputs, such as simsiam, does); "
+                              f"remove heads[{i}].predictor, or use objective: {{name: simsiam}}.")
     objective = recipe.objective
     if objective.options:  # checked whether or not heads use them: a typo is a typo
         params = [p for p in inspect.signature(OBJECTIVES.get(objective.name)).parameters][2:]
