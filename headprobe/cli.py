@@ -133,9 +133,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from .recipe import RecipeError, load_recipe
+    from .recipe.environment import check_environment
 
     try:
         recipe = load_recipe(args.recipe, args.set)
+        check_environment()  # the variables a run reads, as it reads them
     except RecipeError as err:
         return _error(str(err), EXIT_USAGE)
     probes = ", ".join(recipe.probes)

@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..parallel.peers import process_runs
@@ -42,9 +43,9 @@ class RunFolderLocked(RecipeError):
     """Another headprobe command holds the run folder (exit 2: nothing was written)."""
 
 
-def stale_after_s() -> float:
+def stale_after_s(environ: Mapping[str, str] | None = None) -> float:
     """Seconds without a heartbeat after which another host's lock is stale: `HEADPROBE_LOCK_TIMEOUT`, else 120."""
-    value = os.environ.get("HEADPROBE_LOCK_TIMEOUT", "")
+    value = (os.environ if environ is None else environ).get("HEADPROBE_LOCK_TIMEOUT", "")
     try:
         seconds = float(value) if value.strip() else STALE_AFTER_S
     except ValueError:
