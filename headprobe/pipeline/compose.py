@@ -224,9 +224,14 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     results, invocation, finished = RecordWriter.begin(recipe.to_dict(), call.path, call.resume,
                                                        call.refuse_existing)
     if finished is not None:
-        # Nothing to redo: results.json, its timings and the report stay exactly as the run wrote them.
+        # Nothing to redo: results.json and its timings stay exactly as the run wrote them. A report the run was
+        # stopped in the middle of (results.json is written complete before it) is made now.
+        missing = recipe.report and not (call.path / "report.html").is_file()
+        if main and missing:
+            stages.write_report(RunDir(call.path, writable=True))
         if main and not call.quiet:
-            print(f"nothing to do: the run in {call.path} is already complete ({call.path / 'results.json'}).",
+            made = " except its report, made now" if missing else ""
+            print(f"nothing to do: the run in {call.path} is already complete{made} ({call.path / 'results.json'}).",
                   file=sys.stderr)
         return Results(finished, call.path)
     # Every process checks the directory before the main one writes into it.
