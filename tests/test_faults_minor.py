@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import yaml
 from timeouts import HANG_TIMEOUT_S
 
 from headprobe.cli import main
@@ -78,3 +79,15 @@ def test_a_warning_prints_as_one_clean_line(tmp_path):
                         r"host node-elsewhere, started then\): it has had no heartbeat for 36\d\d s\.", warned[0])
     assert "UserWarning" not in done.stderr and ".py:" not in done.stderr
     assert socket.gethostname() != "node-elsewhere"
+
+
+def test_validate_refuses_a_claims_primary_no_probe_of_the_recipe_measures(tmp_path, capsys):
+    recipe = {"probes": {"linear": {}, "knn": {}}, "claims": {"Q-aug": {"primary": "rotation.acc"}}}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    assert _one_line(capsys) == (
+        "error: claims.Q-aug.primary = 'rotation.acc' is measured by probe rotation, which the recipe does not run "
+        "(its probes: linear, knn); add probes.rotation, or choose a primary one of its probes measures.")
+    recipe["probes"]["rotation"] = {}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 0

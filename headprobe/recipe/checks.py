@@ -75,6 +75,17 @@ def _check_claims(recipe: Recipe) -> None:
         check_claims_section(recipe.claims)
     except ValueError as err:
         raise RecipeError(str(err)) from None
+    chosen = {key: override["primary"] for key, override in recipe.claims.items() if "primary" in override}
+    if not chosen:
+        return
+    from headprobe.probes.declaration import declared_probes
+
+    for key, primary in chosen.items():
+        owners = [p.name for p in declared_probes() if any(m.match(primary) is not None for m in p.metrics)]
+        if owners and not set(owners) & set(recipe.probes):
+            raise RecipeError(f"claims.{key}.primary = {primary!r} is measured by probe {owners[0]}, which the "
+                              f"recipe does not run (its probes: {', '.join(recipe.probes)}); add probes.{owners[0]}, "
+                              "or choose a primary one of its probes measures.")
 
 
 def _check_trackers(recipe: Recipe) -> None:
