@@ -87,7 +87,7 @@ def test_validate_refuses_a_claims_primary_no_probe_of_the_recipe_measures(tmp_p
     assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
     assert _one_line(capsys) == (
         "error: claims.Q-aug.primary = 'rotation.acc' is measured by probe rotation, which the recipe does not run "
-        "(its probes: linear, knn); add probes.rotation, or choose a primary one of its probes measures.")
+        "(its probes: knn, linear); add probes.rotation, or choose a primary one of its probes measures.")
     recipe["probes"]["rotation"] = {}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     assert main(["validate", str(tmp_path / "recipe.yaml")]) == 0
