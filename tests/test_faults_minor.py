@@ -91,3 +91,14 @@ def test_validate_refuses_a_claims_primary_no_probe_of_the_recipe_measures(tmp_p
     recipe["probes"]["rotation"] = {}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     assert main(["validate", str(tmp_path / "recipe.yaml")]) == 0
+
+
+@pytest.mark.parametrize("key", ["width", "out_dim", "predictor"])
+def test_validate_refuses_a_width_no_machine_can_hold(key, tmp_path, capsys):
+    from headprobe.recipe.schema import MAX_WIDTH
+
+    head = {"name": "h", "predictor": 8, key: 100_000_000_000}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump({"heads": [head], "objective": {"name": "simsiam"}}))
+    assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
+    assert f"heads[0].{key} = 100000000000 is out of range; it must be in [1, {MAX_WIDTH}]" in _one_line(capsys)
+    assert main(["validate", "--set", f"heads.0.{key}={MAX_WIDTH}", str(tmp_path / "recipe.yaml")]) == 0
