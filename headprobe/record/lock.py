@@ -24,17 +24,17 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 
 from ..parallel.peers import process_runs
 from ..recipe import RecipeError
+from ..recipe.environment import DEFAULT_LOCK_TIMEOUT_S, lock_timeout_s
 
 __all__ = ["HEARTBEAT_S", "LOCK_NAME", "RunFolderLocked", "RunLock", "folder_lock", "stale_after_s"]
 
 LOCK_NAME = "headprobe.lock"
 HEARTBEAT_S = 10.0
-STALE_AFTER_S = 120.0  # a foreign host's lock untouched this long is taken to be left by a dead process
+STALE_AFTER_S = DEFAULT_LOCK_TIMEOUT_S  # a foreign host's lock untouched this long was left by a dead process
 GARBAGE_AFTER_S = 5.0  # a lock without a readable holder untouched this long was left by a maker that died writing it
 PID_MAX = 2**31 - 1  # the largest pid `os.kill` takes (Linux's own limit is 2**22)
 
@@ -43,17 +43,10 @@ class RunFolderLocked(RecipeError):
     """Another headprobe command holds the run folder (exit 2: nothing was written)."""
 
 
-def stale_after_s(environ: Mapping[str, str] | None = None) -> float:
-    """Seconds without a heartbeat after which another host's lock is stale: `HEADPROBE_LOCK_TIMEOUT`, else 120."""
-    value = (os.environ if environ is None else environ).get("HEADPROBE_LOCK_TIMEOUT", "")
-    try:
-        seconds = float(value) if value.strip() else STALE_AFTER_S
-    except ValueError:
-        raise RecipeError(f"HEADPROBE_LOCK_TIMEOUT = {value!r} is not a number of seconds; unset it or give e.g. "
-                          "HEADPROBE_LOCK_TIMEOUT=300.") from None
-    if not seconds > 0:
-        raise RecipeError(f"HEADPROBE_LOCK_TIMEOUT = {value!r} must be > 0 seconds (e.g. 300).")
-    return seconds
+def stale_after_s() -> float:
+    """Seconds without a heartbeat after which another host's lock is stale: `HEADPROBE_LOCK_TIMEOUT`, else
+    `STALE_AFTER_S` (read and checked by `recipe.environment.lock_timeout_s`)."""
+    return lock_timeout_s()
 
 
 class RunLock:
