@@ -60,7 +60,7 @@ def test_report_with_a_bad_lock_timeout_exits_2_with_a_sentence(value, words, tm
 def test_a_pid_that_names_no_process_is_garbage_taken_over(pid, tmp_path):
     run = tmp_path / "run"
     _plant(run, _holder(pid), age_s=30)
-    with pytest.warns(UserWarning, match="an unknown process .*names no live holder .* not changed for 3\\d s"), \
+    with pytest.warns(UserWarning, match="an unknown process: its file names no process .* not changed for 3\\d s"), \
             RunLock(run, "resume"):
         assert json.loads((run / LOCK_NAME).read_text())["pid"] == os.getpid()
 
@@ -68,7 +68,7 @@ def test_a_pid_that_names_no_process_is_garbage_taken_over(pid, tmp_path):
 def test_report_meeting_a_huge_pid_finishes(tmp_path, capsys):
     run = _run_folder(tmp_path)
     _plant(run, _holder(99999999999999999999), age_s=30)
-    with pytest.warns(UserWarning, match="names no live holder"):
+    with pytest.warns(UserWarning, match="its file names no process"):
         assert main(["report", str(run)]) == 0
     assert "Traceback" not in capsys.readouterr().err and not (run / LOCK_NAME).exists()
 

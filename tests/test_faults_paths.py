@@ -105,9 +105,10 @@ def test_a_labelled_sweep_writes_nothing_outside_its_folder(tmp_path, capsys):
     assert {p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()} == {"first", "x..y"}
 
 
-def test_two_sweep_runs_never_share_a_folder():
-    with pytest.raises(RecipeError, match="would share the folder 'source=imagefolder:a_b'.*sweep_labels"):
-        expand_sweep({"sweep": {"data.source": ["imagefolder:a/b", "imagefolder:a_b"]}})
+def test_two_sweep_runs_never_share_a_folder(tmp_path, capsys):
+    code, err = _validate(tmp_path, {"sweep": {"data.source": ["imagefolder:a/b", "imagefolder:a_b"]}}, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "two runs of the sweep would share the folder 'source=imagefolder:a_b'" in err and "sweep_labels" in err
     blocks = [{"id": "scratch:vit-tiny"}, {"id": "scratch:vit-tiny", "pooling": "mean"}]
     assert [label for label, _ in expand_sweep({"sweep": {"backbone": blocks}})] == ["backbone=0",
                                                                                      "backbone.pooling=mean"]

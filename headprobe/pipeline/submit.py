@@ -50,7 +50,8 @@ class SubmitOptions:
             if here < self.gpus:
                 raise ValueError(f"--local --gpus {self.gpus} asks this machine for {self.gpus} GPU(s), but torch "
                                  f"sees {here} here; the job would run on fewer (or on the CPU) without saying so: "
-                                 f"pass --gpus {here} or less, or submit to SLURM without --local.")
+                                 f"{f'pass --gpus {here} or less' if here else 'leave out --gpus'}, or submit to "
+                                 "SLURM without --local.")
 
 
 @dataclass

@@ -242,13 +242,7 @@ def expand_sweep(source: str | Path | dict, overrides: list[str] | None = None) 
     combos = _sweep_items(recipe)
     if not combos:
         return [("", list(overrides or []))]
-    runs = [(sweep_folder_name(label), list(overrides or []) + items + NO_SWEEP) for label, items in combos]
-    folders = [folder for folder, _ in runs]
-    twice = next((f for f in folders if folders.count(f) > 1), None)
-    if twice is not None:
-        raise RecipeError(f"two runs of the sweep would share the folder {twice!r} (their labels differ only in "
-                          "characters a folder name cannot hold); name the runs with sweep_labels.")
-    return runs
+    return [(sweep_folder_name(label), list(overrides or []) + items + NO_SWEEP) for label, items in combos]
 
 
 # --- the generic checker: types, declared ranges, registered names --------------------------

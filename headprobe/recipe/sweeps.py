@@ -112,6 +112,11 @@ def sweep_items(sweep: Mapping[str, Any] | None, zipped: Mapping[str, Any] | Non
         if len(set(labels)) != len(labels):
             raise RecipeError(f"sweep_labels = {labels} must be distinct names (each names a run's folder).")
         out = [(name, items) for name, (_, items) in zip(labels, out, strict=True)]
+    folders = [sweep_folder_name(label) for label, _ in out]
+    twice = next((f for f in folders if folders.count(f) > 1), None)
+    if twice is not None:
+        raise RecipeError(f"two runs of the sweep would share the folder {twice!r} (their labels differ only in "
+                          "characters a folder name cannot hold); name the runs with sweep_labels.")
     return out
 
 

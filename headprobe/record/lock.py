@@ -151,7 +151,8 @@ class RunLock:
         if self._read() != holder:  # replaced since it was judged: judge again
             return
         if holder is None:
-            why = f"it names no live holder (not a lock headprobe wrote whole) and has not changed for {abs(age):.0f} s"
+            why = (f"its file names no process (it is unreadable, or its pid is no process id) and has not changed "
+                   f"for {abs(age):.0f} s")
         elif holder.get("host") == socket.gethostname():
             why = "its process no longer runs"
         elif age < 0:
@@ -166,7 +167,7 @@ class RunLock:
     @staticmethod
     def _describe(holder: dict | None) -> str:
         if not holder:
-            return "an unknown process (an unreadable lock file)"
+            return "an unknown process"
         return (f"headprobe {holder.get('purpose', '?')} (pid {holder.get('pid', '?')} on host "
                 f"{holder.get('host', '?')}, started {holder.get('started', '?')})")
 
