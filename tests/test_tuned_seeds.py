@@ -22,7 +22,7 @@ TUNED = {
     "data": {"source": "sklearn-digits", "limit": {"train": 60, "test": 30}}, "features": {"batch_size": 60},
     "heads": [{"name": "mlp", "depth": 2, "width": 16, "act": "relu"}, {"name": "ident", "type": "identity"}],
     "objective": {"name": "vicreg"}, "augment": {"preset": "crop-flip", "views": 2},
-    "train": {"epochs": 1, "batch_size": 20, "checkpoint_every": 1},
+    "train": {"epochs": 1, "batch_size": 20, "checkpoint_every": 1, "log_every": 1},
     "probes": {"linear": {"C_grid": [1.0]}, "rotation": {"C_grid": [1.0], "mlp_epochs": 2}, "invariance": {}},
     "report": False,
 }
