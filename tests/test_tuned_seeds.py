@@ -3,10 +3,15 @@ with per-seed backbone and head taps, each seed's head compared with the backbon
 (headprobe/pipeline/tuned_seeds.py, stats/retraining.py)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from timeouts import HANG_TIMEOUT_S
 
 from headprobe import run
 from headprobe.record.writer import RecordWriter
@@ -199,3 +204,35 @@ def test_an_interrupted_multi_seed_tuned_run_resumes_each_seed_where_it_stopped(
         assert resumed["taps"][name]["metrics"] == tap["metrics"], name
         assert resumed["taps"][name]["uncertainty"] == tap["uncertainty"], name
     assert resumed["claims"] == reference["claims"]
+
+
+TWO_PROCESSES = """
+import json, sys
+from headprobe import run
+run(json.loads(sys.argv[1]), out=sys.argv[2], quiet=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_processes_tune_each_seed_together_as_a_one_seed_run_does(tmp_path):
+    """With 2 processes every seed is tuned by both (one global batch): seed 1 of the 2-seed run is, bit for bit, the
+    run with seeds [1] on 2 processes (the last seed tunes the kept untuned copy itself)."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("torchrun missing")
+    script = tmp_path / "job.py"
+    script.write_text(TWO_PROCESSES)
+    runs = {}
+    for name, seeds in (("two", [0, 1]), ("one", [1])):
+        env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / f"cache-{name}"), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script),
+                               json.dumps({**TUNED, "seeds": seeds}), str(tmp_path / name)],
+                              env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = json.loads((tmp_path / name / "results.json").read_text())
+    two, one = runs["two"], runs["one"]
+    assert two["environment"]["num_processes"] == 2 and two["protocol"]["train"]["batch_per_process"] == 10
+    assert two["backbone_tuned"]["seeds"]["1"]["fingerprint"] == one["backbone_tuned"]["fingerprint"]
+    for name in TAPS:
+        assert two["taps"][name]["seeds"]["1"]["metrics"] == one["taps"][name]["metrics"], name
