@@ -106,6 +106,14 @@ def test_pairing_each_head_with_its_own_backbone_covers_and_removes_the_backbone
     assert widths["paired"] < widths["mean backbone"] / 5, widths
 
 
+def test_a_recipe_with_seeds_and_a_tuned_backbone_is_accepted():
+    from headprobe.recipe import load_recipe
+
+    for tune in ("full", "last:1", "lora"):
+        recipe = load_recipe({**TUNED, "backbone": {**TUNED["backbone"], "tune": tune}, "seeds": [0, 1, 2]})
+        assert (recipe.backbone.tune, recipe.seed_list) == (tune, [0, 1, 2])
+
+
 @pytest.fixture(scope="module")
 def tuned_runs(tmp_path_factory):
     """The 2-seed run and the 1-seed run (seed 0) of `TUNED`, each with a cache of its own. The 2-seed run is given
