@@ -78,8 +78,8 @@ def _record_training(ctx, trained: stages.TrainedHeads, seed: int, several: bool
     so far: each head's record is the first seed's with every seed's status and loss (`train_seeds`), as on the
     cached path, and `backbone_tuned` holds each seed's tuned weights (`seeds`: fingerprint, saved)."""
     heads, protocol, tuned = trained.heads, trained.protocol, trained.backbone_tuned
+    first = not kept
     if several:
-        first = not kept
         for name, entry in trained.heads.items():
             shown = kept.setdefault("heads", {}).setdefault(name, entry)
             shown.setdefault("train_seeds", {})[str(seed)] = {
@@ -95,8 +95,6 @@ def _record_training(ctx, trained: stages.TrainedHeads, seed: int, several: bool
             **{k: v for k, v in tuned.items() if k not in ("fingerprint", "saved")}, "seeds": {}})
         shown_tuned["seeds"][str(seed)] = {k: tuned[k] for k in ("fingerprint", "saved") if k in tuned}
         heads, protocol, tuned = kept["heads"], kept["protocol"], shown_tuned
-    else:
-        first = True
     # The run's training time adds up the seeds of this invocation (and, resumed, the time recorded before).
     ctx.record.training(heads, protocol, trained.seconds, trained.resumed or not first, trained.track_s, tuned)
     ctx.announce_estimate("training")
