@@ -3,7 +3,7 @@ training seed.
 
 A tuned backbone is itself a product of the training seed, so with `seeds: [0, 1, 2]` the backbone tap differs per
 seed as the head taps do. `tune_and_probe` tunes a fresh copy of the untuned backbone with its heads for each seed
-(seed s trains and scores exactly as a one-seed run with seed s does), extracts every feature again from it and
+(seed s trains and scores exactly as the run with `seeds: [s]` does), extracts every feature again from it and
 probes the backbone tap and every head tap of that seed (units (tap, s), per-unit stores ``TAP.seed-S``) before the
 next seed starts. Then every tap's seed aggregate, the verdicts and the paper's answers are made over the seeds
 (`probing.answer_heads`), each seed's head against the backbone tuned with it. `backbone_untuned`, where every seed
