@@ -185,7 +185,8 @@ def _finite(value) -> bool:
 
 def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric: str, seed: int = 0):
     """`retraining.Change` of `metric` from the backbone to `tap`, or None when either tap lacks it. A tap probed
-    per seed (taps[tap]["seeds"]) uses each seed's value and per-unit statistic (per_unit["TAP.seed-S"])."""
+    per seed (taps[tap]["seeds"]) uses each seed's value and per-unit statistic (per_unit["TAP.seed-S"]); where the
+    backbone was tuned per seed too (taps["backbone"]["seeds"]), each seed's head is compared with its own."""
     from .retraining import change_interval
 
     b, record = taps["backbone"]["metrics"].get(metric), taps[tap]
@@ -193,12 +194,19 @@ def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric:
         return None
     seeds = record.get("seeds") or {}
     values = [seeds[s]["metrics"].get(metric) for s in seeds]
+    b_stat = per_unit.get("backbone", {}).get(metric)
     if len(seeds) > 1 and all(_finite(v) for v in values):
         stats = [per_unit.get(f"{tap}.seed-{s}", {}).get(metric) for s in seeds]
+        own = taps["backbone"].get("seeds") or {}
+        if own:  # the paper's regime: each seed's head against the backbone tuned with it
+            b = [own[s]["metrics"].get(metric) for s in seeds]
+            if not all(_finite(v) for v in b):
+                return None
+            b_stat = [per_unit.get(f"backbone.seed-{s}", {}).get(metric) for s in seeds]
+            b_stat = b_stat if all(x is not None for x in b_stat) else None
     else:
         values, stats = [record["metrics"][metric]], [per_unit.get(tap, {}).get(metric)]
-    return change_interval(b, values, per_unit.get("backbone", {}).get(metric),
-                           stats if all(x is not None for x in stats) else None, resamples, seed)
+    return change_interval(b, values, b_stat, stats if all(x is not None for x in stats) else None, resamples, seed)
 
 
 def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict[str, str],
