@@ -106,6 +106,7 @@ def probe_heads(ctx, features, trained, backbone: bool = False) -> float | None:
     the paper's questions (`stats.claims`: results["claims"]); returns the seconds probing took (None when no probe
     ran). The probes of all the head taps (and with `backbone` the backbone tap's, first) go to the probe executor
     at once, so that several processes share them out."""
+    from headprobe.recipe.null_heads import is_null, null_of
     from headprobe.stats.claims import answer_questions
     from headprobe.stats.verdict import buffer_verdict
 
@@ -145,7 +146,9 @@ def probe_heads(ctx, features, trained, backbone: bool = False) -> float | None:
     buffer = {head: buffer_verdict(taps, tap, record.per_unit, ctx.resamples) | ({} if tap == head else {"tap": tap})
               for head, tap in compared.items()}
     # The paper's questions, each answered from its primary measure with an interval over seeds and test images.
-    claims = answer_questions(taps, record.per_unit, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed)
+    nulls = {spec.name: null for spec in ctx.recipe.heads if (null := null_of(ctx.recipe.heads, spec.name))}
+    claims = answer_questions(taps, record.per_unit, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed,
+                              nulls=nulls, null_heads=tuple(s.name for s in ctx.recipe.heads if is_null(s)))
     record.verdicts(buffer, claims)
     return time.perf_counter() - t0 if ran else None
 
