@@ -141,6 +141,7 @@ def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: d
     where the executor kept them) and the seed aggregates of those probed per seed (`aggregate_seeds`), then each
     head's buffer verdict and the paper's questions answered (`stats.claims`: results["claims"]), into the record.
     compared: {head: the tap it is compared at}."""
+    from headprobe.recipe.null_heads import is_null, null_of
     from headprobe.stats.claims import answer_questions
     from headprobe.stats.verdict import buffer_verdict
 
@@ -164,7 +165,9 @@ def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: d
     buffer = {head: buffer_verdict(taps, tap, record.per_unit, ctx.resamples) | ({} if tap == head else {"tap": tap})
               for head, tap in compared.items()}
     # The paper's questions, each answered from its primary measure with an interval over seeds and test images.
-    claims = answer_questions(taps, record.per_unit, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed)
+    nulls = {spec.name: null for spec in ctx.recipe.heads if (null := null_of(ctx.recipe.heads, spec.name))}
+    claims = answer_questions(taps, record.per_unit, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed,
+                              nulls=nulls, null_heads=tuple(s.name for s in ctx.recipe.heads if is_null(s)))
     record.verdicts(buffer, claims)
 
 

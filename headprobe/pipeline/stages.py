@@ -21,6 +21,8 @@ import torch
 # RunError and write_report are part of the stages' API (pipeline, analyse and the tests use them from here).
 from headprobe.pipeline.context import RunContext, RunError, write_report  # noqa: F401
 from headprobe.recipe import Recipe
+from headprobe.recipe.null_heads import is_null, trainable_specs
+from headprobe.train.null_heads import NullHead, build_null_heads
 from headprobe.train.objectives import objective_protocol
 from headprobe.train.pretrained_heads import PretrainedHead, load_pretrained_heads
 
@@ -207,7 +209,7 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
 
     recipe, record, seeds = ctx.recipe, ctx.record, ctx.recipe.seed_list
     several = len(seeds) > 1
-    trainable = [spec for spec in recipe.heads if spec.type != "pretrained"]
+    trainable = trainable_specs(recipe.heads)
     pretrained = load_pretrained_heads(ctx)
     by_seed, summaries, resumed, track_s = {}, {}, False, 0.0
 
@@ -242,13 +244,15 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
         out.protocol["train"] = _training_protocol(recipe, summary, {})
     else:
         out.by_seed, summary = {seed: {} for seed in seeds}, {"steps": 0}
-    for states in out.by_seed.values():
+    dim = features.views.features.shape[-1]
+    for seed, states in out.by_seed.items():
         states.update(pretrained)  # the same frozen module for every seed: it is not retrained
+        states.update(build_null_heads(recipe.heads, dim, seed))  # never trained: built from the seed alone
     for spec in recipe.heads:
         first = out.first.get(spec.name)
         out.heads[spec.name] = {
             "config": dataclasses.asdict(spec),
-            "train": {"steps": 0 if spec.type == "pretrained" else summary["steps"],
+            "train": {"steps": 0 if spec.type == "pretrained" or is_null(spec) else summary["steps"],
                       "status": first.status if first else "untrained (no parameters)",
                       "final_loss": first.last_loss if first else None,
                       "message": first.message if first else ""},
@@ -332,6 +336,9 @@ def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> Iter
     for name, trained in heads.items():
         if isinstance(trained, PretrainedHead):
             yield name, {"skipped": "a pretrained head: the loss it was trained with is not the recipe's objective"}
+            continue
+        if isinstance(trained, NullHead):
+            yield name, {"skipped": "a null head, never trained: probed as a reference, its geometry not analysed"}
             continue
         if ctx.show:  # said before the work starts: its time depends on these sizes
             print(f"geometry of head {name!r}: {size_estimate(trained.head, dim, n, k, ctx.recipe.geometry.rows)}",

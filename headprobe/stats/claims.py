@@ -210,13 +210,24 @@ def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric:
 
 
 def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict[str, str],
-                     overrides: dict | None = None, seed: int = 0) -> dict:
+                     overrides: dict | None = None, seed: int = 0, nulls: dict[str, str] | None = None,
+                     null_heads: tuple[str, ...] = ()) -> dict:
     """results.json["claims"]: per question its primary, margin, rules and, per head (compared: {head: the tap it
     is compared at}), the primary change with its interval, p, p_holm, the answer, its one-line sentence and the
     secondary measures' changes (a head without the primary: answer NOT_MEASURED and its secondary measures).
     taps: results["taps"]; per_unit: {"TAP" | "TAP.seed-S": {metric: statistic}}; resamples: {unit: Resamples}
-    shared by every tap; seed: the seeds' bootstrap draws."""
+    shared by every tap; seed: the seeds' bootstrap draws; nulls: {head: its null head}; null_heads: the heads that are
+    nulls (`recipe.null_heads`).
+
+    A head with a null also gets `vs_null`, its change against the null's (`stats.against_null`), and a direction
+    question is decided on that (`decided_on`): "more invariant" means more invariant than the same head untrained.
+    The equivalence question stays decided on head − backbone (it asks what the backbone's information became) and
+    shows the change against the null beside it. The null heads are answered too, as a family of their own for Holm."""
+    from headprobe.stats.against_null import change_against, null_record
     from headprobe.stats.bootstrap import ALPHA, holm
+
+    nulls = {h: n for h, n in (nulls or {}).items() if h in compared and n in compared}
+    null_heads = set(null_heads) | set(nulls.values())
 
     out = {}
     for question in questions(overrides):
@@ -239,13 +250,28 @@ def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict
                 continue
             answer, p = _decide(question, change)
             heads[head] = {"tap": tap, **change.record(), "answer": answer, "p": p, "p_holm": None,
-                           "secondary": secondary}
+                           "secondary": secondary, "decided_on": "head − backbone"}
+            if head in null_heads:
+                heads[head]["is_null"] = True
+            against = (change_against(taps, per_unit, resamples, tap, compared[nulls[head]], question.primary, seed)
+                       if head in nulls else None)
+            if against is not None:
+                vs_answer, vs_p = _decide(question, against)
+                heads[head]["vs_null"] = null_record(against, nulls[head], compared[nulls[head]]) | {
+                    "answer": vs_answer, "p": vs_p}
+                if question.kind == DIRECTION:
+                    heads[head].update(answer=vs_answer, p=vs_p, decided_on="head − null")
+                    p = vs_p
+            elif head in nulls:
+                heads[head]["vs_null"] = {"null": nulls[head], "unavailable": f"{question.primary} not at both taps"}
             if p is not None:
                 p_values[head] = p
-        for head, p_holm in holm(p_values).items():
-            heads[head]["p_holm"] = p_holm
-            if p_holm >= ALPHA:
-                heads[head]["answer"] = "undecided"
+        for family in ({h: p for h, p in p_values.items() if h not in null_heads},
+                       {h: p for h, p in p_values.items() if h in null_heads}):
+            for head, p_holm in holm(family).items():
+                heads[head]["p_holm"] = p_holm
+                if p_holm >= ALPHA:
+                    heads[head]["answer"] = "undecided"
         for head, record in heads.items():
             record["line"] = answer_line(question, head, record)
         entry["heads"] = heads
@@ -282,4 +308,23 @@ def answer_line(question: Question, head: str, record: dict) -> str:
     if record.get("interval") == "test images only":
         size += " (interval over the test images only)"
     return (f"{question.key}: {head} head {question.finding} ({metric}{margin}): "
-            f"{in_units(metric, record['change'], signed=True)}{points}{interval}, {size} — {record['answer']}")
+            f"{in_units(metric, record['change'], signed=True)}{points}{interval}{_null_clause(metric, record)}, "
+            f"{size} — {record['answer']}")
+
+
+def _null_clause(metric: str, record: dict) -> str:
+    """"; against its null relu.init: −3.1 points [−5.0, −1.2] (decides)", or where the recipe has no null heads
+    nothing (a null head's own line says it is one)."""
+    if record.get("is_null"):
+        return " (a null head: never trained)"
+    vs = record.get("vs_null")
+    if not vs:
+        return ""
+    if "change" not in vs:
+        return f"; against its null {vs['null']}: not measured"
+    points = " points" if metric.endswith(".acc") else ""
+    ci = vs.get("ci95")
+    interval = f" [{in_units(metric, ci[0])}, {in_units(metric, ci[1])}]" if ci else " (no interval)"
+    decides = " (decides)" if record.get("decided_on") == "head − null" else ""
+    return f" vs the backbone; {in_units(metric, vs['change'], signed=True)}{points}{interval} against its null " \
+           f"{vs['null']}{decides}"
