@@ -9,6 +9,7 @@ from headprobe.recipe import RecipeError, load_recipe
 from headprobe.recipe.loading import dump_recipe
 from headprobe.recipe.null_heads import null_of, with_null_heads
 from headprobe.recipe.schema import HeadSpec
+from headprobe.record.saved_heads import load_heads
 from headprobe.stats.against_null import Difference, change_against
 from headprobe.stats.bootstrap import PerUnit, bootstrap_resamples
 from headprobe.train.engine import build_head
@@ -44,9 +45,12 @@ def test_a_null_of_nothing_is_refused(heads, needle):
         load_recipe({"heads": heads})
 
 
-def test_null_heads_on_a_tuned_backbone_are_refused():
+def test_init_copies_on_a_tuned_backbone_are_refused_and_a_random_arm_is_not():
+    tuned = {"id": "scratch:vit-tiny", "tune": "full"}
     with pytest.raises(RecipeError, match="null head"):
-        load_recipe({"backbone": {"id": "scratch:vit-tiny", "tune": "full"}, "heads": HEADS, "null_heads": ["init"]})
+        load_recipe({"backbone": tuned, "heads": HEADS, "null_heads": ["init"]})
+    # The null arm across runs: the backbone trained through a fixed random injective map.
+    assert load_recipe({"backbone": tuned, "heads": [{"name": "random", "type": "random"}]}).heads[0].depth == 1
 
 
 def test_the_random_map_is_injective_and_fixed():
@@ -140,3 +144,21 @@ def test_a_run_with_null_heads_reads_every_answer_against_them(tiny_dinov2, tmp_
         if key != "Q-class":
             assert relu["answer"] in ("yes", "no", "undecided")
             assert relu["answer"] == "undecided" or relu["p_holm"] < 0.05
+
+
+@pytest.mark.slow
+def test_a_backbone_trains_through_a_fixed_random_map(tmp_path):
+    """The null arm of a guillotine sweep: the backbone is tuned through the random map, which itself never moves."""
+    recipe = {"name": "random-arm", "backbone": {"id": "scratch:vit-tiny", "pooling": "cls", "tune": "full",
+                                                 "resolution": 16},
+              "data": {"source": "sklearn-digits", "limit": {"train": 60, "test": 30}}, "features": {"batch_size": 60},
+              "heads": [{"name": "random", "type": "random", "width": 256}], "objective": {"name": "vicreg"},
+              "augment": {"preset": "crop-flip", "views": 2}, "train": {"epochs": 1, "batch_size": 20},
+              "probes": {"linear": {"C_grid": [1.0]}}, "report": False}
+    results = run(recipe, out=tmp_path / "r", quiet=True)
+    assert results["backbone_tuned"] and {"backbone", "backbone_untuned", "random"} <= set(results["taps"])
+    assert results["taps"]["backbone"]["metrics"] != results["taps"]["backbone_untuned"]["metrics"]
+    assert "is_null" not in results["claims"]["Q-class"]["heads"]["random"]  # it trained the backbone: an arm
+    built = build_null_heads(load_recipe(recipe).heads, 192, 0)["random"].head.map.weight
+    saved = load_heads(tmp_path / "r")["random"].map.weight
+    assert torch.equal(saved, built)  # never updated: still its draw from (seed, name)

@@ -165,9 +165,11 @@ def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: d
     buffer = {head: buffer_verdict(taps, tap, record.per_unit, ctx.resamples) | ({} if tap == head else {"tap": tap})
               for head, tap in compared.items()}
     # The paper's questions, each answered from its primary measure with an interval over seeds and test images.
-    nulls = {spec.name: null for spec in ctx.recipe.heads if (null := null_of(ctx.recipe.heads, spec.name))}
+    # Null heads are nulls on a frozen backbone; on a tuned one a `type: random` head trains the backbone like any.
+    frozen, heads = ctx.recipe.backbone.tune == "frozen", ctx.recipe.heads
+    nulls = {spec.name: null for spec in heads if frozen and (null := null_of(heads, spec.name))}
     claims = answer_questions(taps, record.per_unit, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed,
-                              nulls=nulls, null_heads=tuple(s.name for s in ctx.recipe.heads if is_null(s)))
+                              nulls=nulls, null_heads=tuple(s.name for s in heads if frozen and is_null(s)))
     record.verdicts(buffer, claims)
 
 

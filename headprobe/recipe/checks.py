@@ -295,10 +295,12 @@ def _check_heads(recipe: Recipe) -> None:
                 raise RecipeError(f"heads[{i}].init_of = {head.init_of!r} must name a trained head of this recipe "
                                   f"(its copy at initialisation is the null); trained heads: "
                                   f"{', '.join(trained) or 'none'}.")
-        if (head.init_of is not None or head.type == "random") and recipe.backbone.tune != "frozen":
-            raise RecipeError(f"heads[{i}] ({head.name}) is a null head, which is probed on a frozen backbone's "
-                              f"features; with backbone.tune = {recipe.backbone.tune!r} remove it (and null_heads), "
-                              "or compare against a run with backbone.tune: frozen.")
+        if head.init_of is not None and recipe.backbone.tune != "frozen":
+            raise RecipeError(f"heads[{i}] ({head.name}) is a null head (init_of), which is probed on a frozen "
+                              f"backbone's features; with backbone.tune = {recipe.backbone.tune!r} every head trains "
+                              "the backbone, so remove it (and null_heads: init); for a null arm across runs use a "
+                              "run whose only head is `type: random` (the backbone trained through a fixed random "
+                              "injective map).")
         if recipe.objective.name == "simsiam" and head.predictor is None and head.type not in ("pretrained", "random"):
             raise RecipeError(f"heads[{i}] ({head.name}) has no predictor, which objective simsiam needs; "
                               f"set heads[{i}].predictor to a width, e.g. 512.")
