@@ -4,6 +4,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
+from sklearn_whitening import Whitener
 
 from headprobe.probes import fit_logistic, linear_probe
 
@@ -86,13 +87,15 @@ def test_fit_logistic_rejects_a_class_without_samples():
         fit_logistic(torch.from_numpy(x), torch.from_numpy(y), 1.0, 4)
 
 
-def test_linear_probe_follows_the_protocol_of_a_plain_sklearn_pipeline():
+@pytest.mark.parametrize("whiten", [True, False])
+def test_linear_probe_follows_the_protocol_of_a_plain_sklearn_pipeline(whiten):
     x, y = make_data(150, spread=2.5, seed=2)
     x_test, y_test = make_data(60, spread=2.5, seed=3)
-    result = linear_probe(*tensors(x, y, x_test, y_test), C_grid=SMALL_GRID, seed=7, tol=1e-10)
+    result = linear_probe(*tensors(x, y, x_test, y_test), C_grid=SMALL_GRID, seed=7, tol=1e-10, whiten=whiten)
 
     fit_idx, val_idx = train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=7)
-    scaler = StandardScaler().fit(x[fit_idx])
+    # Whitened: one whitening of all of train, before the split; standardised: on the fitting part, then on all.
+    scaler = Whitener(x) if whiten else StandardScaler().fit(x[fit_idx])
     val_accuracy = [
         LogisticRegression(C=C, tol=1e-10, max_iter=10000)
         .fit(scaler.transform(x[fit_idx]), y[fit_idx])
@@ -100,7 +103,7 @@ def test_linear_probe_follows_the_protocol_of_a_plain_sklearn_pipeline():
         for C in SMALL_GRID
     ]
     chosen_C = SMALL_GRID[int(np.argmax(val_accuracy))]
-    scaler = StandardScaler().fit(x)
+    scaler = Whitener(x) if whiten else StandardScaler().fit(x)
     final = LogisticRegression(C=chosen_C, tol=1e-10, max_iter=10000).fit(scaler.transform(x), y)
     probabilities = final.predict_proba(scaler.transform(x_test))
 
@@ -141,11 +144,13 @@ def test_same_seed_gives_identical_results():
     assert first.protocol == second.protocol and first.metrics == second.metrics
 
 
-def test_explicit_validation_set_is_used_and_never_trained_on():
+@pytest.mark.parametrize("whiten", [True, False])
+def test_explicit_validation_set_is_used_and_never_trained_on(whiten):
     x, y = make_data(90, spread=3.0, seed=8)
     x_val, y_val = tensors(*make_data(30, spread=3.0, seed=9))
-    result = linear_probe(*tensors(x, y, x, y), val_features=x_val, val_labels=y_val, C_grid=[0.1], tol=1e-9)
-    x = StandardScaler().fit_transform(x)
+    result = linear_probe(*tensors(x, y, x, y), val_features=x_val, val_labels=y_val, C_grid=[0.1], tol=1e-9,
+                          whiten=whiten)
+    x = (Whitener(x) if whiten else StandardScaler().fit(x)).transform(x)
     reference = LogisticRegression(C=0.1, tol=1e-10, max_iter=10000).fit(x, y)
     np.testing.assert_allclose(result.probabilities.numpy(), reference.predict_proba(x), atol=1e-5)
     assert result.protocol["val_source"] == "given" and result.protocol["n_val"] == 30
@@ -437,16 +442,17 @@ def test_grouped_validation_split_never_puts_one_group_on_both_sides():
         grouped_validation_split(torch.zeros(8), 0.2, seed=0)
 
 
-def test_linear_probe_with_groups_chooses_C_on_the_grouped_split():
+@pytest.mark.parametrize("whiten", [True, False])
+def test_linear_probe_with_groups_chooses_C_on_the_grouped_split(whiten):
     from headprobe.probes.linear import grouped_validation_split
 
     x, y = make_data(160, spread=2.5, seed=4)
     x_test, y_test = make_data(60, spread=2.5, seed=5)
     groups = np.arange(160) % 40
     result = linear_probe(*tensors(x, y, x_test, y_test), C_grid=SMALL_GRID, seed=7, tol=1e-10,
-                          groups=torch.from_numpy(groups))
+                          groups=torch.from_numpy(groups), whiten=whiten)
     fit_idx, val_idx = grouped_validation_split(torch.from_numpy(groups), 0.2, seed=7)
-    scaler = StandardScaler().fit(x[fit_idx])
+    scaler = Whitener(x) if whiten else StandardScaler().fit(x[fit_idx])
     val_accuracy = [LogisticRegression(C=C, tol=1e-10, max_iter=10000).fit(scaler.transform(x[fit_idx]), y[fit_idx])
                     .score(scaler.transform(x[val_idx]), y[val_idx]) for C in SMALL_GRID]
     assert result.protocol["val_accuracy"] == pytest.approx(val_accuracy)
