@@ -14,7 +14,7 @@ test accuracy (67.75 vs 67.75; that benchmark runs the standardised probe, `whit
 By default the features are whitened on the train rows' support first (`headprobe.probes.whitening`), so that a
 lossless linear map of the features cannot move the answer: per-coordinate standardisation followed by an L2
 penalty is not invariant to maps that mix coordinates. On the quickstart's split of the digits (1,347 / 450), five
-draws each of a random orthogonal, invertible (I + G/√D) and injective (into 2,048-d) map changed 3 to 17 of the
+draws each of a random orthogonal, invertible (I + G/√D) and injective (into 2,048-d) map changed 2 to 17 of the
 standardised probe's test predictions (its correct count by −7 to +2 on the 64 raw pixels, −7 to 0 on DINOv2
 ViT-S/14 features) and often its C; the whitened probe's changed at most one prediction and never its correct
 count or C (tests/test_linear_invariance.py). The price: every direction of the features' support counts alike,

@@ -28,15 +28,14 @@ noise. Everything below both is rounding of the features, not a direction they v
 Fewer images than dimensions: the rank is at most N − 1. At rank N − 1 (N images in general position in D ≥ N − 1
 dimensions) the whitened train rows satisfy Z Zᵀ = N I − 11ᵀ: they are equidistant, so no probe that a linear map
 of the features cannot change can learn anything from the train rows' geometry, only from where a test row lies
-relative to them. The probe's test predictions are then those of the minimum-norm fit of the train rows, and a
-validation row taken from the whitened train rows has the same logits as every other validation row (it is
-equidistant to every fitting row too), so validation accuracy cannot inform the choice of C there: which C wins
-is decided by rounding, and is not reproducible under a map of the features. Test accuracy then barely depends on
-C (2,048 random ReLU features of the 1,347 training digits, rank 1,346: 0.962 to 0.971 over C = 1e-4 … 100,
-against 0.989 for the standardised probe). Below that rank the validation rows carry information again, but the
-closer the rank is to N, the more the whitening amplifies directions whose variance is estimated from few
-degrees of freedom (1,024 such features, rank 989: 0.960 to 0.973 over the grid). `record` says the rank, N and
-D, so a reader can tell.
+relative to them (its inner products with the whitened train rows). A validation row taken from the whitened
+train rows is equidistant to every fitting row too, so every validation row has the same logits and validation
+accuracy cannot inform the choice of C: which C wins is decided by rounding, and is not reproducible under a map
+of the features. Test accuracy then barely depends on C (2,048 random ReLU features of the pixels of the 1,347
+training digits, rank 1,346: 0.962 to 0.971 over C = 1e-4 … 100, against 0.989 for the standardised probe).
+Below that rank the validation rows carry information again, but the closer the rank is to N, the more the
+whitening amplifies directions whose variance is estimated from few degrees of freedom (1,024 such features,
+rank 989: 0.960 to 0.973 over the grid). `record` says the rank, N and D, so a reader can tell.
 
 >>> x = torch.randn(50, 3, dtype=torch.float64) @ torch.tensor([[2.0, 1, 0], [0, 1, 0], [0, 0, 0]]).double()
 >>> (z,), record = whiten(x)
