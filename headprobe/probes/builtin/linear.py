@@ -7,7 +7,9 @@ injective on the span of the training features, changes it beyond rounding (`hea
 head that is such a map cannot be read as losing class information. The standardised probe is the one headprobe
 reported as `linear.acc` before; it is kept as a description because an L2 penalty after per-coordinate scaling
 depends on the coordinates (a random invertible map of the 64 digit pixels moves it by a few test images).
-`standardized_probe: false` skips it, halving the probe's cost."""
+`standardized_probe: false` skips it. Cost on the quickstart's DINOv2 features (1,347 × 384, 7 C values, one
+thread, load ~8): 1.9 s per tap with the description, 0.97 s without (the whitened fit 0.4 s, its refit at the
+bound's C 0.55 s), against 0.9–1.0 s for this probe before whitening; about 2x in all."""
 
 from __future__ import annotations
 
