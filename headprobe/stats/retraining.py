@@ -28,6 +28,7 @@ known effect, seed variance and image noise, and under-coverage of the image-onl
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -78,80 +79,121 @@ class Change:
         return out | ({"per_seed_change": self.per_seed} if self.n_seeds > 1 else {})
 
 
-def _t_interval(changes: list[float]) -> tuple[list[float], float, int] | None:
-    """(ci95, se, df) of the mean of per-seed changes by Student's t; None with fewer than 2 seeds or no spread."""
+def t_intervals(per_seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_seed: (..., S) per-seed changes, S ≥ 2 -> (ci95 (..., 2), se (...)): the 95% t interval of their mean
+    (Student, S − 1 degrees of freedom), for any number of leading dimensions at once."""
     from scipy.stats import t as student
 
+    s = per_seed.shape[-1]
+    se = per_seed.double().std(-1) / math.sqrt(s)
+    half = float(student.ppf(1 - ALPHA / 2, s - 1)) * se
+    mean = per_seed.double().mean(-1)
+    return torch.stack([mean - half, mean + half], -1), se
+
+
+def _t_interval(changes: list[float]) -> tuple[list[float], float, int] | None:
+    """(ci95, se, df) of the mean of per-seed changes by Student's t; None with fewer than 2 seeds or no spread."""
     s = len(changes)
     if s < 2:
         return None
-    values = torch.tensor(changes, dtype=torch.float64)
-    se = float(values.std()) / math.sqrt(s)
-    if se == 0.0:
+    ci, se = t_intervals(torch.tensor(changes, dtype=torch.float64))
+    if float(se) == 0.0:
         return None
-    half = float(student.ppf(1 - ALPHA / 2, s - 1)) * se
-    mean = float(values.mean())
-    return [mean - half, mean + half], se, s - 1
+    return ci.tolist(), float(se), s - 1
+
+
+def wider_interval(per_seed: torch.Tensor, boot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_seed: (..., S) per-seed changes (S ≥ 2), boot: (..., n_boot) their crossed bootstrap replicates
+    (`hierarchical_replicates`) -> (ci95 (..., 2), by_t (...)): the wider of the bootstrap's percentile interval and
+    the t interval over the seeds, and where the t interval is the wider (module docstring); for any number of
+    leading dimensions at once (a coverage simulation takes every replication in one call)."""
+    t_ci, _ = t_intervals(per_seed)
+    boot_ci = torch.tensor(percentile_interval(boot), dtype=torch.float64)
+    by_t = t_ci[..., 1] - t_ci[..., 0] > boot_ci[..., 1] - boot_ci[..., 0]
+    return torch.where(by_t[..., None], t_ci, boot_ci), by_t
 
 
 def hierarchical_replicates(backbone: torch.Tensor, heads: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """backbone: (n_boot,) the backbone's statistic on each image resample; heads: (S, n_boot) each seed's head
-    statistic on the same resamples -> (n_boot,) replicates of the change: per resample, the mean over S seeds
-    drawn with replacement minus the backbone on those images. With S = 1 the paired image bootstrap."""
-    s, n_boot = heads.shape
+    """The crossed (seeds × images) bootstrap. heads: (..., S, n_boot) each seed's statistic on the shared image
+    resamples; backbone: (..., n_boot) the one reference on the same resamples (a head retrained on one backbone),
+    or (..., S, n_boot) each seed's own reference (runs paired by seed) -> (..., n_boot) replicates of the change: per
+    resample, the mean over S seeds drawn with replacement minus the reference on those same images (with
+    per-seed references, the mean over the same drawn seeds). Every seed of a replicate reads the same image
+    resample, so an image's effect that repeats in every seed counts once per replicate, not averaged away over
+    independent draws. Leading dimensions (a coverage simulation's replications) share the seed draws. With S = 1
+    the paired image bootstrap."""
+    s, n_boot = heads.shape[-2:]
+    paired = backbone.ndim == heads.ndim
     if s == 1:
-        return heads[0] - backbone
+        return heads[..., 0, :] - (backbone[..., 0, :] if paired else backbone)
     gen = torch.Generator().manual_seed(seed)
     drawn = torch.randint(s, (n_boot, s), generator=gen)
-    return heads.T.gather(1, drawn).mean(1) - backbone
+
+    def drawn_mean(x: torch.Tensor) -> torch.Tensor:  # (..., S, n_boot) -> (..., n_boot)
+        return x.transpose(-1, -2).gather(-1, drawn.expand(*x.shape[:-2], n_boot, s)).mean(-1)
+
+    return drawn_mean(heads) - (drawn_mean(backbone) if paired else backbone)
 
 
-def change_interval(backbone_value: float, head_values: list[float], backbone_stat=None,
-                    head_stats: list | None = None, resamples: dict[str, Resamples] | None = None,
-                    seed: int = 0) -> Change:
+def change_interval(backbone_value: float | Sequence[float], head_values: Sequence[float], backbone_stat=None,
+                    head_stats: Sequence | None = None, resamples: dict[str, Resamples] | None = None,
+                    seed: int = 0, reference: str = "the backbone", more_seeds: str = "add seeds: [0, 1, 2]"
+                    ) -> Change:
     """The change head − backbone of one metric and its 95% interval including retraining (module docstring).
 
-    head_values: the metric at each seed's head (one value for one seed); backbone_stat, head_stats: the per-unit
-    statistics (`PerUnit`, `SpreadRatio`, `Recomputed`, ...) of the backbone and of each seed's head, or None;
-    resamples: {unit: Resamples} shared by every tap; seed: the seeds' draws."""
+    head_values: the metric at each seed's head (one value for one seed); backbone_value: the backbone's, or one
+    reference per seed (runs paired by seed: each seed's own backbone, or the no-head backbone of that seed);
+    backbone_stat, head_stats: the per-unit statistics (`PerUnit`, `SpreadRatio`, `Recomputed`, ...) of the
+    backbone (one per seed where backbone_value is per seed) and of each seed's head, or None; resamples: {unit:
+    Resamples} shared by every tap and seed; seed: the seeds' draws; reference, more_seeds: the words for the
+    reference and for how to get an interval over retraining, in `how`."""
     s = len(head_values)
     if s < 1:
         raise ValueError("change_interval needs the head's value at one seed at least.")
+    per_seed_reference = not isinstance(backbone_value, (int, float))
+    references = list(backbone_value) if per_seed_reference else [backbone_value] * s
+    reference_stats = list(backbone_stat) if isinstance(backbone_stat, (list, tuple)) else [backbone_stat]
+    if len(references) != s or (per_seed_reference and backbone_stat is not None and len(reference_stats) != s):
+        raise ValueError(f"change_interval got {len(references)} references for {s} seeds; give one backbone, or "
+                         "one per seed with its per-unit statistic.")
     head = sum(head_values) / s
-    change = head - backbone_value
-    per_seed = [v - backbone_value for v in head_values]
-    base = {"backbone": backbone_value, "head": head, "change": change, "n_seeds": s, "per_seed": per_seed}
+    backbone = sum(references) / s if per_seed_reference else backbone_value
+    change = head - backbone
+    per_seed = [v - r for v, r in zip(head_values, references, strict=True)]
+    base = {"backbone": backbone, "head": head, "change": change, "n_seeds": s, "per_seed": per_seed}
     t = _t_interval(per_seed)
     resamples = resamples or {}
-    stats = [backbone_stat, *(head_stats or [])]
-    paired = (len(stats) == s + 1 and all(x is not None for x in stats)
-              and len({x.unit for x in stats}) == 1 and backbone_stat.unit in resamples)
+    stats = [*reference_stats, *(head_stats or [])]
+    paired = (len(stats) == s + len(reference_stats) and all(x is not None for x in stats)
+              and len({x.unit for x in stats}) == 1 and stats[0].unit in resamples)
     if paired:
-        shared = resamples[backbone_stat.unit]
-        boot = hierarchical_replicates(shared.replicates_of(backbone_stat),
-                                       torch.stack([shared.replicates_of(x) for x in head_stats]), seed)
+        shared = resamples[stats[0].unit]
+        against = torch.stack([shared.replicates_of(x) for x in reference_stats]) if per_seed_reference else \
+            shared.replicates_of(reference_stats[0])
+        boot = hierarchical_replicates(against, torch.stack([shared.replicates_of(x) for x in head_stats]), seed)
         ci = percentile_interval(boot)
         if any(getattr(x, "reflect", False) for x in stats):  # the basic interval, as `stats.interval` gives them
             boot = 2 * change - boot
             ci = percentile_interval(boot)
-        n, unit = n_units(backbone_stat), backbone_stat.unit
+        n, unit = n_units(stats[0]), stats[0].unit
         units = {"n_units": n, "unit": unit}
         if s == 1:
             return Change(**base, ci95=ci, kind=IMAGES_ONLY, boot=boot, **units,
                           how=f"paired bootstrap over {n} {unit} of one training run: covers the {unit}, not "
-                              "retraining the head (add seeds: [0, 1, 2] for that)")
-        if t is not None and t[0][1] - t[0][0] > ci[1] - ci[0]:
+                              f"retraining ({more_seeds} for that)")
+        if bool(wider_interval(torch.tensor(per_seed, dtype=torch.float64), boot)[1]):
             return Change(**base, ci95=t[0], kind=T_SEEDS, t=t[1:], **units,
                           how=f"t interval over {s} seeds (wider than the hierarchical bootstrap over seeds and "
                               f"{unit}, {ci[0]:.4g} to {ci[1]:.4g})")
+        against = f"each drawn seed against {reference} of its seed" if per_seed_reference else reference
         return Change(**base, ci95=ci, kind=HIERARCHICAL, boot=boot, **units,
                       how=f"hierarchical bootstrap: {s} seeds drawn with replacement and {n} {unit} resampled "
-                          f"together, the backbone on the same images (wider than the t interval over seeds)")
+                          f"together (one draw for every seed), {against} on the same images (wider than the t "
+                          "interval over seeds)")
     if t is not None:
         return Change(**base, ci95=t[0], kind=T_SEEDS, t=t[1:],
                       how=f"t interval over {s} seeds (no per-image values: covers retraining, not the test images "
                           "alone)")
     why = ("no per-image values and one seed" if s == 1 else
            f"no per-image values and the {s} seeds agree exactly (no spread to estimate from)")
-    return Change(**base, ci95=None, kind=NONE, how=f"no interval: {why}; add seeds: [0, 1, 2] for one over "
-                                                     "retraining")
+    return Change(**base, ci95=None, kind=NONE, how=f"no interval: {why}; {more_seeds} for one over retraining")
