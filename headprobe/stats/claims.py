@@ -59,7 +59,8 @@ class Question:
     """key: "Q-aug"; asks: the question; finding: what a "yes" says of a head ("discards augmentation
     information"); primary: the measure answering it; kind: DIRECTION or EQUIVALENCE; predicted: the sign of
     head − backbone the buffer claim predicts (−1 lower, +1 higher; 0 for an equivalence); margin: the smallest
-    change that counts (direction) or the equivalence bound, in the primary's units.
+    change that counts (direction) or the equivalence bound, in the primary's units; subject: what is compared
+    with the backbone ("the head"), family: what one Holm correction runs across ("heads").
 
     Which measures bear on it is what the probes declare of their metrics (`probes.declaration.Metric`: `answers`,
     `shown_with`), read through the registry: `candidates` may be chosen as primary, `secondary` are shown with
@@ -72,6 +73,8 @@ class Question:
     kind: str
     predicted: int
     margin: float
+    subject: str = "the head"
+    family: str = "heads"
 
     @property
     def candidates(self) -> tuple[Metric, ...]:
@@ -143,17 +146,27 @@ def interval_rule() -> str:
 
 
 def answer_rule(question: Question) -> str:
-    m = question.margin
+    m, family = question.margin, question.family
     if question.kind == EQUIVALENCE:
         return (f"equivalent: the 95% interval lies inside ±{m:g}; lost: below −{m:g}; gained: above +{m:g} "
-                "(each resolved at α = 0.05 after Holm across this question's heads); undecided otherwise")
+                f"(each resolved at α = 0.05 after Holm across this question's {family}); undecided otherwise")
     side = "lower" if question.predicted < 0 else "higher"
     beyond = f" by more than {m:g}" if m else ""
-    return (f"yes: the head reads {side}{beyond}, resolved (95% interval, α = 0.05 after Holm across this "
-            "question's heads); no: resolved the other way; undecided otherwise")
+    return (f"yes: {question.subject} reads {side}{beyond}, resolved (95% interval, α = 0.05 after Holm across "
+            f"this question's {family}); no: resolved the other way; undecided otherwise")
 
 
-def _decide(question: Question, change) -> tuple[str, float | None]:
+def question_entry(question: Question, override: dict | None = None, rule: str | None = None) -> dict:
+    """A question's record before its answers: asks, primary, kind, predicted, margin, interval_rule (`rule`, by
+    default `interval_rule()`), answer_rule and the recipe's override where there is one."""
+    predicted = "no change" if question.predicted == 0 else \
+        f"{'lower' if question.predicted < 0 else 'higher'} at {question.subject}"
+    entry = {"asks": question.asks, "primary": question.primary, "kind": question.kind, "predicted": predicted,
+             "margin": question.margin, "interval_rule": rule or interval_rule(), "answer_rule": answer_rule(question)}
+    return entry | ({"override": dict(override)} if override else {})
+
+
+def decide(question: Question, change) -> tuple[str, float | None]:
     """(the answer this head's interval points to, its p-value), before the Holm correction."""
     c, m = change.change, question.margin
     if change.p_value() is None:
@@ -172,9 +185,12 @@ def _decide(question: Question, change) -> tuple[str, float | None]:
     return "undecided", 1.0
 
 
-def _matching(patterns: tuple[str, ...], names: list[str]) -> list[str]:
+def secondary_measures(question: Question, names: list[str]) -> list[str]:
+    """The names among `names` of the measures shown with the question (its `secondary` patterns, in their order),
+    its primary left out."""
     out: list[str] = []
-    for pattern in patterns:
+    names = [n for n in names if n != question.primary]
+    for pattern in question.secondary:
         out += [n for n in names if re.fullmatch(pattern, n) and n not in out]
     return out
 
@@ -201,46 +217,53 @@ def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric:
                            stats if all(x is not None for x in stats) else None, resamples, seed)
 
 
+def answer_heads(question: Question, measured: dict[str, dict]) -> dict[str, dict]:
+    """Each head's answer to one question, with Holm's correction across the heads (never across questions or
+    metrics). measured: {head: {"tap": the tap compared, "change": the primary's `retraining.Change` or None (not
+    measured), "secondary": {metric: Change.record()}}} -> {head: the change's record, "answer", "p", "p_holm",
+    "line", "secondary", "tap"}; a head whose primary was not measured answers NOT_MEASURED (left out when it has
+    no secondary measure either)."""
+    from headprobe.stats.bootstrap import ALPHA, holm
+
+    heads, p_values = {}, {}
+    for head, item in measured.items():
+        change, secondary = item["change"], item.get("secondary") or {}
+        if change is None:  # no answer; the secondary measures are still shown
+            if secondary:
+                heads[head] = {"tap": item["tap"], "answer": NOT_MEASURED, "secondary": secondary}
+            continue
+        answer, p = decide(question, change)
+        heads[head] = {"tap": item["tap"], **change.record(), "answer": answer, "p": p, "p_holm": None,
+                       "secondary": secondary}
+        if p is not None:
+            p_values[head] = p
+    for head, p_holm in holm(p_values).items():
+        heads[head]["p_holm"] = p_holm
+        if p_holm >= ALPHA:
+            heads[head]["answer"] = "undecided"
+    for head, record in heads.items():
+        record["line"] = answer_line(question, head, record)
+    return heads
+
+
 def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict[str, str],
                      overrides: dict | None = None, seed: int = 0) -> dict:
     """results.json["claims"]: per question its primary, margin, rules and, per head (compared: {head: the tap it
     is compared at}), the primary change with its interval, p, p_holm, the answer, its one-line sentence and the
-    secondary measures' changes (a head without the primary: answer NOT_MEASURED and its secondary measures).
-    taps: results["taps"]; per_unit: {"TAP" | "TAP.seed-S": {metric: statistic}}; resamples: {unit: Resamples}
-    shared by every tap; seed: the seeds' bootstrap draws."""
-    from headprobe.stats.bootstrap import ALPHA, holm
-
+    secondary measures' changes (`answer_heads`). taps: results["taps"]; per_unit: {"TAP" | "TAP.seed-S": {metric:
+    statistic}}; resamples: {unit: Resamples} shared by every tap; seed: the seeds' bootstrap draws."""
     out = {}
     for question in questions(overrides):
-        entry = {"asks": question.asks, "primary": question.primary, "kind": question.kind,
-                 "predicted": {-1: "lower at the head", 1: "higher at the head", 0: "no change"}[question.predicted],
-                 "margin": question.margin, "interval_rule": interval_rule(), "answer_rule": answer_rule(question)}
-        if (overrides or {}).get(question.key):
-            entry["override"] = dict(overrides[question.key])
-        heads, p_values = {}, {}
+        entry = question_entry(question, (overrides or {}).get(question.key))
+        measured = {}
         for head, tap in compared.items():
             if tap not in taps or "backbone" not in taps:
                 continue
-            names = [m for m in taps[tap]["metrics"] if m != question.primary]
-            secondary = {m: c.record() for m in _matching(question.secondary, names)
+            secondary = {m: c.record() for m in secondary_measures(question, list(taps[tap]["metrics"]))
                          if (c := metric_change(taps, per_unit, resamples, tap, m, seed))}
-            change = metric_change(taps, per_unit, resamples, tap, question.primary, seed)
-            if change is None:  # no answer; the secondary measures are still shown
-                if secondary:
-                    heads[head] = {"tap": tap, "answer": NOT_MEASURED, "secondary": secondary}
-                continue
-            answer, p = _decide(question, change)
-            heads[head] = {"tap": tap, **change.record(), "answer": answer, "p": p, "p_holm": None,
-                           "secondary": secondary}
-            if p is not None:
-                p_values[head] = p
-        for head, p_holm in holm(p_values).items():
-            heads[head]["p_holm"] = p_holm
-            if p_holm >= ALPHA:
-                heads[head]["answer"] = "undecided"
-        for head, record in heads.items():
-            record["line"] = answer_line(question, head, record)
-        entry["heads"] = heads
+            measured[head] = {"tap": tap, "change": metric_change(taps, per_unit, resamples, tap, question.primary,
+                                                                  seed), "secondary": secondary}
+        entry["heads"] = heads = answer_heads(question, measured)
         if all(record["answer"] == NOT_MEASURED for record in heads.values()):
             entry["not_measured"] = (f"{question.primary} was not measured at the backbone and a head's output; "
                                      "add the probe that measures it to the recipe")
