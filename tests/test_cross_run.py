@@ -230,3 +230,32 @@ def test_a_tiny_scratch_sweep_with_and_without_a_head_is_answered_across_runs(tm
     untuned = paired_changes([(s, tap_record(arms["mlp d2 swish bn"][s], "backbone_untuned"),
                                tap_record(arms["no head"][s], "backbone_untuned")) for s in (0, 1)], n_boot=200)
     assert untuned and all(c.change == 0.0 and c.ci95 in (None, [0.0, 0.0]) for c in untuned.values())
+
+
+def test_the_claims_command_on_a_sweep_folder_prints_the_pooled_and_cross_run_rows(tmp_path, capsys):
+    import csv
+    import io
+
+    from headprobe.cli import main
+    from headprobe.report.claims_table import ACROSS_HEADER, paper_cell
+
+    arms = _ablation(tmp_path / "sweep")
+    answers = cross_run_answers([p for arm in arms.values() for p in arm.values()])
+    assert main(["claims", str(tmp_path / "sweep")]) == 0
+    out = capsys.readouterr().out
+    across = answers["across"]["Q-aug"]["arms"]["mlp d2 relu bn"]
+    cell = paper_cell({"measure": "rotation.acc", "backbone": across["backbone"], "head_value": across["head"],
+                       "change": across["change"], "ci95": across["ci95"], "n_seeds": 3, "n_units": 200})
+    assert f"| Q-aug | rotation.acc | across runs | mlp d2 relu bn | {cell} | yes |" in out
+    assert "| " + " | ".join(ACROSS_HEADER) + " |" in out
+    assert "| Q-aug | rotation.acc | pooled runs | mlp d2 relu bn |" in out and "| none0 | head |" in out
+    assert main(["claims", str(tmp_path / "sweep"), "--format", "csv", "--secondary"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    row = next(r for r in rows if r["run"] == "across runs" and r["question"] == "Q-aug" and r["role"] == "primary"
+               and r["head"] == "mlp d2 relu bn")
+    assert float(row["change"]) == across["change"] and float(row["p_holm"]) == across["p_holm"]
+    assert [float(row["ci_low"]), float(row["ci_high"])] == across["ci95"] and row["tap"] == "backbone"
+    knn = [r for r in rows if r["measure"] == "knn.k20.acc" and r["run"] == "across runs"]
+    assert knn and all(r["role"] == "secondary" and r["answer"] == "" for r in knn)
+    assert main(["claims", str(tmp_path / "sweep"), "--format", "latex"]) == 0
+    assert "across runs & mlp d2 relu bn" in capsys.readouterr().out
