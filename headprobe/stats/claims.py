@@ -29,8 +29,8 @@ one, said so). Answers are read at two-sided α = 0.05 after Holm's correction a
   "gained" above +m, "undecided" otherwise.
 
 A recipe may override a question's primary measure (among the question's own measures) or margin:
-``claims: {Q-class: {margin: 0.03}, Q-aug: {primary: rotation.mlp.acc}}``; the override is recorded. Another
-question (e.g. one across runs) is one more `Question` in `QUESTIONS` with the same record.
+``claims: {Q-class: {margin: 0.03}, Q-aug: {primary: rotation.mlp.acc}}``; the override is recorded. The answers
+across the runs of a head ablation (`stats.cross_run`) ask the same questions of arms, through `answer_heads`.
 
 >>> QUESTIONS["Q-class"].margin, QUESTIONS["Q-aug"].primary
 (0.02, 'rotation.acc')

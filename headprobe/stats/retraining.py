@@ -12,6 +12,11 @@ the wider of two intervals and names it:
   replacement shrinks their spread by (S − 1)/S and a percentile interval over so few draws is too short, so
   where retraining dominates the t interval is the wider and the right one.
 
+Runs paired by seed (`stats.cross_run`: a backbone trained with a head against the no-head backbone of the same
+seed, or each run's head against its own backbone) give one reference per seed; the bootstrap then draws the same
+seeds for both, and every seed of a replicate still reads the one image resample (a crossed seeds × images
+bootstrap; tests/test_cross_run_coverage.py checks its coverage where an image's effect repeats in every seed).
+
 With one seed the interval is the paired bootstrap over test images alone, and its record says plainly that it
 does not cover retraining. A statistic without per-unit values (`aug_r2.mean`) gets the t interval over seeds,
 or none. tests/test_stats_retraining.py checks the coverage by simulation: ~95% for the wider interval with a
