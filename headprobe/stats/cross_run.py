@@ -165,17 +165,20 @@ def paired_changes(pairs: Sequence[tuple[int, tuple[dict, dict], tuple[dict, dic
     if not pairs:
         raise ValueError("no pair of runs shares a seed; run both arms with the same seeds.")
     names = [m for m in pairs[0][1][0] if all(m in a[0] and m in b[0] for _, a, b in pairs)]
-    resamples, out = {}, {}
+    drawn, out = {}, {}  # (unit, n) -> Resamples: one draw per kind of unit, read by every metric, seed and run
     for m in names:
         stats_a, stats_b = [a[1].get(m) for _, a, _ in pairs], [b[1].get(m) for _, _, b in pairs]
         per_unit = all(x is not None for x in stats_a + stats_b)
+        resamples = {}
         if per_unit:
             units = {(x.unit, n_units(x)) for x in stats_a + stats_b}
-            (unit, n), *other = sorted(units)
-            if other or (unit in resamples and resamples[unit].shape[1] != n):
+            if len(units) > 1:
                 raise ValueError(f"{m}: the runs measured different units ({sorted(units)}); pair runs of one "
                                  "recipe that differ only in their heads.")
-            resamples.setdefault(unit, bootstrap_resamples(n, n_boot, seed))
+            unit, n = key = units.pop()
+            if key not in drawn:
+                drawn[key] = bootstrap_resamples(n, n_boot, seed)
+            resamples[unit] = drawn[key]
         out[m] = change_interval([b[0][m] for _, _, b in pairs], [a[0][m] for _, a, _ in pairs],
                                  stats_b if per_unit else None, stats_a if per_unit else None, resamples, seed,
                                  reference=reference, more_seeds=MORE_SEEDS)
