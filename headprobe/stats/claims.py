@@ -201,7 +201,8 @@ def _finite(value) -> bool:
 
 def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric: str, seed: int = 0):
     """`retraining.Change` of `metric` from the backbone to `tap`, or None when either tap lacks it. A tap probed
-    per seed (taps[tap]["seeds"]) uses each seed's value and per-unit statistic (per_unit["TAP.seed-S"])."""
+    per seed (taps[tap]["seeds"]) uses each seed's value and per-unit statistic (per_unit["TAP.seed-S"]); where the
+    backbone was tuned per seed too (taps["backbone"]["seeds"]), each seed's head is compared with its own."""
     from .retraining import change_interval
 
     b, record = taps["backbone"]["metrics"].get(metric), taps[tap]
@@ -209,22 +210,39 @@ def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric:
         return None
     seeds = record.get("seeds") or {}
     values = [seeds[s]["metrics"].get(metric) for s in seeds]
+    b_stat = per_unit.get("backbone", {}).get(metric)
     if len(seeds) > 1 and all(_finite(v) for v in values):
         stats = [per_unit.get(f"{tap}.seed-{s}", {}).get(metric) for s in seeds]
+        own = taps["backbone"].get("seeds") or {}
+        if own:  # the paper's regime: each seed's head against the backbone tuned with it
+            b = [own[s]["metrics"].get(metric) for s in seeds]
+            if not all(_finite(v) for v in b):
+                return None
+            b_stat = [per_unit.get(f"backbone.seed-{s}", {}).get(metric) for s in seeds]
+            b_stat = b_stat if all(x is not None for x in b_stat) else None
     else:
         values, stats = [record["metrics"][metric]], [per_unit.get(tap, {}).get(metric)]
-    return change_interval(b, values, per_unit.get("backbone", {}).get(metric),
-                           stats if all(x is not None for x in stats) else None, resamples, seed)
+    return change_interval(b, values, b_stat, stats if all(x is not None for x in stats) else None, resamples, seed)
+
+
+def apply_holm(heads: dict[str, dict], p_values: dict[str, float]) -> None:
+    """Holm's correction across one family of answers (the heads, or the arms, of one question; never across
+    questions or metrics): each record of `p_values`' keys gets p_holm, and its answer becomes "undecided" where
+    p_holm ≥ α."""
+    from headprobe.stats.bootstrap import ALPHA, holm
+
+    for head, p_holm in holm(p_values).items():
+        heads[head]["p_holm"] = p_holm
+        if p_holm >= ALPHA:
+            heads[head]["answer"] = "undecided"
 
 
 def answer_heads(question: Question, measured: dict[str, dict]) -> dict[str, dict]:
-    """Each head's answer to one question, with Holm's correction across the heads (never across questions or
-    metrics). measured: {head: {"tap": the tap compared, "change": the primary's `retraining.Change` or None (not
-    measured), "secondary": {metric: Change.record()}}} -> {head: the change's record, "answer", "p", "p_holm",
-    "line", "secondary", "tap"}; a head whose primary was not measured answers NOT_MEASURED (left out when it has
-    no secondary measure either)."""
-    from headprobe.stats.bootstrap import ALPHA, holm
-
+    """Each head's (or arm's) answer to one question from its primary's change, `decide` then `apply_holm` across
+    them all, as `answer_questions` answers a run's heads. measured: {head: {"tap": the tap compared, "change": the
+    primary's `retraining.Change` or None (not measured), "secondary": {metric: Change.record()}}} -> {head: the
+    change's record, "tap", "answer", "p", "p_holm", "secondary", "line"}; a head whose primary was not measured
+    answers NOT_MEASURED (left out when it has no secondary measure either)."""
     heads, p_values = {}, {}
     for head, item in measured.items():
         change, secondary = item["change"], item.get("secondary") or {}
@@ -237,33 +255,69 @@ def answer_heads(question: Question, measured: dict[str, dict]) -> dict[str, dic
                        "secondary": secondary}
         if p is not None:
             p_values[head] = p
-    for head, p_holm in holm(p_values).items():
-        heads[head]["p_holm"] = p_holm
-        if p_holm >= ALPHA:
-            heads[head]["answer"] = "undecided"
+    apply_holm(heads, p_values)
     for head, record in heads.items():
         record["line"] = answer_line(question, head, record)
     return heads
 
 
 def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict[str, str],
-                     overrides: dict | None = None, seed: int = 0) -> dict:
+                     overrides: dict | None = None, seed: int = 0, nulls: dict[str, str] | None = None,
+                     null_heads: tuple[str, ...] = ()) -> dict:
     """results.json["claims"]: per question its primary, margin, rules and, per head (compared: {head: the tap it
     is compared at}), the primary change with its interval, p, p_holm, the answer, its one-line sentence and the
-    secondary measures' changes (`answer_heads`). taps: results["taps"]; per_unit: {"TAP" | "TAP.seed-S": {metric:
-    statistic}}; resamples: {unit: Resamples} shared by every tap; seed: the seeds' bootstrap draws."""
+    secondary measures' changes (a head without the primary: answer NOT_MEASURED and its secondary measures).
+    taps: results["taps"]; per_unit: {"TAP" | "TAP.seed-S": {metric: statistic}}; resamples: {unit: Resamples}
+    shared by every tap; seed: the seeds' bootstrap draws; nulls: {head: its null head}; null_heads: the heads that are
+    nulls (`recipe.null_heads`).
+
+    A head with a null also gets `vs_null`, its change against the null's (`stats.against_null`), and a direction
+    question is decided on that (`decided_on`): "more invariant" means more invariant than the same head untrained.
+    The equivalence question stays decided on head − backbone (it asks what the backbone's information became) and
+    shows the change against the null beside it. The null heads are answered too, as a family of their own for Holm."""
+    from headprobe.stats.against_null import change_against, null_record
+
+    nulls = {h: n for h, n in (nulls or {}).items() if h in compared and n in compared}
+    null_heads = set(null_heads) | set(nulls.values())
+
     out = {}
     for question in questions(overrides):
         entry = question_entry(question, (overrides or {}).get(question.key))
-        measured = {}
+        heads, p_values = {}, {}
         for head, tap in compared.items():
             if tap not in taps or "backbone" not in taps:
                 continue
             secondary = {m: c.record() for m in secondary_measures(question, list(taps[tap]["metrics"]))
                          if (c := metric_change(taps, per_unit, resamples, tap, m, seed))}
-            measured[head] = {"tap": tap, "change": metric_change(taps, per_unit, resamples, tap, question.primary,
-                                                                  seed), "secondary": secondary}
-        entry["heads"] = heads = answer_heads(question, measured)
+            change = metric_change(taps, per_unit, resamples, tap, question.primary, seed)
+            if change is None:  # no answer; the secondary measures are still shown
+                if secondary:
+                    heads[head] = {"tap": tap, "answer": NOT_MEASURED, "secondary": secondary}
+                continue
+            answer, p = decide(question, change)
+            heads[head] = {"tap": tap, **change.record(), "answer": answer, "p": p, "p_holm": None,
+                           "secondary": secondary, "decided_on": "head − backbone"}
+            if head in null_heads:
+                heads[head]["is_null"] = True
+            against = (change_against(taps, per_unit, resamples, tap, compared[nulls[head]], question.primary, seed)
+                       if head in nulls else None)
+            if against is not None:
+                vs_answer, vs_p = decide(question, against)
+                heads[head]["vs_null"] = null_record(against, nulls[head], compared[nulls[head]]) | {
+                    "answer": vs_answer, "p": vs_p}
+                if question.kind == DIRECTION:
+                    heads[head].update(answer=vs_answer, p=vs_p, decided_on="head − null")
+                    p = vs_p
+            elif head in nulls:
+                heads[head]["vs_null"] = {"null": nulls[head], "unavailable": f"{question.primary} not at both taps"}
+            if p is not None:
+                p_values[head] = p
+        for family in ({h: p for h, p in p_values.items() if h not in null_heads},
+                       {h: p for h, p in p_values.items() if h in null_heads}):
+            apply_holm(heads, family)
+        for head, record in heads.items():
+            record["line"] = answer_line(question, head, record)
+        entry["heads"] = heads
         if all(record["answer"] == NOT_MEASURED for record in heads.values()):
             entry["not_measured"] = (f"{question.primary} was not measured at the backbone and a head's output; "
                                      "add the probe that measures it to the recipe")
@@ -297,4 +351,23 @@ def answer_line(question: Question, head: str, record: dict) -> str:
     if record.get("interval") == "test images only":
         size += " (interval over the test images only)"
     return (f"{question.key}: {head} head {question.finding} ({metric}{margin}): "
-            f"{in_units(metric, record['change'], signed=True)}{points}{interval}, {size} — {record['answer']}")
+            f"{in_units(metric, record['change'], signed=True)}{points}{interval}{_null_clause(metric, record)}, "
+            f"{size} — {record['answer']}")
+
+
+def _null_clause(metric: str, record: dict) -> str:
+    """"; against its null relu.init: −3.1 points [−5.0, −1.2] (decides)", or where the recipe has no null heads
+    nothing (a null head's own line says it is one)."""
+    if record.get("is_null"):
+        return " (a null head: never trained)"
+    vs = record.get("vs_null")
+    if not vs:
+        return ""
+    if "change" not in vs:
+        return f"; against its null {vs['null']}: not measured"
+    points = " points" if metric.endswith(".acc") else ""
+    ci = vs.get("ci95")
+    interval = f" [{in_units(metric, ci[0])}, {in_units(metric, ci[1])}]" if ci else " (no interval)"
+    decides = " (decides)" if record.get("decided_on") == "head − null" else ""
+    return f" vs the backbone; {in_units(metric, vs['change'], signed=True)}{points}{interval} against its null " \
+           f"{vs['null']}{decides}"

@@ -157,11 +157,12 @@ def tap_record(run: Path, tap: str) -> tuple[dict[str, float], dict]:
 
 
 def paired_changes(pairs: Sequence[tuple[int, tuple[dict, dict], tuple[dict, dict]]], n_boot: int = N_BOOT,
-                   seed: int = 0, reference: str = "the no-head backbone") -> dict[str, Change]:
+                   seed: int = 0, compared: str = "each seed's backbone against the no-head backbone of its seed"
+                   ) -> dict[str, Change]:
     """{metric: `retraining.Change`} of mean_s [m(A_s) − m(B_s)] for every metric all the pairs measured; pairs:
     (seed, `tap_record` of A, `tap_record` of B) of the runs of one seed. One resample of each kind of unit is
     drawn for every seed and both runs (the crossed bootstrap, `change_interval` with one reference per seed);
-    reference: the words for B in the interval's `how`."""
+    compared: what is compared with what, in the interval's `how`."""
     if not pairs:
         raise ValueError("no pair of runs shares a seed; run both arms with the same seeds.")
     names = [m for m in pairs[0][1][0] if all(m in a[0] and m in b[0] for _, a, b in pairs)]
@@ -181,7 +182,7 @@ def paired_changes(pairs: Sequence[tuple[int, tuple[dict, dict], tuple[dict, dic
             resamples[unit] = drawn[key]
         out[m] = change_interval([b[0][m] for _, _, b in pairs], [a[0][m] for _, a, _ in pairs],
                                  stats_b if per_unit else None, stats_a if per_unit else None, resamples, seed,
-                                 reference=reference, more_seeds=MORE_SEEDS)
+                                 reference=compared, more_seeds=MORE_SEEDS)
     return out
 
 
@@ -254,7 +255,7 @@ def cross_run_answers(run_dirs: Sequence[str | Path], reference: str = REFERENCE
             name = label if len(taps) == 1 else f"{label} · {head}"
             within[name] = (head_tap, sorted(runs), paired_changes(
                 [(s, tap_record(runs[s], head_tap), tap_record(runs[s], "backbone")) for s in sorted(runs)], n_boot,
-                seed, reference="its run's backbone"))
+                seed, compared="each run's head against its own backbone"))
         described[label] = {"seeds": seeds, "runs": {s: str(runs[s]) for s in sorted(runs)}}
     within_questions = [dataclasses.replace(q, family="arms") for q in questions(overrides)]
     return {"reference": reference, "tap": tap, "arms": described,

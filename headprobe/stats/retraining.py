@@ -12,10 +12,12 @@ the wider of two intervals and names it:
   replacement shrinks their spread by (S − 1)/S and a percentile interval over so few draws is too short, so
   where retraining dominates the t interval is the wider and the right one.
 
-Runs paired by seed (`stats.cross_run`: a backbone trained with a head against the no-head backbone of the same
-seed, or each run's head against its own backbone) give one reference per seed; the bootstrap then draws the same
-seeds for both, and every seed of a replicate still reads the one image resample (a crossed seeds × images
-bootstrap; tests/test_cross_run_coverage.py checks its coverage where an image's effect repeats in every seed).
+In the paper's regime the backbone is tuned with the head, once per seed, so each seed has its own backbone:
+`backbone_value` is then a list (one value per seed, as `head_values`) and each seed's change is its head minus
+its own backbone; the hierarchical bootstrap draws (backbone, head) pairs of one seed together. Runs paired by seed
+(`stats.cross_run`: a backbone trained with a head against the no-head backbone of the same seed) are the same
+case. Every seed of a replicate reads the one image resample (a crossed seeds × images bootstrap;
+tests/test_cross_run_coverage.py checks its coverage where an image's effect repeats in every seed).
 
 With one seed the interval is the paired bootstrap over test images alone, and its record says plainly that it
 does not cover retraining. A statistic without per-unit values (`aug_r2.mean`) gets the t interval over seeds,
@@ -33,7 +35,6 @@ known effect, seed variance and image noise, and under-coverage of the image-onl
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -45,9 +46,10 @@ HIERARCHICAL, T_SEEDS, IMAGES_ONLY, NONE = "hierarchical bootstrap", "t over see
 
 @dataclass
 class Change:
-    """backbone, head (the seed mean) and change = head − backbone; ci95 the 95% interval of the change (None when
+    """backbone, head (the seed means) and change = head − backbone; ci95 the 95% interval of the change (None when
     there is none, `how` says why); kind one of HIERARCHICAL, T_SEEDS, IMAGES_ONLY, NONE; per_seed the per-seed
-    changes; boot the bootstrap replicates of the change (kinds HIERARCHICAL and IMAGES_ONLY), t = (se, df)."""
+    changes; backbone_per_seed each seed's own backbone (a backbone tuned per seed), else None; boot the bootstrap
+    replicates of the change (kinds HIERARCHICAL and IMAGES_ONLY), t = (se, df)."""
 
     backbone: float
     head: float
@@ -59,6 +61,7 @@ class Change:
     n_units: int | None = None
     unit: str | None = None
     per_seed: list[float] = field(default_factory=list)
+    backbone_per_seed: list[float] | None = None
     boot: torch.Tensor | None = None
     t: tuple[float, int] | None = None
 
@@ -77,11 +80,13 @@ class Change:
         return None
 
     def record(self) -> dict:
-        """The JSON record: backbone, head, change, ci95, interval (kind), how, n_seeds, n_units, unit, per_seed."""
+        """The JSON record: backbone, head, change, ci95, interval (kind), how, n_seeds, n_units, unit, and with
+        several seeds per_seed_change (and per_seed_backbone where each seed has its own backbone)."""
         out = {"backbone": self.backbone, "head": self.head, "change": self.change, "ci95": self.ci95,
                "interval": self.kind, "how": self.how, "n_seeds": self.n_seeds, "n_units": self.n_units,
                "unit": self.unit}
-        return out | ({"per_seed_change": self.per_seed} if self.n_seeds > 1 else {})
+        out |= {"per_seed_change": self.per_seed} if self.n_seeds > 1 else {}
+        return out | ({"per_seed_backbone": self.backbone_per_seed} if self.backbone_per_seed is not None else {})
 
 
 def t_intervals(per_seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,62 +125,59 @@ def wider_interval(per_seed: torch.Tensor, boot: torch.Tensor) -> tuple[torch.Te
 
 def hierarchical_replicates(backbone: torch.Tensor, heads: torch.Tensor, seed: int = 0) -> torch.Tensor:
     """The crossed (seeds × images) bootstrap. heads: (..., S, n_boot) each seed's statistic on the shared image
-    resamples; backbone: (..., n_boot) the one reference on the same resamples (a head retrained on one backbone),
-    or (..., S, n_boot) each seed's own reference (runs paired by seed) -> (..., n_boot) replicates of the change: per
-    resample, the mean over S seeds drawn with replacement minus the reference on those same images (with
-    per-seed references, the mean over the same drawn seeds). Every seed of a replicate reads the same image
-    resample, so an image's effect that repeats in every seed counts once per replicate, not averaged away over
-    independent draws. Leading dimensions (a coverage simulation's replications) share the seed draws. With S = 1
-    the paired image bootstrap."""
+    resamples; backbone: (..., n_boot) the backbone's on the same resamples, or (..., S, n_boot) where each seed has
+    its own backbone (or reference) -> (..., n_boot) replicates of the change: per resample, the mean over S seeds
+    drawn with replacement of head − backbone on those images (a seed's head with its own backbone). Every seed of
+    a replicate reads the same image resample, so an image's effect that repeats in every seed counts once per
+    replicate, not averaged away over independent draws. Leading dimensions (a coverage simulation's replications)
+    share the seed draws. With S = 1 the paired image bootstrap."""
     s, n_boot = heads.shape[-2:]
-    paired = backbone.ndim == heads.ndim
+    per_seed = backbone.dim() == heads.dim()
     if s == 1:
-        return heads[..., 0, :] - (backbone[..., 0, :] if paired else backbone)
+        return heads[..., 0, :] - (backbone[..., 0, :] if per_seed else backbone)
     gen = torch.Generator().manual_seed(seed)
     drawn = torch.randint(s, (n_boot, s), generator=gen)
 
     def drawn_mean(x: torch.Tensor) -> torch.Tensor:  # (..., S, n_boot) -> (..., n_boot)
         return x.transpose(-1, -2).gather(-1, drawn.expand(*x.shape[:-2], n_boot, s)).mean(-1)
 
-    return drawn_mean(heads) - (drawn_mean(backbone) if paired else backbone)
+    return drawn_mean(heads - backbone) if per_seed else drawn_mean(heads) - backbone
 
 
-def change_interval(backbone_value: float | Sequence[float], head_values: Sequence[float], backbone_stat=None,
-                    head_stats: Sequence | None = None, resamples: dict[str, Resamples] | None = None,
-                    seed: int = 0, reference: str = "the backbone", more_seeds: str = "add seeds: [0, 1, 2]"
-                    ) -> Change:
+def change_interval(backbone_value: float | list[float], head_values: list[float], backbone_stat=None,
+                    head_stats: list | None = None, resamples: dict[str, Resamples] | None = None,
+                    seed: int = 0, reference: str | None = None, more_seeds: str = "add seeds: [0, 1, 2]") -> Change:
     """The change head − backbone of one metric and its 95% interval including retraining (module docstring).
 
-    head_values: the metric at each seed's head (one value for one seed); backbone_value: the backbone's, or one
-    reference per seed (runs paired by seed: each seed's own backbone, or the no-head backbone of that seed);
+    head_values: the metric at each seed's head (one value for one seed); backbone_value: the backbone's, or a
+    list with each seed's own backbone's (a backbone tuned per seed, or the reference run of that seed);
     backbone_stat, head_stats: the per-unit statistics (`PerUnit`, `SpreadRatio`, `Recomputed`, ...) of the
-    backbone (one per seed where backbone_value is per seed) and of each seed's head, or None; resamples: {unit:
-    Resamples} shared by every tap and seed; seed: the seeds' draws; reference, more_seeds: the words for the
-    reference and for how to get an interval over retraining, in `how`."""
+    backbone (a list of each seed's, with a list of backbone values) and of each seed's head, or None; resamples:
+    {unit: Resamples} shared by every tap (and seed); seed: the seeds' draws; reference, more_seeds: the words in
+    `how` for what each seed is compared with and for how to get an interval over retraining."""
     s = len(head_values)
     if s < 1:
         raise ValueError("change_interval needs the head's value at one seed at least.")
-    per_seed_reference = not isinstance(backbone_value, (int, float))
-    references = list(backbone_value) if per_seed_reference else [backbone_value] * s
-    reference_stats = list(backbone_stat) if isinstance(backbone_stat, (list, tuple)) else [backbone_stat]
-    if len(references) != s or (per_seed_reference and backbone_stat is not None and len(reference_stats) != s):
-        raise ValueError(f"change_interval got {len(references)} references for {s} seeds; give one backbone, or "
-                         "one per seed with its per-unit statistic.")
-    head = sum(head_values) / s
-    backbone = sum(references) / s if per_seed_reference else backbone_value
+    own = isinstance(backbone_value, (list, tuple))  # each seed its own backbone
+    backbones = list(backbone_value) if own else [backbone_value] * s
+    if len(backbones) != s:
+        raise ValueError(f"change_interval got {len(backbones)} backbone values for {s} seeds; give one per seed.")
+    head, backbone = sum(head_values) / s, sum(backbones) / s if own else backbone_value
     change = head - backbone
-    per_seed = [v - r for v, r in zip(head_values, references, strict=True)]
-    base = {"backbone": backbone, "head": head, "change": change, "n_seeds": s, "per_seed": per_seed}
+    per_seed = [v - b for v, b in zip(head_values, backbones, strict=True)]
+    base = {"backbone": backbone, "head": head, "change": change, "n_seeds": s, "per_seed": per_seed,
+            "backbone_per_seed": backbones if own else None}
     t = _t_interval(per_seed)
     resamples = resamples or {}
-    stats = [*reference_stats, *(head_stats or [])]
-    paired = (len(stats) == s + len(reference_stats) and all(x is not None for x in stats)
+    backbone_stats = (list(backbone_stat) if backbone_stat is not None else [None] * s) if own else [backbone_stat]
+    stats = [*backbone_stats, *(head_stats or [])]
+    paired = (len(stats) == len(backbone_stats) + s and all(x is not None for x in stats)
               and len({x.unit for x in stats}) == 1 and stats[0].unit in resamples)
     if paired:
         shared = resamples[stats[0].unit]
-        against = torch.stack([shared.replicates_of(x) for x in reference_stats]) if per_seed_reference else \
-            shared.replicates_of(reference_stats[0])
-        boot = hierarchical_replicates(against, torch.stack([shared.replicates_of(x) for x in head_stats]), seed)
+        backbone_boot = torch.stack([shared.replicates_of(x) for x in backbone_stats])
+        boot = hierarchical_replicates(backbone_boot if own else backbone_boot[0],
+                                       torch.stack([shared.replicates_of(x) for x in head_stats]), seed)
         ci = percentile_interval(boot)
         if any(getattr(x, "reflect", False) for x in stats):  # the basic interval, as `stats.interval` gives them
             boot = 2 * change - boot
@@ -190,11 +192,10 @@ def change_interval(backbone_value: float | Sequence[float], head_values: Sequen
             return Change(**base, ci95=t[0], kind=T_SEEDS, t=t[1:], **units,
                           how=f"t interval over {s} seeds (wider than the hierarchical bootstrap over seeds and "
                               f"{unit}, {ci[0]:.4g} to {ci[1]:.4g})")
-        against = f"each drawn seed against {reference} of its seed" if per_seed_reference else reference
+        against = reference or ("each seed's head against the backbone tuned with it" if own else "the backbone")
         return Change(**base, ci95=ci, kind=HIERARCHICAL, boot=boot, **units,
                       how=f"hierarchical bootstrap: {s} seeds drawn with replacement and {n} {unit} resampled "
-                          f"together (one draw for every seed), {against} on the same images (wider than the t "
-                          "interval over seeds)")
+                          f"together, {against} on the same images (wider than the t interval over seeds)")
     if t is not None:
         return Change(**base, ci95=t[0], kind=T_SEEDS, t=t[1:],
                       how=f"t interval over {s} seeds (no per-image values: covers retraining, not the test images "
