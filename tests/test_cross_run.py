@@ -259,3 +259,31 @@ def test_the_claims_command_on_a_sweep_folder_prints_the_pooled_and_cross_run_ro
     assert knn and all(r["role"] == "secondary" and r["answer"] == "" for r in knn)
     assert main(["claims", str(tmp_path / "sweep"), "--format", "latex"]) == 0
     assert "across runs & mlp d2 relu bn" in capsys.readouterr().out
+
+
+def test_a_run_that_tuned_its_backbone_per_seed_counts_as_its_seeds(tmp_path):
+    """The ablation with each arm's 3 seeds in one run (seeds: [0, 1, 2] with a tuned backbone: per-seed taps and
+    TAP.seed-S stores) gives the same answers as one run per seed."""
+    arms = _ablation(tmp_path / "separate")
+    packed = []
+    for name, runs in arms.items():
+        results = [json.loads((runs[s] / "results.json").read_text()) for s in range(3)]
+        path = tmp_path / "packed" / name
+        (path / "per_unit").mkdir(parents=True)
+        taps = {tap: {"metrics": results[0]["taps"][tap]["metrics"],  # (not the seed mean: never read here)
+                      "seeds": {str(s): results[s]["taps"][tap] for s in range(3)}} for tap in ("backbone", "head")}
+        for s in range(3):
+            for tap in ("backbone", "head"):
+                (path / "per_unit" / f"{tap}.seed-{s}.safetensors").write_bytes(
+                    (runs[s] / "per_unit" / f"{tap}.safetensors").read_bytes())
+        (path / "results.json").write_text(json.dumps(results[0] | {"taps": taps}))
+        packed.append(path)
+    assert group_runs(packed)["mlp d2 relu bn"] == {s: tmp_path / "packed" / "mlp" for s in range(3)}
+    one = cross_run_answers([p for arm in arms.values() for p in arm.values()], n_boot=300)
+    other = cross_run_answers(packed, n_boot=300)
+    for part in ("within", "across"):
+        for question in ("Q-aug", "Q-class"):
+            for arm, record in one[part][question]["arms"].items():
+                mine = other[part][question]["arms"][arm]
+                assert (mine["change"], mine["ci95"], mine["answer"]) == (record["change"], record["ci95"],
+                                                                          record["answer"]), (part, question, arm)

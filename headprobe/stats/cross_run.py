@@ -6,7 +6,9 @@ experiment: SimCLR's Table 3, Guillotine Regularization). With `backbone.tune: f
 the answer pools runs: `group_runs` sorts a sweep's runs into arms (their head configuration) keyed by seed, the
 "no head" arm (identity heads) the reference. Runs of one seed probed the same test images and views (the same
 data, the same held-out views: `check_same_units`), and each keeps its probes' per-image values in
-``per_unit/TAP.safetensors`` (`stats.save_per_unit`), so across runs the taps pair up image by image.
+``per_unit/TAP.safetensors`` (`stats.save_per_unit`), so across runs the taps pair up image by image. A run that
+tuned its backbone once per seed (`seeds: [0, 1, 2]` with `backbone.tune`: per-seed taps, ``TAP.seed-S``) counts
+as its seeds, each the run with that one seed.
 
 `cross_run_answers` answers, per arm, the questions of `stats.claims` with the same machinery (`answer_heads`:
 the primary measure decides, Holm across the arms of one question, never across metrics; k-NN accuracies, label
@@ -100,16 +102,24 @@ def arm_label(results: dict) -> str:
     return " + ".join(words)
 
 
+def tuned_seeds(results: dict) -> list[int] | None:
+    """The seeds of a run whose backbone was tuned once per seed (`seeds: [0, 1, 2]` with `backbone.tune`: per-seed
+    backbone taps, taps["backbone"]["seeds"]); None for a run with one backbone."""
+    seeds = (((results.get("taps") or {}).get("backbone") or {}).get("seeds")) or {}
+    return sorted(int(s) for s in seeds) if len(seeds) > 1 else None
+
+
 def run_arms(run_dirs: Sequence[str | Path]) -> list[tuple[str, int, Path]]:
     """(arm label, seed, run directory) of each finished run (results.json with "status": "complete" and a recipe
-    seed); other runs are left out."""
+    seed), once per seed for a run that tuned its backbone per seed (`tuned_seeds`: seed s of it is the run with
+    seeds: [s]); other runs are left out."""
     out = []
     for path in map(Path, run_dirs):
         results = json.loads((path / "results.json").read_text())
         seed = (results.get("recipe") or {}).get("seed")
         label = arm_label(results)
         if results.get("status") == "complete" and isinstance(seed, int) and label:
-            out.append((label, seed, path))
+            out += [(label, s, path) for s in tuned_seeds(results) or [seed]]
     return out
 
 
@@ -140,13 +150,17 @@ def check_same_units(a: Path, b: Path) -> None:
                              f"{va.get(field)!r} vs {vb.get(field)!r}); pair runs of the same seed.")
 
 
-def tap_record(run: Path, tap: str) -> tuple[dict[str, float], dict]:
-    """(metrics, per-unit statistics) of `tap` in a run: results.json's metrics (a per-unit store's means where
-    results.json has none) and ``per_unit/TAP.safetensors`` ({} when missing: those metrics get the t interval
-    over seeds); a ValueError when the run has neither."""
+def tap_record(run: Path, tap: str, seed: int | None = None) -> tuple[dict[str, float], dict]:
+    """(metrics, per-unit statistics) of `tap` in a run, of its seed `seed` where the run tuned its backbone per seed
+    (`tuned_seeds`): results.json's metrics (a per-unit store's means where results.json has none) and
+    ``per_unit/TAP.safetensors`` (``TAP.seed-S``; {} when missing: those metrics get the t interval over seeds); a
+    ValueError when the run has neither."""
     results = json.loads((Path(run) / "results.json").read_text())
+    record = (results.get("taps") or {}).get(tap) or {}
+    if seed is not None and tuned_seeds(results):
+        record, tap = (record.get("seeds") or {}).get(str(seed)) or {}, f"{tap}.seed-{seed}"
     stats = load_per_unit(Path(run) / "per_unit" / f"{tap}.safetensors")
-    recorded = (((results.get("taps") or {}).get(tap) or {}).get("metrics")) or {}
+    recorded = record.get("metrics") or {}
     metrics = {m: x.value() for m, x in stats.items()} | recorded
     metrics = {m: v for m, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                and math.isfinite(v)}
@@ -248,14 +262,14 @@ def cross_run_answers(run_dirs: Sequence[str | Path], reference: str = REFERENCE
         seeds = sorted(set(runs) & set(base))
         for s in seeds:
             check_same_units(runs[s], base[s])
-        across[label] = (tap, seeds, paired_changes([(s, tap_record(runs[s], tap), tap_record(base[s], tap))
+        across[label] = (tap, seeds, paired_changes([(s, tap_record(runs[s], tap, s), tap_record(base[s], tap, s))
                                                      for s in seeds], n_boot, seed))
         taps = head_taps(runs[min(runs)])
         for head, head_tap in taps.items():
             name = label if len(taps) == 1 else f"{label} · {head}"
             within[name] = (head_tap, sorted(runs), paired_changes(
-                [(s, tap_record(runs[s], head_tap), tap_record(runs[s], "backbone")) for s in sorted(runs)], n_boot,
-                seed, compared="each run's head against its own backbone"))
+                [(s, tap_record(runs[s], head_tap, s), tap_record(runs[s], "backbone", s)) for s in sorted(runs)],
+                n_boot, seed, compared="each run's head against its own backbone"))
         described[label] = {"seeds": seeds, "runs": {s: str(runs[s]) for s in sorted(runs)}}
     within_questions = [dataclasses.replace(q, family="arms") for q in questions(overrides)]
     return {"reference": reference, "tap": tap, "arms": described,
