@@ -287,3 +287,13 @@ def test_a_run_that_tuned_its_backbone_per_seed_counts_as_its_seeds(tmp_path):
                 mine = other[part][question]["arms"][arm]
                 assert (mine["change"], mine["ci95"], mine["answer"]) == (record["change"], record["ci95"],
                                                                           record["answer"]), (part, question, arm)
+
+
+def test_the_heads_answered_within_an_arm_are_its_trained_heads(tmp_path):
+    from headprobe.stats.cross_run import head_taps
+
+    (tmp_path / "results.json").write_text(json.dumps({"recipe": {"heads": MLP2 + [{"name": "z", "type": "identity"}]},
+                                                       "claims": {"Q-aug": {"heads": {
+                                                           "head": {"tap": "head@2"}, "z": {"tap": "z"},
+                                                           "head.init": {"tap": "head.init@2", "is_null": True}}}}}))
+    assert head_taps(tmp_path) == {"head": "head@2"}

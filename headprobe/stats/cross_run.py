@@ -201,14 +201,14 @@ def paired_changes(pairs: Sequence[tuple[int, tuple[dict, dict], tuple[dict, dic
 
 
 def head_taps(run: Path) -> dict[str, str]:
-    """{head: the tap its answers are read at} of a run's trained heads (results.json["claims"]; identity heads
-    left out); {} for a run without answers."""
+    """{head: the tap its answers are read at} of a run's trained heads (results.json["claims"]; identity and null
+    heads left out); {} for a run without answers."""
     results = json.loads((Path(run) / "results.json").read_text())
     identity = {h.get("name") for h in (results.get("recipe") or {}).get("heads") or [] if h.get("type") == "identity"}
     out: dict[str, str] = {}
     for claim in (results.get("claims") or {}).values():
         for head, record in ((claim or {}).get("heads") or {}).items():
-            if head not in identity and isinstance(record, dict) and record.get("tap"):
+            if head not in identity and isinstance(record, dict) and record.get("tap") and not record.get("is_null"):
                 out.setdefault(head, record["tap"])
     return out
 
