@@ -80,8 +80,6 @@ def _run_summary(label: str, path: Path, results: dict) -> list:
 def paired_rows(answers: Mapping) -> tuple[list[str], list[list]]:
     """(header, rows) of `cross_run.cross_run_answers`: one row per part (within an arm, across runs), question,
     arm and measure, the primary first (with its answer), then the secondary measures (descriptions)."""
-    from headprobe.stats.claims import in_units
-
     rows = []
     for part in ("within", "across"):
         for key, claim in answers[part].items():
@@ -92,7 +90,7 @@ def paired_rows(answers: Mapping) -> tuple[list[str], list[list]]:
                     ci = change.get("ci95")
                     rows.append([part, key, label, f"{record['tap']} · {metric}", change["backbone"], change["head"],
                                  change["change"],
-                                 f"[{in_units(metric, ci[0])}, {in_units(metric, ci[1])}]" if ci else "—",
+                                 f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "—",
                                  change.get("interval", ""), answer or "—",
                                  f"{change['n_seeds']} × {change['n_units']}" if change.get("n_units")
                                  else f"{change['n_seeds']} seeds"])

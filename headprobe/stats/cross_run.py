@@ -282,8 +282,8 @@ def answer_lines(answers: Mapping) -> list[str]:
     """The answer lines of `cross_run_answers`, within the arms, then across runs, each part under a heading."""
     lines = []
     for part, heading in (("within", "within each arm, pooled over its runs (z → h):"),
-                          ("across", f"across runs, each arm's {answers['tap']} against the {answers['reference']} "
-                                     f"{answers['tap']} of the same seed:")):
+                          ("across", f"across runs, each arm's {answers['tap']} against the {answers['tap']} of the "
+                                     f"{answers['reference']} arm of the same seed:")):
         found = [record["line"] for claim in answers[part].values() for record in claim["arms"].values()]
         lines += [heading, *found] if found else []
     return lines
