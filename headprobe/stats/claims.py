@@ -29,8 +29,8 @@ one, said so). Answers are read at two-sided α = 0.05 after Holm's correction a
   "gained" above +m, "undecided" otherwise.
 
 A recipe may override a question's primary measure (among the question's own measures) or margin:
-``claims: {Q-class: {margin: 0.03}, Q-aug: {primary: rotation.mlp.acc}}``; the override is recorded. Another
-question (e.g. one across runs) is one more `Question` in `QUESTIONS` with the same record.
+``claims: {Q-class: {margin: 0.03}, Q-aug: {primary: rotation.mlp.acc}}``; the override is recorded. The answers
+across the runs of a head ablation (`stats.cross_run`) ask the same questions of arms, through `answer_heads`.
 
 >>> QUESTIONS["Q-class"].margin, QUESTIONS["Q-aug"].primary
 (0.02, 'rotation.acc')
@@ -59,7 +59,8 @@ class Question:
     """key: "Q-aug"; asks: the question; finding: what a "yes" says of a head ("discards augmentation
     information"); primary: the measure answering it; kind: DIRECTION or EQUIVALENCE; predicted: the sign of
     head − backbone the buffer claim predicts (−1 lower, +1 higher; 0 for an equivalence); margin: the smallest
-    change that counts (direction) or the equivalence bound, in the primary's units.
+    change that counts (direction) or the equivalence bound, in the primary's units; subject: what is compared
+    with the backbone ("the head"), family: what one Holm correction runs across ("heads").
 
     Which measures bear on it is what the probes declare of their metrics (`probes.declaration.Metric`: `answers`,
     `shown_with`), read through the registry: `candidates` may be chosen as primary, `secondary` are shown with
@@ -72,6 +73,8 @@ class Question:
     kind: str
     predicted: int
     margin: float
+    subject: str = "the head"
+    family: str = "heads"
 
     @property
     def candidates(self) -> tuple[Metric, ...]:
@@ -143,17 +146,27 @@ def interval_rule() -> str:
 
 
 def answer_rule(question: Question) -> str:
-    m = question.margin
+    m, family = question.margin, question.family
     if question.kind == EQUIVALENCE:
         return (f"equivalent: the 95% interval lies inside ±{m:g}; lost: below −{m:g}; gained: above +{m:g} "
-                "(each resolved at α = 0.05 after Holm across this question's heads); undecided otherwise")
+                f"(each resolved at α = 0.05 after Holm across this question's {family}); undecided otherwise")
     side = "lower" if question.predicted < 0 else "higher"
     beyond = f" by more than {m:g}" if m else ""
-    return (f"yes: the head reads {side}{beyond}, resolved (95% interval, α = 0.05 after Holm across this "
-            "question's heads); no: resolved the other way; undecided otherwise")
+    return (f"yes: {question.subject} reads {side}{beyond}, resolved (95% interval, α = 0.05 after Holm across "
+            f"this question's {family}); no: resolved the other way; undecided otherwise")
 
 
-def _decide(question: Question, change) -> tuple[str, float | None]:
+def question_entry(question: Question, override: dict | None = None, rule: str | None = None) -> dict:
+    """A question's record before its answers: asks, primary, kind, predicted, margin, interval_rule (`rule`, by
+    default `interval_rule()`), answer_rule and the recipe's override where there is one."""
+    predicted = "no change" if question.predicted == 0 else \
+        f"{'lower' if question.predicted < 0 else 'higher'} at {question.subject}"
+    entry = {"asks": question.asks, "primary": question.primary, "kind": question.kind, "predicted": predicted,
+             "margin": question.margin, "interval_rule": rule or interval_rule(), "answer_rule": answer_rule(question)}
+    return entry | ({"override": dict(override)} if override else {})
+
+
+def decide(question: Question, change) -> tuple[str, float | None]:
     """(the answer this head's interval points to, its p-value), before the Holm correction."""
     c, m = change.change, question.margin
     if change.p_value() is None:
@@ -172,9 +185,12 @@ def _decide(question: Question, change) -> tuple[str, float | None]:
     return "undecided", 1.0
 
 
-def _matching(patterns: tuple[str, ...], names: list[str]) -> list[str]:
+def secondary_measures(question: Question, names: list[str]) -> list[str]:
+    """The names among `names` of the measures shown with the question (its `secondary` patterns, in their order),
+    its primary left out."""
     out: list[str] = []
-    for pattern in patterns:
+    names = [n for n in names if n != question.primary]
+    for pattern in question.secondary:
         out += [n for n in names if re.fullmatch(pattern, n) and n not in out]
     return out
 
@@ -209,6 +225,42 @@ def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric:
     return change_interval(b, values, b_stat, stats if all(x is not None for x in stats) else None, resamples, seed)
 
 
+def apply_holm(heads: dict[str, dict], p_values: dict[str, float]) -> None:
+    """Holm's correction across one family of answers (the heads, or the arms, of one question; never across
+    questions or metrics): each record of `p_values`' keys gets p_holm, and its answer becomes "undecided" where
+    p_holm ≥ α."""
+    from headprobe.stats.bootstrap import ALPHA, holm
+
+    for head, p_holm in holm(p_values).items():
+        heads[head]["p_holm"] = p_holm
+        if p_holm >= ALPHA:
+            heads[head]["answer"] = "undecided"
+
+
+def answer_heads(question: Question, measured: dict[str, dict]) -> dict[str, dict]:
+    """Each head's (or arm's) answer to one question from its primary's change, `decide` then `apply_holm` across
+    them all, as `answer_questions` answers a run's heads. measured: {head: {"tap": the tap compared, "change": the
+    primary's `retraining.Change` or None (not measured), "secondary": {metric: Change.record()}}} -> {head: the
+    change's record, "tap", "answer", "p", "p_holm", "secondary", "line"}; a head whose primary was not measured
+    answers NOT_MEASURED (left out when it has no secondary measure either)."""
+    heads, p_values = {}, {}
+    for head, item in measured.items():
+        change, secondary = item["change"], item.get("secondary") or {}
+        if change is None:  # no answer; the secondary measures are still shown
+            if secondary:
+                heads[head] = {"tap": item["tap"], "answer": NOT_MEASURED, "secondary": secondary}
+            continue
+        answer, p = decide(question, change)
+        heads[head] = {"tap": item["tap"], **change.record(), "answer": answer, "p": p, "p_holm": None,
+                       "secondary": secondary}
+        if p is not None:
+            p_values[head] = p
+    apply_holm(heads, p_values)
+    for head, record in heads.items():
+        record["line"] = answer_line(question, head, record)
+    return heads
+
+
 def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict[str, str],
                      overrides: dict | None = None, seed: int = 0, nulls: dict[str, str] | None = None,
                      null_heads: tuple[str, ...] = ()) -> dict:
@@ -224,31 +276,25 @@ def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict
     The equivalence question stays decided on head − backbone (it asks what the backbone's information became) and
     shows the change against the null beside it. The null heads are answered too, as a family of their own for Holm."""
     from headprobe.stats.against_null import change_against, null_record
-    from headprobe.stats.bootstrap import ALPHA, holm
 
     nulls = {h: n for h, n in (nulls or {}).items() if h in compared and n in compared}
     null_heads = set(null_heads) | set(nulls.values())
 
     out = {}
     for question in questions(overrides):
-        entry = {"asks": question.asks, "primary": question.primary, "kind": question.kind,
-                 "predicted": {-1: "lower at the head", 1: "higher at the head", 0: "no change"}[question.predicted],
-                 "margin": question.margin, "interval_rule": interval_rule(), "answer_rule": answer_rule(question)}
-        if (overrides or {}).get(question.key):
-            entry["override"] = dict(overrides[question.key])
+        entry = question_entry(question, (overrides or {}).get(question.key))
         heads, p_values = {}, {}
         for head, tap in compared.items():
             if tap not in taps or "backbone" not in taps:
                 continue
-            names = [m for m in taps[tap]["metrics"] if m != question.primary]
-            secondary = {m: c.record() for m in _matching(question.secondary, names)
+            secondary = {m: c.record() for m in secondary_measures(question, list(taps[tap]["metrics"]))
                          if (c := metric_change(taps, per_unit, resamples, tap, m, seed))}
             change = metric_change(taps, per_unit, resamples, tap, question.primary, seed)
             if change is None:  # no answer; the secondary measures are still shown
                 if secondary:
                     heads[head] = {"tap": tap, "answer": NOT_MEASURED, "secondary": secondary}
                 continue
-            answer, p = _decide(question, change)
+            answer, p = decide(question, change)
             heads[head] = {"tap": tap, **change.record(), "answer": answer, "p": p, "p_holm": None,
                            "secondary": secondary, "decided_on": "head − backbone"}
             if head in null_heads:
@@ -256,7 +302,7 @@ def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict
             against = (change_against(taps, per_unit, resamples, tap, compared[nulls[head]], question.primary, seed)
                        if head in nulls else None)
             if against is not None:
-                vs_answer, vs_p = _decide(question, against)
+                vs_answer, vs_p = decide(question, against)
                 heads[head]["vs_null"] = null_record(against, nulls[head], compared[nulls[head]]) | {
                     "answer": vs_answer, "p": vs_p}
                 if question.kind == DIRECTION:
@@ -268,10 +314,7 @@ def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict
                 p_values[head] = p
         for family in ({h: p for h, p in p_values.items() if h not in null_heads},
                        {h: p for h, p in p_values.items() if h in null_heads}):
-            for head, p_holm in holm(family).items():
-                heads[head]["p_holm"] = p_holm
-                if p_holm >= ALPHA:
-                    heads[head]["answer"] = "undecided"
+            apply_holm(heads, family)
         for head, record in heads.items():
             record["line"] = answer_line(question, head, record)
         entry["heads"] = heads
