@@ -223,7 +223,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         written = write_compare(list(labels.values()), out)
     except OSError as err:
         return _error(f"could not write the comparison into {out}: {err}", EXIT_FAILED)
-    except ValueError as err:  # runs that cannot be paired across (cross_run.compare_sweep)
+    except ValueError as err:  # runs that cannot be paired across (cross_run.cross_run_answers)
         return _error(str(err), EXIT_USAGE)
     if "cross_run" in written:
         import json
@@ -238,16 +238,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_claims(args: argparse.Namespace) -> int:
     from headprobe.record.directory import read_results
+    from headprobe.stats.cross_run import cross_run_answers
 
-    from .report.claims_table import claims_rows, format_claims
-    from .report.compare import run_labels
+    from .report.claims_table import ACROSS_HEADER, claims_rows, cross_run_rows, format_claims
+    from .report.compare import run_labels, sweep_runs
 
     try:
-        labels = run_labels(args.run_dirs)
+        labels = run_labels(sweep_runs(args.run_dirs))
         rows = claims_rows({label: read_results(path) for label, path in labels.items()}, args.secondary)
+        # A head ablation (a no-head arm and others, by seed): its answers pooled over runs and across runs.
+        answers = cross_run_answers(list(labels.values())) if len(labels) > 1 else None
     except (FileNotFoundError, ValueError) as err:
         return _error(str(err), EXIT_USAGE)
-    text = format_claims(rows, args.format)
+    within, across = ([], []) if answers is None else (cross_run_rows(answers, part, args.secondary)
+                                                       for part in ("within", "across"))
+    if args.format == "csv":
+        text = format_claims(rows + within + across, "csv")
+    else:
+        text = format_claims(rows + within, args.format)
+        text += "\n" + format_claims(across, args.format, ACROSS_HEADER) if across else ""
     if args.out is None:
         sys.stdout.write(text)
         return EXIT_OK
@@ -255,7 +264,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text, encoding="utf-8")
     except OSError as err:
         return _error(f"could not write {args.out}: {err.strerror or err}; choose a writable --out.", EXIT_FAILED)
-    _console().print(f"claims: {args.out} ({len(rows)} rows)", markup=False)
+    _console().print(f"claims: {args.out} ({len(rows) + len(within) + len(across)} rows)", markup=False)
     return EXIT_OK
 
 
@@ -360,8 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", **verbose)
     p.set_defaults(fn=cmd_geometry)
 
-    p = sub.add_parser("claims", help="the answers of one or more runs as the paper's table: z / h(z) (Δ [95% CI], n)")
-    p.add_argument("run_dirs", nargs="+")
+    p = sub.add_parser("claims", help="the answers of one or more runs as the paper's table: z / h(z) (Δ [95% CI], n); "
+                                      "for a head ablation (a sweep folder, or its runs) also per arm, pooled over "
+                                      "its seeds and across runs against the no-head backbone")
+    p.add_argument("run_dirs", nargs="+", help="run folders, or a sweep's folder (its runs)")
     p.add_argument("--format", choices=("md", "latex", "csv"), default="md",
                    help="md (Markdown), latex (booktabs tabular) or csv (every number unrounded); default md")
     p.add_argument("--out", help="file to write (default: print to the terminal)")

@@ -375,6 +375,8 @@ HEADS.add("linear", "headprobe.train.heads:projection_head",
           "bias-free linear layers (the paper's linear head), depth of them")
 HEADS.add("mlp", "headprobe.train.heads:projection_head",
           "Linear → [BN] → act per hidden layer, Linear → [BN] out; depth, width, out_dim, act, init_scale")
+HEADS.add("random", "headprobe.train.null_heads:random_map",
+          "a null head: a fixed random injective linear map to max(width, input) dims, never trained")
 HEADS.add("pretrained", "headprobe.ssl:load_pretrained_head",
           "the head stored in the backbone's ssl:<format>:<path> checkpoint (DINO's MLP → L2 bottleneck → prototypes, "
           "VICReg/Barlow projectors): probed at every layer, never trained")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from headprobe.parallel.peers import exchange_peers
-from headprobe.pipeline import probing, stages, taps
+from headprobe.pipeline import probing, stages, taps, tuned_seeds
 from headprobe.pipeline.executors import executors_for
 from headprobe.pipeline.stages import RunContext, RunError
 from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
@@ -254,31 +254,29 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
         # From here on, results are written only while the memory-mapped cache files read are the bytes verified.
         record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)
         if not frozen:
-            # Score the untuned backbone, tune it with the heads on views made on the fly, then extract every
-            # feature again from the tuned backbone, so that "backbone" and the head taps are scored on it.
+            # Score the untuned backbone; then, once per seed, tune a copy of it with the heads on views made on the
+            # fly and extract every feature again from it, so that "backbone" and the head taps are scored on the
+            # backbone each seed tuned (`tuned_seeds`).
             _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone_untuned")))
             record.untuned()
-            trained = stages.tune_backbone(ctx, inputs)
-            _record_training(ctx, trained)
-            features = stages.extract_features(ctx, inputs, tuned=True)
-            record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)
-        # With several processes and frozen-backbone heads, the backbone tap is probed with the head taps, so that
-        # its probes are shared out with theirs (alone, its one linear probe is the whole stage's critical path).
-        with_heads = bool(recipe.heads) and frozen and probes.backbone_with_heads
-        if call.reuse_backbone is not None and frozen and "backbone" not in results["taps"]:
-            probing.reuse_tap(ctx, call.reuse_backbone)
-        if not with_heads:
-            _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone")))
-        if recipe.heads:
-            if frozen:
+            tuned_seeds.tune_and_probe(ctx, inputs)
+        else:
+            # With several processes and heads, the backbone tap is probed with the head taps, so that its probes
+            # are shared out with theirs (alone, its one linear probe is the whole stage's critical path).
+            with_heads = bool(recipe.heads) and probes.backbone_with_heads
+            if call.reuse_backbone is not None and "backbone" not in results["taps"]:
+                probing.reuse_tap(ctx, call.reuse_backbone)
+            if not with_heads:
+                _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone")))
+            if recipe.heads:
                 trained = stages.train_heads(ctx, features)
                 _record_training(ctx, trained)
-            if recipe.geometry.final:
-                t0 = time.perf_counter()
-                for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
-                    record.geometry(head, geometry)
-                ctx.clock("geometry_s", time.perf_counter() - t0)
-            _clock_probing(ctx, probing.probe_heads(ctx, features, trained, backbone=with_heads))
+                if recipe.geometry.final:
+                    t0 = time.perf_counter()
+                    for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
+                        record.geometry(head, geometry)
+                    ctx.clock("geometry_s", time.perf_counter() - t0)
+                _clock_probing(ctx, probing.probe_heads(ctx, features, trained, backbone=with_heads))
 
         record.complete(_orbit_coordinates(results["taps"]))
         trackers.log_results(results)
@@ -300,9 +298,8 @@ def _clock_probing(ctx: RunContext, seconds: float | None) -> None:
 
 
 def _record_training(ctx: RunContext, trained: stages.TrainedHeads) -> None:
-    """The heads trained (and the backbone tuned with them) into the record; the time estimate once it is timed."""
-    ctx.record.training(trained.heads, trained.protocol, trained.seconds, trained.resumed, trained.track_s,
-                        trained.backbone_tuned)
+    """The heads trained into the record; the time estimate once it is timed."""
+    ctx.record.training(trained.heads, trained.protocol, trained.seconds, trained.resumed, trained.track_s)
     if trained.seconds is not None:
         ctx.announce_estimate("training")
 

@@ -159,10 +159,6 @@ def _check_seeds(recipe: Recipe) -> None:
                           "remove the key to use `seed` alone.")
     if len(set(recipe.seeds)) != len(recipe.seeds):
         raise RecipeError(f"seeds = {recipe.seeds} repeats a seed; each retraining needs its own seed.")
-    if len(recipe.seeds) > 1 and recipe.backbone.tune != "frozen":
-        raise RecipeError(f"seeds = {recipe.seeds} with backbone.tune = {recipe.backbone.tune!r}: several seeds "
-                          "retrain the heads on one set of cached backbone features, which a tuned backbone does not "
-                          "have; use one seed, or run one recipe per seed (sweep: {seed: [0, 1, 2]}).")
 
 
 # Training images of the built-in sources (their `train` split), and their classes: what validate can know
@@ -333,10 +329,24 @@ def _check_heads(recipe: Recipe) -> None:
         if head.type == "pretrained" and recipe.backbone.tune != "frozen":
             raise RecipeError(f"heads[{i}] ({head.name}) is `type: pretrained` with backbone.tune = "
                               f"{recipe.backbone.tune!r}; a checkpoint's own head is probed on its frozen backbone.")
+        if head.init_of is not None:
+            twin = next((h for h in recipe.heads if h.name == head.init_of), None)
+            if twin is None or twin.type in ("pretrained", "identity", "random") or twin.init_of is not None:
+                trained = [h.name for h in recipe.heads
+                           if h.type not in ("pretrained", "identity", "random") and h.init_of is None]
+                raise RecipeError(f"heads[{i}].init_of = {head.init_of!r} must name a trained head of this recipe "
+                                  f"(its copy at initialisation is the null); trained heads: "
+                                  f"{', '.join(trained) or 'none'}.")
+        if head.init_of is not None and recipe.backbone.tune != "frozen":
+            raise RecipeError(f"heads[{i}] ({head.name}) is a null head (init_of), which is probed on a frozen "
+                              f"backbone's features; with backbone.tune = {recipe.backbone.tune!r} every head trains "
+                              "the backbone, so remove it (and null_heads: init); for a null arm across runs use a "
+                              "run whose only head is `type: random` (the backbone trained through a fixed random "
+                              "injective map).")
         if head.type == "pretrained":
             continue
         predictor = takes_predictor(recipe.objective.name)
-        if predictor and head.predictor is None:
+        if predictor and head.predictor is None and head.type != "random":
             raise RecipeError(f"heads[{i}] ({head.name}) has no predictor, which objective "
                               f"{recipe.objective.name} needs; set heads[{i}].predictor to a width, e.g. 512.")
         if not predictor and head.predictor is not None:

@@ -27,6 +27,7 @@ from headprobe.recipe.safe_yaml import AliasLimitError, BoundedAliasLoader
 from ..registry import Registry, UnavailablePluginError
 from .checks import check_recipe
 from .fields import check_range
+from .null_heads import with_null_heads
 from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unregistered
 from .sweeps import NO_SWEEP, sweep_folder_name, sweep_items
 
@@ -215,6 +216,7 @@ def set_value(data: dict, key: str, value: Any, label: str | None = None) -> Non
 
 def _from_data(data: dict) -> Recipe:
     recipe = _build(Recipe, data, "")
+    recipe.heads = with_null_heads(recipe.heads, recipe.null_heads)
     check_recipe(recipe)
     for label, items in _sweep_items(recipe):
         combo = copy.deepcopy(data)

@@ -191,10 +191,15 @@ class HeadSpec:
     # The layers to probe (1 = the first hidden layer … depth = the output), e.g. [1, 3] to skip a pretrained DINO
     # head's 65,536-d prototype logits; null = every layer. The verdict compares the deepest probed layer.
     taps: list[int] | None = field(default=None, metadata=at_least(1))
+    # A null head: the untrained copy of head NAME at its initialisation (NAME's weights before training, every
+    # setting of NAME's), probed like any head and never trained (`headprobe.recipe.null_heads`).
+    init_of: str | None = None
 
     def __post_init__(self) -> None:
         if self.act is None and self.type != "pretrained":
             self.act = "relu"
+        if self.type == "random":  # one linear map: its depth is not a choice
+            self.depth = 1
 
 
 @dataclass
@@ -291,6 +296,10 @@ class Recipe:
     # (`probes.declaration.Probe.options`, read through the registry).
     probes: dict[str, Any] = field(default_factory=default_probes, metadata={"registry": PROBES, "named": True})
     heads: list[HeadSpec] = field(default_factory=list)
+    # Null heads added to `heads`, probed like every head and never trained, that each answer is read against:
+    # `init` an untrained copy NAME.init of every trained head at its initialisation, `random` one fixed random
+    # injective linear map (`headprobe.recipe.null_heads`).
+    null_heads: list[Literal["init", "random"]] = field(default_factory=list)
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
     augment: AugmentRecipe = field(default_factory=AugmentRecipe)
     train: TrainSpec = field(default_factory=TrainSpec)

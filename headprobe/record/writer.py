@@ -147,13 +147,13 @@ class RecordWriter:
         self._invocation_time(key, seconds)
 
     def training_time(self, seconds: float, resumed: bool, track_s: float = 0.0) -> None:
-        """Training time (resumed from a checkpoint, the steps before it count too) and the curvature tracking's
-        share of it."""
+        """Training time and the curvature tracking's share of it; `resumed` (resumed from a checkpoint, or a later
+        seed's training, trained one after another): added to the time recorded so far."""
         timing = self.timing
         timing["train_s"] = (timing.get("train_s", 0.0) if resumed else 0.0) + seconds
         self._invocation_time("train_s", seconds)
         if track_s:
-            timing["track_s"] = track_s
+            timing["track_s"] = (timing.get("track_s", 0.0) if resumed else 0.0) + track_s
             self._invocation_time("track_s", track_s)
             self.record.setdefault("timing_ratios", {})["track_over_train"] = track_s / max(timing["train_s"], 1e-9)
 
