@@ -112,3 +112,22 @@ def test_two_sweep_runs_never_share_a_folder(tmp_path, capsys):
     blocks = [{"id": "scratch:vit-tiny"}, {"id": "scratch:vit-tiny", "pooling": "mean"}]
     assert [label for label, _ in expand_sweep({"sweep": {"backbone": blocks}})] == ["backbone=0",
                                                                                      "backbone.pooling=mean"]
+
+
+def test_a_sweep_run_folder_linked_outside_the_sweep_is_refused_before_anything_runs(tmp_path, capsys):
+    outside, root = tmp_path / "outside", tmp_path / "sweep"
+    outside.mkdir()
+    (outside / "results.json").write_text("{}")  # looks like a run, so the sweep folder reads as headprobe's own
+    root.mkdir()
+    (root / "compare.csv").write_text("")
+    (root / "first").symlink_to(outside, target_is_directory=True)
+    recipe = {"name": "t", "backbone": {"id": "scratch:vit-tiny"}, "probes": {"knn": {"ks": [3]}}, "report": False,
+              "sweep": {"features.batch_size": [20, 10]}, "sweep_labels": ["first", "second"]}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    before = _files(tmp_path)
+    assert main(["run", str(tmp_path / "recipe.yaml"), "--out", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"the sweep run 'first' would be written outside {str(root)!r} (its folder resolves to " \
+           f"{str(outside)!r}); rename it with sweep_labels." in " ".join(err.split())
+    assert _files(tmp_path) == before
