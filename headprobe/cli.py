@@ -133,9 +133,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from .recipe import RecipeError, load_recipe
+    from .recipe.environment import check_environment
 
     try:
         recipe = load_recipe(args.recipe, args.set)
+        check_environment()  # the variables a run reads, as it reads them
     except RecipeError as err:
         return _error(str(err), EXIT_USAGE)
     probes = ", ".join(recipe.probes)
@@ -176,8 +178,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from headprobe.record.directory import atomic_write_text, read_results
-    from headprobe.record.lock import RunFolderLocked, RunLock
+    from headprobe.record.lock import RunLock
 
+    from .recipe import RecipeError
     from .record.tidy import results_csv
     from .report.html import write_report
     from .report.table import print_summary
@@ -192,7 +195,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         with RunLock(args.run_dir, "report"):  # not while a run, resume or geometry writes there
             path = write_report(args.run_dir)
             atomic_write_text(Path(args.run_dir) / "results.csv", results_csv(results))  # for runs made before it
-    except RunFolderLocked as err:
+    except RecipeError as err:  # the folder is locked, or HEADPROBE_LOCK_TIMEOUT is no number of seconds
         return _error(str(err), EXIT_USAGE)
     except OSError as err:
         return _error(f"could not write the report into {args.run_dir}: {err}", EXIT_FAILED)
@@ -274,7 +277,9 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     except (SavedHeadsError, CheckpointError, ValueError) as err:
         return _error(str(err), EXIT_USAGE)
     except OSError as err:
-        return _error(f"could not write the heads: {err}", EXIT_FAILED)
+        where = f" {err.filename}" if err.filename else ""
+        return _error(f"could not write the heads{where}: {err.strerror or err}; choose a writable --out (a "
+                      ".safetensors file in a folder you can write to).", EXIT_FAILED)
     _console().print(f"heads: {path} (headprobe.load_heads({str(path)!r}) rebuilds them)", markup=False,
                      soft_wrap=True)
     return EXIT_OK
@@ -392,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     # Before torch loads its OpenMP runtime (it reads the wait policy once): idle threads sleep, never spin against
     # other jobs on a shared machine.
     prefer_passive_waiting()
+    from .report.warning_lines import one_line_warnings
+
+    one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     return args.fn(args)

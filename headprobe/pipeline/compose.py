@@ -22,6 +22,7 @@ from headprobe.pipeline import probing, stages, taps, tuned_seeds
 from headprobe.pipeline.executors import executors_for
 from headprobe.pipeline.stages import RunContext, RunError
 from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
+from headprobe.recipe.folder_names import is_inside
 from headprobe.record.directory import RunDir, check_out_folder, default_run_dir
 from headprobe.record.lock import folder_lock
 from headprobe.record.writer import RecordWriter
@@ -223,9 +224,14 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     results, invocation, finished = RecordWriter.begin(recipe.to_dict(), call.path, call.resume,
                                                        call.refuse_existing)
     if finished is not None:
-        # Nothing to redo: results.json, its timings and the report stay exactly as the run wrote them.
+        # Nothing to redo: results.json and its timings stay exactly as the run wrote them. A report the run was
+        # stopped in the middle of (results.json is written complete before it) is made now.
+        missing = recipe.report and not (call.path / "report.html").is_file()
+        if main and missing:
+            stages.write_report(RunDir(call.path, writable=True))
         if main and not call.quiet:
-            print(f"nothing to do: the run in {call.path} is already complete ({call.path / 'results.json'}).",
+            made = " except its report, made now" if missing else ""
+            print(f"nothing to do: the run in {call.path} is already complete{made} ({call.path / 'results.json'}).",
                   file=sys.stderr)
         return Results(finished, call.path)
     # Every process checks the directory before the main one writes into it.
@@ -331,6 +337,10 @@ def run_sweep(
     recipe = load_recipe(recipe_path, overrides)
     root = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(root)
+    for label, _ in combos:  # each run writes into its own folder inside the sweep's, never beside it
+        if not is_inside(root, root / label):
+            raise RecipeError(f"the sweep run {label!r} would be written outside {str(root)!r} (its folder "
+                              f"resolves to {str((root / label).resolve())!r}); rename it with sweep_labels.")
     results, probed = [], {}  # probed: the first run of each backbone-tap input, whose backbone tap the others take
     for label, items in combos:
         inputs = backbone_tap_inputs(load_recipe(recipe_path, items))
