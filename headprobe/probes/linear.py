@@ -151,8 +151,9 @@ def linear_probe(
        float64, no labels), fitted once before the validation split. An L2 penalty with an unpenalised intercept
        is rotation-invariant in those coordinates, so no invertible linear map of the features changes the
        answer beyond rounding, nor any map injective on the train rows' span for rows inside it; validation rows
-       are train rows, so the choice of C is invariant too. `standardize` is then moot (standardising is one
-       such map). protocol["whiten"] records the rank kept, the tolerance, N and D.
+       are train rows, so the choice of C is invariant too (but uninformed at rank N − 1, fewer images than
+       dimensions: see `headprobe.probes.whitening`). `standardize` is then moot (standardising is one such
+       map). protocol["whiten"] records the rank kept, the tolerance, N and D.
     1. Validation data: a stratified `val_fraction` of train (sklearn `train_test_split`,
        `random_state=seed`), or `val_features`/`val_labels` when given. With `groups` (N,) (e.g. the source
        image of each row, when rows are rotated copies of one image) the split is by group instead
