@@ -45,15 +45,29 @@ def split_measures(by_seed: dict[int, dict], objective, options: dict, views: to
                          predicts_zero_m(e["head"], "running")) for name, e in found.items()]
 
 
-def answer_geometry_questions(ctx, features, by_seed: dict[int, dict], spec: SaddleSpec | None = None) -> dict:
+SADDLE_SEEDS = 3
+
+
+def saddle_spec(geometry, seed: int) -> SaddleSpec | None:
+    """The recipe's Q-saddle states (`geometry.saddle_states` per seed, seeds seed .. seed + 2, its collapse
+    threshold); None when it asks for none."""
+    if not geometry.saddle_states:
+        return None
+    return SaddleSpec(seeds=tuple(range(seed, seed + SADDLE_SEEDS)), states=geometry.saddle_states,
+                      threshold=geometry.collapse_threshold)
+
+
+def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict:
     """{"Q-split": ..., "Q-saddle": ...} for results.json["claims"]: Q-split on the run's cached views, Q-saddle on
-    `spec`'s constructed states (default `SaddleSpec()`) under the SimSiam and the target loss."""
+    the recipe's constructed states (`saddle_spec`) under the SimSiam and the target loss."""
     from headprobe.registry import OBJECTIVES
 
     recipe = ctx.recipe
     claims = answer_split(split_measures(by_seed, OBJECTIVES.get(recipe.objective.name), recipe.objective.options,
                                          features.views.features, recipe.seed), seed=recipe.seed)
-    spec = spec or SaddleSpec()
+    spec = saddle_spec(recipe.geometry, recipe.seed)
+    if spec is None:
+        return claims
     if ctx.show:  # said before the work starts: its time depends on these sizes
         print(f"Q-saddle: {spec.sizes()} and the target loss", file=sys.stderr, flush=True)
     start = time.perf_counter()
