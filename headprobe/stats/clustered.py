@@ -111,8 +111,8 @@ def difference_interval(first: Sequence[Sequence[float]], second: Sequence[Seque
     picks = torch.randint(len(first), (n_boot, len(first)), generator=gen)
     boot = _paired_draws(first, picks, gen) - _paired_draws(second, picks, gen)
     low, high = _percentiles(boot)
-    return {"value": d, "ci95": [min(newcombe[0], low), max(newcombe[1], high)], "newcombe": newcombe,
-            "bootstrap": [low, high]}
+    ci95 = [max(-1.0, min(newcombe[0], low)), min(1.0, max(newcombe[1], high))]  # a difference of proportions
+    return {"value": d, "ci95": ci95, "newcombe": newcombe, "bootstrap": [low, high]}
 
 
 def _paired_draws(clusters, picks: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
