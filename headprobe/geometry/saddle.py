@@ -80,7 +80,7 @@ class SaddleSpec:
         side = 2 * self.batch * self.dim
         return (f"{len(self.heads)} head types × {len(self.seeds)} seeds × {self.states} states; heads {self.dim} → "
                 f"{self.width} → {self.dim} (weights ×{self.init_scale:g}), {self.batch} rows per view, Hessian side "
-                f"{side}, {self.loss} loss")
+                f"{side}")
 
 
 @dataclass(frozen=True)

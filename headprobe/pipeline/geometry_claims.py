@@ -69,7 +69,8 @@ def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict:
     if spec is None:
         return claims
     if ctx.show:  # said before the work starts: its time depends on these sizes
-        print(f"Q-saddle: {spec.sizes()} and the target loss", file=sys.stderr, flush=True)
+        print(f"Q-saddle: {spec.sizes()}; under the {' and the '.join(LOSSES)} losses", file=sys.stderr,
+              flush=True)
     start = time.perf_counter()
     states = {loss: collapsed_states(dataclasses.replace(spec, loss=loss)) for loss in LOSSES}
     claims |= answer_saddle(states, spec.sizes(), seed=recipe.seed)

@@ -154,7 +154,7 @@ def _collapsed_by_seed(states, head: str | Sequence[str]) -> list[list[float]]:
     return [c for c in clusters if c]
 
 
-def _saddle_record(states, head: str, margin_low: float, seed: int) -> dict | None:
+def _saddle_record(states, head: str, threshold: float, seed: int) -> dict | None:
     clusters = _collapsed_by_seed(states, head)
     if not clusters:
         return None
@@ -162,7 +162,7 @@ def _saddle_record(states, head: str, margin_low: float, seed: int) -> dict | No
     collapsed = [s for s in own if s.collapsed]
     record = proportion_interval(clusters, seed=seed)
     low, high = record["ci95"]
-    record |= {"answer": "saddle" if low > margin_low else "not a saddle" if high < margin_low else "undecided",
+    record |= {"answer": "saddle" if low > threshold else "not a saddle" if high < threshold else "undecided",
                "n_negative": int(sum(map(sum, clusters))), "n_collapsed": len(collapsed), "n_states": len(own),
                "n_seeds": len(clusters), "n_units": len(collapsed) // len(clusters), "unit": "collapsed states",
                "lambda_min_median": statistics.median(s.lambda_min for s in collapsed),
