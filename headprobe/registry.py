@@ -406,6 +406,12 @@ ORBIT_SWEEPS.add("saturation", "headprobe.data.orbits:SATURATION",
                  "saturation factor 0 (grey) to 2, 11 steps; 1 is the image")
 ORBIT_SWEEPS.add("blur", "headprobe.data.orbits:BLUR", "Gaussian blur sigma 0-3 px, 7 steps")
 
+# The paper's questions answered by the geometry stage, each declared where it is answered (name, claim, primary
+# measure, margin, regime in its `help`).
+QUESTIONS = Registry("question")
+QUESTIONS.declare("Q-split", "headprobe.stats.geometry_claims:Q_SPLIT")
+QUESTIONS.declare("Q-saddle", "headprobe.stats.geometry_claims:Q_SADDLE")
+
 FAMILIES: dict[str, Registry] = {
     "backbones": BACKBONES,
     "offline": OFFLINE_MODELS,
@@ -417,6 +423,7 @@ FAMILIES: dict[str, Registry] = {
     "objectives": OBJECTIVES,
     "augment": AUGMENT_PRESETS,
     "sweeps": ORBIT_SWEEPS,
+    "questions": QUESTIONS,
 }
 
 

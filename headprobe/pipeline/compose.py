@@ -218,6 +218,7 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     from accelerate.utils import set_seed
 
     from headprobe.features.cache import UnchangedCache
+    from headprobe.pipeline.geometry_claims import answer_geometry_questions
     from headprobe.report.trackers import tracking
 
     main = state.is_main_process
@@ -275,8 +276,12 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
                     t0 = time.perf_counter()
                     for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
                         record.geometry(head, geometry)
+                    geometry_claims = ctx.stage("answering Q-split and Q-saddle", answer_geometry_questions, ctx,
+                                                features, trained.by_seed)
                     ctx.clock("geometry_s", time.perf_counter() - t0)
                 _clock_probing(ctx, probing.probe_heads(ctx, features, trained, backbone=with_heads))
+                if recipe.geometry.final:  # after probing, whose answers replace results["claims"]
+                    record.geometry_claims(geometry_claims)
 
         record.complete(_orbit_coordinates(results["taps"]))
         trackers.log_results(results)

@@ -36,6 +36,7 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
     aggregates, verdicts and answers. `inputs`: the untuned backbone (the first seed tunes it in place) and the
     data."""
     from headprobe.features.cache import UnchangedCache
+    from headprobe.pipeline.geometry_claims import answer_geometry_questions
 
     recipe, record = ctx.recipe, ctx.record
     seeds = recipe.seed_list
@@ -57,6 +58,9 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
             t0 = time.perf_counter()
             for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
                 record.geometry(head, geometry)
+            # each seed tunes its own backbone: Q-split reads the first seed's heads on its features
+            geometry_claims = ctx.stage("answering Q-split and Q-saddle", answer_geometry_questions, ctx, features,
+                                        {seed: trained.first})
             ctx.clock("geometry_s", time.perf_counter() - t0)
         units, compared = probing.head_units(ctx, trained.by_seed, seeded=several, tuned=True)
         for part in ([(Tap("backbone"), seed if several else None)], units):
@@ -71,6 +75,8 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
     probing.answer_heads(ctx, features, every, compared)
     if ran:
         ctx.clock("probe_s", time.perf_counter() - t0)
+    if recipe.geometry.final:  # after probing, whose answers replace results["claims"]
+        record.geometry_claims(geometry_claims)
 
 
 def _record_training(ctx, trained: stages.TrainedHeads, seed: int, several: bool, kept: dict) -> None:

@@ -268,6 +268,9 @@ class GeometrySpec:
     collapse_scale: float = 0.01
     # Step 0 counts as "collapsed" iff out_std ≤ collapse_threshold/√out (recorded in protocol.train.collapse_start).
     collapse_threshold: float = 0.1
+    # Q-saddle (claim 4, `geometry.saddle`) with `final`: this many constructed collapsed states per seed, 3 seeds,
+    # for each head type (linear, ReLU, Swish, GELU; tiny, without BatchNorm); 0 = not asked.
+    saddle_states: int = field(default=50, metadata=at_least(0))
 
 
 @dataclass

@@ -207,6 +207,11 @@ class RecordWriter:
         if write:
             self.write()
 
+    def geometry_claims(self, claims: dict) -> None:
+        """The geometry stage's answers (`stats.geometry_claims`) beside the buffer questions in results["claims"]."""
+        self.record.setdefault("claims", {}).update(claims)
+        self.write()
+
     def recorded_geometry(self, source: str) -> None:
         """`headprobe geometry` of a recorded run: the checkpoint analysed and the analysis's own timing."""
         self.record["geometry_from"], self.record["geometry_timing"] = source, self.timing
