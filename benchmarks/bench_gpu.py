@@ -286,7 +286,7 @@ def bench_linear(report: Report, device: torch.device, sizes: dict, repeats: int
 
     def headprobe_probe():
         out = linear_probe(x, y, q, yq, C_grid=C_GRID, val_fraction=VAL_FRACTION, seed=SEED, max_iter=MAX_ITER,
-                           tol=TOL, device=device)
+                           tol=TOL, device=device, whiten=False)  # the standardised protocol of the baseline
         return {"acc": out.metrics["linear.acc"], "C": out.metrics["linear.C"]}
 
     def plain():

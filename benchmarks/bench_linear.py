@@ -42,7 +42,7 @@ def headprobe_probe(x: torch.Tensor, y: torch.Tensor, q: torch.Tensor, yq: torch
     from headprobe.probes.linear import linear_probe
 
     out = linear_probe(x, y, q, yq, C_grid=C_GRID, val_fraction=VAL_FRACTION, seed=SEED, max_iter=MAX_ITER,
-                       tol=TOL, device=device())
+                       tol=TOL, device=device(), whiten=False)  # the standardised protocol sklearn runs here
     return {"acc": out.metrics["linear.acc"], "C": out.metrics["linear.C"], "val": out.protocol["val_accuracy"],
             "fits": out.protocol["fits"]}
 

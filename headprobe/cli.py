@@ -139,9 +139,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from .recipe import RecipeError, load_recipe
+    from .recipe.environment import check_environment
 
     try:
         recipe = load_recipe(args.recipe, args.set)
+        check_environment()  # the variables a run reads, as it reads them
     except RecipeError as err:
         return _error(str(err), EXIT_USAGE)
     from .data.sources import missing_data
@@ -187,8 +189,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from headprobe.record.directory import atomic_write_text, read_results
-    from headprobe.record.lock import RunFolderLocked, RunLock
+    from headprobe.record.lock import RunLock
 
+    from .recipe import RecipeError
     from .record.tidy import results_csv
     from .report.html import write_report
     from .report.table import print_summary
@@ -203,7 +206,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         with RunLock(args.run_dir, "report"):  # not while a run, resume or geometry writes there
             path = write_report(args.run_dir)
             atomic_write_text(Path(args.run_dir) / "results.csv", results_csv(results))  # for runs made before it
-    except RunFolderLocked as err:
+    except RecipeError as err:  # the folder is locked, or HEADPROBE_LOCK_TIMEOUT is no number of seconds
         return _error(str(err), EXIT_USAGE)
     except OSError as err:
         return _error(f"could not write the report into {args.run_dir}: {err}", EXIT_FAILED)
@@ -231,7 +234,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         written = write_compare(list(labels.values()), out)
     except OSError as err:
         return _error(f"could not write the comparison into {out}: {err}", EXIT_FAILED)
-    except ValueError as err:  # runs that cannot be paired across (cross_run.compare_sweep)
+    except ValueError as err:  # runs that cannot be paired across (cross_run.cross_run_answers)
         return _error(str(err), EXIT_USAGE)
     if "cross_run" in written:
         import json
@@ -247,16 +250,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_claims(args: argparse.Namespace) -> int:
     from headprobe.record.directory import read_results
 
-    from .report.claims_table import claims_rows, format_claims, training_lines
-    from .report.compare import run_labels
+    from .report.claims_table import ACROSS_HEADER, claims_rows, cross_run_rows, format_claims, training_lines
+    from .report.compare import run_labels, sweep_runs
 
     try:
-        labels = run_labels(args.run_dirs)
+        labels = run_labels(sweep_runs(args.run_dirs))
         rows = claims_rows({label: read_results(path) for label, path in labels.items()}, args.secondary,
                            training_lines(labels))
+        # A head ablation (a no-head arm and others, by seed): its answers pooled over runs and across runs.
+        answers = None
+        if len(labels) > 1:  # torch only here: the intervals across runs are computed, not read
+            from headprobe.stats.cross_run import cross_run_answers
+
+            answers = cross_run_answers(list(labels.values()))
     except (FileNotFoundError, ValueError) as err:
         return _error(str(err), EXIT_USAGE)
-    text = format_claims(rows, args.format)
+    within, across = ([], []) if answers is None else (cross_run_rows(answers, part, args.secondary)
+                                                       for part in ("within", "across"))
+    if args.format == "csv":
+        text = format_claims(rows + within + across, "csv")
+    else:
+        text = format_claims(rows + within, args.format)
+        text += "\n" + format_claims(across, args.format, ACROSS_HEADER) if across else ""
     if args.out is None:
         sys.stdout.write(text)
         return EXIT_OK
@@ -264,7 +279,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text, encoding="utf-8")
     except OSError as err:
         return _error(f"could not write {args.out}: {err.strerror or err}; choose a writable --out.", EXIT_FAILED)
-    _console().print(f"claims: {args.out} ({len(rows)} rows)", markup=False)
+    _console().print(f"claims: {args.out} ({len(rows) + len(within) + len(across)} rows)", markup=False)
     return EXIT_OK
 
 
@@ -277,7 +292,9 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     except (SavedHeadsError, CheckpointError, ValueError) as err:
         return _error(str(err), EXIT_USAGE)
     except OSError as err:
-        return _error(f"could not write the heads: {err}", EXIT_FAILED)
+        where = f" {err.filename}" if err.filename else ""
+        return _error(f"could not write the heads{where}: {err.strerror or err}; choose a writable --out (a "
+                      ".safetensors file in a folder you can write to).", EXIT_FAILED)
     _console().print(f"heads: {path} (headprobe.load_heads({str(path)!r}) rebuilds them)", markup=False,
                      soft_wrap=True)
     return EXIT_OK
@@ -370,8 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", **verbose)
     p.set_defaults(fn=cmd_geometry)
 
-    p = sub.add_parser("claims", help="the answers of one or more runs as the paper's table: z / h(z) (Δ [95%% CI], n)")
-    p.add_argument("run_dirs", nargs="+")
+    p = sub.add_parser("claims", help="the answers of one or more runs as the paper's table: z / h(z) (Δ [95%% CI], "
+                                      "n); for a head ablation (a sweep folder, or its runs) also per arm, pooled over "
+                                      "its seeds and across runs against the no-head backbone")
+    p.add_argument("run_dirs", nargs="+", help="run folders, or a sweep's folder (its runs)")
     p.add_argument("--format", choices=("md", "latex", "csv"), default="md",
                    help="md (Markdown), latex (booktabs tabular) or csv (every number unrounded); default md")
     p.add_argument("--out", help="file to write (default: print to the terminal)")
@@ -398,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     # Before torch loads its OpenMP runtime (it reads the wait policy once): idle threads sleep, never spin against
     # other jobs on a shared machine.
     prefer_passive_waiting()
+    from .report.warning_lines import one_line_warnings
+
+    one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -21,12 +21,17 @@ The contracts are the built-ins': a backbone loader takes the reference after ``
 returns a `Backbone` or a bare module (`backbones.own_module`); a data source ``(ref, revision=None, **options)`` ->
 (`datasets.DatasetDict`, fingerprint); a probe ``(tap: TapData, **options)`` -> `ProbeOutput`; a head type
 ``(in_dim, spec: HeadSpec)`` -> a module with ``taps(x)``, ``depth`` and ``out_dim`` (`engine.build_head`); an
-objective ``(z1, z2, **options)`` -> `LossTerms`. A plug-in that fails to load is skipped with a warning naming its
-package; a name already taken is refused the same way.
+objective ``(z1, z2, **options)`` -> `LossTerms` (``(p1, p2, z1, z2, **options)`` for one that takes the heads'
+predictor outputs, as simsiam does; `recipe.checks.takes_predictor`). A plug-in that fails to load is skipped with
+a warning naming its package; a name already taken is refused the same way. An entry whose module cannot be found
+is skipped at start-up (one warning line) and one that fails when first imported is taken out then
+(`Registry.set_unavailable`): nothing imports it again, a run that does not name it is not touched, and a recipe
+naming it is refused by `validate` with the import error's first line.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
@@ -42,6 +47,17 @@ _PREFIXED = {"backbones": "{name}:<ref>", "data": "{name}:<ref>"}
 def _origin(entry_point: metadata.EntryPoint) -> str:
     dist = entry_point.dist
     return f"{dist.name} {dist.version}" if dist is not None else entry_point.value
+
+
+def import_problem(target: str) -> Exception | None:
+    """Why the module of `target` ("package.module:attribute") cannot be imported, found without importing it (its
+    parent packages are), or None where it can be found."""
+    module = target.partition(":")[0]
+    try:
+        spec = importlib.util.find_spec(module)
+    except Exception as err:  # a parent package that fails on import, or a module without a spec
+        return err
+    return ModuleNotFoundError(f"No module named {module!r}") if spec is None else None
 
 
 def load_plugins(families: Mapping[str, Any],
@@ -61,6 +77,9 @@ def load_plugins(families: Mapping[str, Any],
             except ValueError as err:
                 warnings.warn(f"headprobe plug-in {ep.name!r} ({group}, from {_origin(ep)}) was not registered: "
                               f"{err} Rename it in that package's entry points.", stacklevel=2)
+                continue
+            if (problem := import_problem(ep.value)) is not None:
+                registry.set_unavailable(ep.name, problem, _origin(ep))  # one warning line; a recipe naming it: why
                 continue
             taken.append(f"{family}:{ep.name}")
     for ep in entry_points(group=PLUGIN_GROUP):

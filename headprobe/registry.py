@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,10 @@ class UnknownNameError(KeyError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+class UnavailablePluginError(ValueError):
+    """A plug-in entry whose module cannot be imported; the message gives the import error's first line."""
 
 
 def did_you_mean(name: str, allowed: list[str]) -> str | None:
@@ -132,6 +137,9 @@ class Registry:
         self._entries: dict[str, Entry | None] = {}
         # Declared entries not yet read: name -> "package.module:ATTRIBUTE" of the declaration.
         self._declared: dict[str, str] = {}
+        # Plug-in entries whose module cannot be imported: name -> the reason (`set_unavailable`), left out of
+        # `names()` so that nothing imports them again; a recipe naming one is refused with the reason.
+        self._unavailable: dict[str, str] = {}
 
     def add(self, name: str, target: str, help: str, usage: str | None = None, needs: tuple[str, ...] = (),
             options: str | None = None, shape: dict | None = None) -> None:
@@ -165,10 +173,44 @@ class Registry:
 
     def remove(self, name: str) -> None:
         """Forget an entry (a plug-in registered for one test, say)."""
+        if name in self._unavailable:
+            del self._unavailable[name]
+            return
         if name not in self._entries:
             raise UnknownNameError(self.family, name, self.names())
         del self._entries[name]
         self._declared.pop(name, None)
+
+    def set_unavailable(self, name: str, err: BaseException, origin: str) -> str:
+        """Take `name` out of the registry because importing it failed with `err`, with one warning line naming
+        `origin` (its package); returns the reason a recipe naming it is refused with."""
+        lines = str(err).strip().splitlines()
+        reason = f"{type(err).__name__}: {lines[0] if lines else 'no message'}"
+        self._entries.pop(name, None)
+        self._declared.pop(name, None)
+        self._unavailable[name] = reason
+        warnings.warn(f"headprobe plug-in {self.family} {name!r} (from {origin}) cannot be imported ({reason}); "
+                      "headprobe runs without it. Fix or uninstall that package.", stacklevel=3)
+        return reason
+
+    def unavailable(self, name: str) -> str | None:
+        """Why the plug-in `name` was taken out of the registry (its import error), or None."""
+        return self._unavailable.get(name)
+
+    def load_entry(self, name: str, options: bool = False) -> Any:
+        """The object `name` is registered with (`options`: its options dataclass), imported now; a plug-in whose
+        import fails is taken out (`set_unavailable`) and `UnavailablePluginError` says why."""
+        entry = self.entry(name)
+        try:
+            return entry.load_options() if options else entry.load()
+        except ImportError as err:
+            plugin = entry.help.startswith("plug-in from ")
+            self.set_unavailable(name, err, entry.help.removeprefix("plug-in from ") if plugin else entry.target)
+            raise UnavailablePluginError(self.unavailable_sentence(name)) from None
+
+    def unavailable_sentence(self, name: str) -> str:
+        return (f"the {self.family} plug-in {name!r} cannot be imported ({self._unavailable[name]}); fix or "
+                "uninstall the package that provides it, or leave it out of the recipe.")
 
     def names(self) -> list[str]:
         return list(self._entries)
@@ -180,6 +222,8 @@ class Registry:
         return iter([self.entry(name) for name in self.names()])
 
     def entry(self, name: str) -> Entry:
+        if name in self._unavailable:
+            raise UnavailablePluginError(self.unavailable_sentence(name))
         if name not in self._entries:
             raise UnknownNameError(self.family, name, self.names())
         if self._entries[name] is None:  # a declared entry, read now
@@ -194,7 +238,7 @@ class Registry:
         return self._entries[name]
 
     def get(self, name: str) -> Any:
-        return self.entry(name).load()
+        return self.load_entry(name)
 
     def definition(self, name: str, kind: type) -> Any:
         """The `kind` instance registered as `name` (a family whose entries point at definitions, such as augment
@@ -331,6 +375,8 @@ HEADS.add("linear", "headprobe.train.heads:projection_head",
           "bias-free linear layers (the paper's linear head), depth of them")
 HEADS.add("mlp", "headprobe.train.heads:projection_head",
           "Linear → [BN] → act per hidden layer, Linear → [BN] out; depth, width, out_dim, act, init_scale")
+HEADS.add("random", "headprobe.train.null_heads:random_map",
+          "a null head: a fixed random injective linear map to max(width, input) dims, never trained")
 HEADS.add("pretrained", "headprobe.ssl:load_pretrained_head",
           "the head stored in the backbone's ssl:<format>:<path> checkpoint (DINO's MLP → L2 bottleneck → prototypes, "
           "VICReg/Barlow projectors): probed at every layer, never trained")
@@ -360,6 +406,12 @@ ORBIT_SWEEPS.add("saturation", "headprobe.data.orbits:SATURATION",
                  "saturation factor 0 (grey) to 2, 11 steps; 1 is the image")
 ORBIT_SWEEPS.add("blur", "headprobe.data.orbits:BLUR", "Gaussian blur sigma 0-3 px, 7 steps")
 
+# The paper's questions answered by the geometry stage, each declared where it is answered (name, claim, primary
+# measure, margin, regime in its `help`).
+QUESTIONS = Registry("question")
+QUESTIONS.declare("Q-split", "headprobe.stats.geometry_claims:Q_SPLIT")
+QUESTIONS.declare("Q-saddle", "headprobe.stats.geometry_claims:Q_SADDLE")
+
 FAMILIES: dict[str, Registry] = {
     "backbones": BACKBONES,
     "offline": OFFLINE_MODELS,
@@ -371,6 +423,7 @@ FAMILIES: dict[str, Registry] = {
     "objectives": OBJECTIVES,
     "augment": AUGMENT_PRESETS,
     "sweeps": ORBIT_SWEEPS,
+    "questions": QUESTIONS,
 }
 
 

@@ -104,7 +104,8 @@ def test_sweep_expands_into_runs_and_a_comparison(tiny_recipe, tmp_path, capsys)
 @pytest.mark.slow
 def test_geometry_of_a_finished_run_without_retraining(tiny_recipe, tmp_path, capsys):
     recipe = {**tiny_recipe, "probes": {"knn": {"ks": [5]}}, "heads": [{"name": "relu", "width": 16}],
-              "augment": {"preset": "crop-flip", "views": 2}, "train": {"epochs": 1, "batch_size": 50}}
+              "augment": {"preset": "crop-flip", "views": 2}, "train": {"epochs": 1, "batch_size": 50},
+              "geometry": {"saddle_states": 2}}
     path = _write(tmp_path, recipe)
     assert main(["run", str(path), "--out", str(tmp_path / "r")]) == 0
     before = json.loads((tmp_path / "r" / "results.json").read_text())
@@ -120,6 +121,9 @@ def test_geometry_of_a_finished_run_without_retraining(tiny_recipe, tmp_path, ca
     again = main(["geometry", str(tmp_path / "r"), "--rows", "16"])  # now timed: seconds per head from last time
     assert again == 0 and "s per head last time" in capsys.readouterr().err.splitlines()[0]
     assert after["heads"]["relu"]["geometry"]["effective_hessian"]["consistency"] < 1e-8
+    # a ReLU+BN head: an M-term on batch statistics, none on running statistics (claim 3's BatchNorm caveat)
+    split = after["claims"]["Q-split"]["heads"]["relu"]
+    assert (split["answer"], split["secondary"]["m_share.running"]["answer"]) == ("M > 0", "M = 0")
     assert after["geometry_from"] == "checkpoints/step-4.pt"
     assert after["taps"] == before["taps"]
     assert after["timing"] == before["timing"]  # the analysis's own load/extract/geometry time is kept apart

@@ -161,8 +161,13 @@ def test_geometry_is_tracked_and_analysed_per_head(tiny_recipe, tmp_path):
               "heads": [{"name": "swish", "act": "swish", "width": 16, "predictor": 8, "init_scale": 0.1}],
               "objective": {"name": "simsiam"}, "augment": {"preset": "crop-flip", "views": 2},
               "train": {"epochs": 2, "batch_size": 50, "log_every": 2},
-              "geometry": {"final": True, "rows": 32, "track_every": 3, "track_rows": 16, "track_max_iter": 10}}
+              "geometry": {"final": True, "rows": 32, "track_every": 3, "track_rows": 16, "track_max_iter": 10,
+                           "saddle_states": 2}}
     results = run(recipe, out=tmp_path / "g", quiet=True)
+    split, saddle = results["claims"]["Q-split"]["heads"]["swish"], results["claims"]["Q-saddle"]
+    assert split["answer"] == "M > 0" and split["n_units"] == 8 and split["predicted"] == "M > 0"
+    assert len(saddle["states"]["simsiam"]) == 4 * 3 * 2  # head types × seeds × states
+    assert {"Q-aug", "Q-class", "Q-split", "Q-saddle"} <= set(results["claims"])  # probing's answers kept
     geometry = results["heads"]["swish"]["geometry"]
     assert {"pullback", "augmentation", "effective_hessian", "curvature", "hessian_density"} <= set(geometry)
     assert geometry["effective_hessian"]["consistency"] < 1e-8  # G + M reproduces the dense Hessian

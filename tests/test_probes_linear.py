@@ -2,8 +2,10 @@ import numpy as np
 import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import log_loss
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
+from sklearn_whitening import Whitener
 
 from headprobe.probes import fit_logistic, linear_probe
 
@@ -86,25 +88,26 @@ def test_fit_logistic_rejects_a_class_without_samples():
         fit_logistic(torch.from_numpy(x), torch.from_numpy(y), 1.0, 4)
 
 
-def test_linear_probe_follows_the_protocol_of_a_plain_sklearn_pipeline():
+@pytest.mark.parametrize("whiten", [True, False])
+def test_linear_probe_follows_the_protocol_of_a_plain_sklearn_pipeline(whiten):
     x, y = make_data(150, spread=2.5, seed=2)
     x_test, y_test = make_data(60, spread=2.5, seed=3)
-    result = linear_probe(*tensors(x, y, x_test, y_test), C_grid=SMALL_GRID, seed=7, tol=1e-10)
+    result = linear_probe(*tensors(x, y, x_test, y_test), C_grid=SMALL_GRID, seed=7, tol=1e-10, whiten=whiten)
 
     fit_idx, val_idx = train_test_split(np.arange(len(y)), test_size=0.2, stratify=y, random_state=7)
-    scaler = StandardScaler().fit(x[fit_idx])
-    val_accuracy = [
-        LogisticRegression(C=C, tol=1e-10, max_iter=10000)
-        .fit(scaler.transform(x[fit_idx]), y[fit_idx])
-        .score(scaler.transform(x[val_idx]), y[val_idx])
-        for C in SMALL_GRID
-    ]
+    # Whitened: one whitening of all of train, before the split; standardised: on the fitting part, then on all.
+    scaler = Whitener(x) if whiten else StandardScaler().fit(x[fit_idx])
+    fits = [LogisticRegression(C=C, tol=1e-10, max_iter=10000).fit(scaler.transform(x[fit_idx]), y[fit_idx])
+            for C in SMALL_GRID]
+    val_accuracy = [fit.score(scaler.transform(x[val_idx]), y[val_idx]) for fit in fits]
+    val_log_loss = [log_loss(y[val_idx], fit.predict_proba(scaler.transform(x[val_idx]))) for fit in fits]
     chosen_C = SMALL_GRID[int(np.argmax(val_accuracy))]
-    scaler = StandardScaler().fit(x)
+    scaler = Whitener(x) if whiten else StandardScaler().fit(x)
     final = LogisticRegression(C=chosen_C, tol=1e-10, max_iter=10000).fit(scaler.transform(x), y)
     probabilities = final.predict_proba(scaler.transform(x_test))
 
     assert result.protocol["val_accuracy"] == pytest.approx(val_accuracy)
+    assert result.protocol["val_log_loss"] == pytest.approx(val_log_loss, rel=1e-5)
     assert result.metrics["linear.C"] == result.protocol["chosen_C"] == chosen_C
     assert result.metrics["linear.val_acc"] == pytest.approx(max(val_accuracy))
     np.testing.assert_allclose(result.probabilities.numpy(), probabilities, atol=1e-5)
@@ -141,11 +144,13 @@ def test_same_seed_gives_identical_results():
     assert first.protocol == second.protocol and first.metrics == second.metrics
 
 
-def test_explicit_validation_set_is_used_and_never_trained_on():
+@pytest.mark.parametrize("whiten", [True, False])
+def test_explicit_validation_set_is_used_and_never_trained_on(whiten):
     x, y = make_data(90, spread=3.0, seed=8)
     x_val, y_val = tensors(*make_data(30, spread=3.0, seed=9))
-    result = linear_probe(*tensors(x, y, x, y), val_features=x_val, val_labels=y_val, C_grid=[0.1], tol=1e-9)
-    x = StandardScaler().fit_transform(x)
+    result = linear_probe(*tensors(x, y, x, y), val_features=x_val, val_labels=y_val, C_grid=[0.1], tol=1e-9,
+                          whiten=whiten)
+    x = (Whitener(x) if whiten else StandardScaler().fit(x)).transform(x)
     reference = LogisticRegression(C=0.1, tol=1e-10, max_iter=10000).fit(x, y)
     np.testing.assert_allclose(result.probabilities.numpy(), reference.predict_proba(x), atol=1e-5)
     assert result.protocol["val_source"] == "given" and result.protocol["n_val"] == 30
@@ -437,16 +442,17 @@ def test_grouped_validation_split_never_puts_one_group_on_both_sides():
         grouped_validation_split(torch.zeros(8), 0.2, seed=0)
 
 
-def test_linear_probe_with_groups_chooses_C_on_the_grouped_split():
+@pytest.mark.parametrize("whiten", [True, False])
+def test_linear_probe_with_groups_chooses_C_on_the_grouped_split(whiten):
     from headprobe.probes.linear import grouped_validation_split
 
     x, y = make_data(160, spread=2.5, seed=4)
     x_test, y_test = make_data(60, spread=2.5, seed=5)
     groups = np.arange(160) % 40
     result = linear_probe(*tensors(x, y, x_test, y_test), C_grid=SMALL_GRID, seed=7, tol=1e-10,
-                          groups=torch.from_numpy(groups))
+                          groups=torch.from_numpy(groups), whiten=whiten)
     fit_idx, val_idx = grouped_validation_split(torch.from_numpy(groups), 0.2, seed=7)
-    scaler = StandardScaler().fit(x[fit_idx])
+    scaler = Whitener(x) if whiten else StandardScaler().fit(x[fit_idx])
     val_accuracy = [LogisticRegression(C=C, tol=1e-10, max_iter=10000).fit(scaler.transform(x[fit_idx]), y[fit_idx])
                     .score(scaler.transform(x[val_idx]), y[val_idx]) for C in SMALL_GRID]
     assert result.protocol["val_accuracy"] == pytest.approx(val_accuracy)
@@ -457,3 +463,40 @@ def test_linear_probe_with_groups_chooses_C_on_the_grouped_split():
     assert ungrouped.protocol["val_split"] == "stratified by class"
     with pytest.raises(ValueError, match="one group"):
         linear_probe(*tensors(x, y, x_test, y_test), groups=torch.zeros(5))
+
+
+def _tap(seed=12):
+    from headprobe.probes.tap_data import TapData
+
+    x, y = make_data(240, dim=10, num_classes=3, spread=2.0, seed=seed)
+    q, yq = make_data(90, dim=10, num_classes=3, spread=2.0, seed=seed + 1)
+    x, q = (torch.from_numpy(a * np.logspace(-1, 1, 10)).float() for a in (x, q))
+    return TapData("backbone", x, torch.from_numpy(y), q, torch.from_numpy(yq), 3, seed=0)
+
+
+def test_the_linear_probe_reports_the_whitened_primary_the_standardised_description_and_their_per_image_values():
+    from headprobe.probes.builtin.linear import LINEAR
+    from headprobe.probes.label_mi import label_mi_lower_bound
+
+    tap = _tap()
+    out = LINEAR(tap, C_grid=SMALL_GRID)
+    split = dict(C_grid=SMALL_GRID, val_fraction=tap.val_fraction, seed=tap.seed)
+    whitened = linear_probe(tap.train_x, tap.train_y, tap.test_x, tap.test_y, **split)
+    standardised = linear_probe(tap.train_x, tap.train_y, tap.test_x, tap.test_y, whiten=False, **split)
+    assert out.metrics["linear.acc"] == whitened.metrics["linear.acc"]
+    assert out.metrics["linear.standardized.acc"] == standardised.metrics["linear.acc"]
+    assert out.metrics["linear.standardized.C"] == standardised.metrics["linear.C"]
+    y = tap.test_y.long()
+    assert torch.equal(out.per_unit["linear.acc"].values, (whitened.predictions == y).double())
+    assert torch.equal(out.per_unit["linear.standardized.acc"].values, (standardised.predictions == y).double())
+    assert out.protocol["whiten"]["rank"] == 10 and out.protocol["standardized"]["whiten"] is None
+    # mi.label: the whitened probe refitted at the C of the best validation log-likelihood.
+    bound_C = SMALL_GRID[int(np.argmin(whitened.protocol["val_log_loss"]))]
+    calibrated = linear_probe(tap.train_x, tap.train_y, tap.test_x, tap.test_y, **(split | {"C_grid": [bound_C]}))
+    assert out.protocol["mi.label"]["C"] == bound_C
+    assert out.metrics["mi.label"] == pytest.approx(label_mi_lower_bound(calibrated.probabilities,
+                                                                         tap.test_y)["mi_lower_bound"])
+    assert out.per_unit["mi.label"].value() == pytest.approx(out.metrics["mi.label"])
+    alone = LINEAR(tap, C_grid=SMALL_GRID, standardized_probe=False)
+    assert not any(name.startswith("linear.standardized") for name in alone.metrics | alone.per_unit)
+    assert "standardized" not in alone.protocol and alone.metrics["linear.acc"] == out.metrics["linear.acc"]

@@ -36,7 +36,7 @@ def test_a_probe_function_gets_its_declared_defaults_for_the_options_not_given()
     seen = {}
     spy = dataclasses.replace(probe, function=lambda tap, **options: seen.update(options))
     spy("tap", mlp_epochs=3)
-    assert seen == {"C_grid": None, "mlp_hidden": 256, "mlp_epochs": 3}
+    assert seen == {"C_grid": None, "mlp_hidden": 256, "mlp_epochs": 3, "standardized_probe": True}
 
 
 def test_knn_chunk_size_is_the_probes_and_changes_no_prediction():

@@ -29,7 +29,8 @@ def test_offline_recipe_runs_reduced(path, tiny_dinov2, tmp_path):
     if "rotation" in recipe.get("probes", {}):
         reductions.append("probes.rotation.mlp_epochs=5")
     if "geometry" in recipe:
-        reductions += ["geometry.rows=16", "geometry.track_rows=8", "geometry.track_max_iter=5"]
+        reductions += ["geometry.rows=16", "geometry.track_rows=8", "geometry.track_max_iter=5",
+                       "geometry.saddle_states=2"]
     if recipe.get("sweep"):
         results = run_sweep(path, out=tmp_path / "run", overrides=reductions, quiet=True)
         assert len(results) == len(next(iter(recipe["sweep"].values())))

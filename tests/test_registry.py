@@ -16,8 +16,10 @@ def test_lazy_entries_resolve_and_unknown_names_suggest():
 def test_every_registered_target_imports():
     from headprobe.data.augment import AugmentSpec
     from headprobe.data.orbits import OrbitSweep
+    from headprobe.stats.geometry_claims import GeometryQuestion
 
-    definitions = {"augment": AugmentSpec, "sweeps": OrbitSweep}  # these families register the definitions
+    # these families register the definitions
+    definitions = {"augment": AugmentSpec, "sweeps": OrbitSweep, "questions": GeometryQuestion}
     for family, registry in FAMILIES.items():
         for entry in registry:
             loaded = entry.load()

@@ -71,13 +71,15 @@ def test_compare_command_prints_and_writes_next_to_the_runs_or_into_out(tmp_path
 
 
 def test_a_head_ablation_with_a_no_head_arm_gets_the_paired_cross_run_comparison(tmp_path, capsys):
-    """Runs whose heads are identity (no head) vs an MLP, seeds 0 and 1: compare writes cross_run.json, shows it in
-    compare.html and prints one line per evidence metric."""
+    """Runs whose heads are identity (no head) vs an MLP, seeds 0 and 1: compare writes cross_run.json with the
+    answers `headprobe claims` gives across runs (the same numbers), shows them in compare.html and prints their
+    lines."""
     import json
 
     import torch
 
     from headprobe.stats.bootstrap import PerUnit, save_per_unit
+    from headprobe.stats.cross_run import cross_run_answers
 
     runs = []
     for seed in (0, 1):
@@ -96,11 +98,13 @@ def test_a_head_ablation_with_a_no_head_arm_gets_the_paired_cross_run_comparison
             runs.append(path)
     written = write_compare(runs, tmp_path)
     paired = json.loads(written["cross_run"].read_text())
-    rot = paired["arms"]["mlp d2 relu bn"]["metrics"]["rotation.acc"]
-    assert rot["difference"] == pytest.approx(0.25) and rot["n_seeds"] == 2 and rot["n_units"] == 20
-    assert "Across runs: no head vs each arm" in written["html"].read_text()
+    rot = paired["across"]["Q-aug"]["arms"]["mlp d2 relu bn"]
+    assert rot["change"] == pytest.approx(0.25) and rot["n_seeds"] == 2 and rot["n_units"] == 20
+    assert rot == json.loads(json.dumps(cross_run_answers(runs)["across"]["Q-aug"]["arms"]["mlp d2 relu bn"]))
+    html = written["html"].read_text()
+    assert "Across runs: no head vs each arm" in html and "backbone · rotation.acc" in html
     assert main(["compare", *map(str, runs), "--out", str(tmp_path / "out")]) == 0
-    assert "mlp d2 relu bn vs no head, backbone rotation.acc: +0.2500" in capsys.readouterr().out
+    assert rot["line"] in capsys.readouterr().out
 
 
 def test_compare_in_a_log_prints_the_whole_table_with_short_run_labels_and_their_legend(tmp_path, capsys):

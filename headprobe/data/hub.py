@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from .errors import DataSourceError
+
 
 def saved_to_disk(ref: str) -> str | None:
     """"DatasetDict" or "Dataset" when `ref` is a folder written by that class's `save_to_disk`, else None."""
@@ -25,10 +27,32 @@ def load_saved(ref: str, kind: str):
     """(DatasetDict, fingerprint) of a `save_to_disk` folder; a saved `Dataset` becomes the DatasetDict's train
     split. Memory-mapped: nothing is read beyond the examples a run keeps."""
     import datasets
+    import pyarrow.ipc
 
-    loaded = datasets.load_from_disk(str(Path(ref).expanduser()))
+    root = Path(ref).expanduser()
+    try:
+        loaded = datasets.load_from_disk(str(root))
+    except (OSError, pyarrow.ArrowException) as err:
+        lines = str(err).strip().splitlines()
+        damaged = damaged_arrow_file(root)
+        where = f"{damaged} is damaged or cut short" if damaged else f"a file of {root} cannot be read"
+        raise DataSourceError(f"data.source hf:{ref}: {where} ({type(err).__name__}: {lines[0] if lines else ''}); "
+                              "save the dataset again with save_to_disk, or restore that folder from a copy.") from None
     ds = loaded if kind == "DatasetDict" else datasets.DatasetDict({"train": loaded})
     return ds, {name: split._fingerprint for name, split in ds.items()}
+
+
+def damaged_arrow_file(root: Path) -> Path | None:
+    """The first Arrow file under `root` (a `save_to_disk` folder) that pyarrow cannot read whole, or None."""
+    import pyarrow.ipc
+
+    for path in sorted(root.rglob("*.arrow")):
+        try:
+            with pyarrow.memory_map(str(path)) as source:
+                pyarrow.ipc.open_stream(source).read_all()
+        except (OSError, pyarrow.ArrowException):
+            return path
+    return None
 
 
 def first_examples(stream, n: int):

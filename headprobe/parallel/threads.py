@@ -154,7 +154,8 @@ def busy_elsewhere(proc_stat: Path = PROC_STAT, samples: int = 10, interval_s: f
     return 0.0, "no load measure on this system"
 
 
-def _positive_int(text: str, name: str) -> int:
+def thread_count(text: str, name: str) -> int:
+    """The thread count the environment variable `name` sets to `text`; ValueError with a sentence otherwise."""
     try:
         value = int(text)
     except ValueError:
@@ -174,12 +175,12 @@ def choose_threads(requested: int | None, environ: Mapping[str, str] | None = No
     machine's CPU count and the local processes (default ``LOCAL_WORLD_SIZE``)."""
     environ = os.environ if environ is None else environ
     if environ.get("HEADPROBE_THREADS", "").strip():
-        count = _positive_int(environ["HEADPROBE_THREADS"].strip(), "HEADPROBE_THREADS")
+        count = thread_count(environ["HEADPROBE_THREADS"].strip(), "HEADPROBE_THREADS")
         return ThreadChoice(count, "HEADPROBE_THREADS", f"HEADPROBE_THREADS={count}")
     if requested is not None:
         return ThreadChoice(requested, "recipe runtime.threads", f"runtime.threads: {requested} in the recipe")
     if environ.get("OMP_NUM_THREADS", "").strip():
-        count = _positive_int(environ["OMP_NUM_THREADS"].strip(), "OMP_NUM_THREADS")
+        count = thread_count(environ["OMP_NUM_THREADS"].strip(), "OMP_NUM_THREADS")
         return ThreadChoice(count, "OMP_NUM_THREADS", f"OMP_NUM_THREADS={count}")
     cpus, where = usable_cpus(affinity, quota)
     if local_processes is None:

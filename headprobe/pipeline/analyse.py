@@ -28,6 +28,7 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     from headprobe.features.cache import UnchangedCache
     from headprobe.parallel.threads import configure_threads
     from headprobe.pipeline import stages
+    from headprobe.pipeline.geometry_claims import answer_geometry_questions
     from headprobe.recipe import load_recipe
     from headprobe.record.directory import RunDir, read_results
     from headprobe.record.writer import RecordWriter
@@ -86,6 +87,8 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     t0 = time.perf_counter()
     for head, geometry in stages.analyse_geometry(ctx, features, heads):
         record.geometry(head, geometry)
+    record.geometry_claims(ctx.stage("answering Q-split and Q-saddle", answer_geometry_questions, ctx, features,
+                                     {seeds[0]: heads}))
     ctx.clock("geometry_s", time.perf_counter() - t0)
     record.recorded_geometry(str(checkpoint.relative_to(run.path)))
     if recipe.report:

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from headprobe.parallel.peers import exchange_peers
-from headprobe.pipeline import probing, stages, taps
+from headprobe.pipeline import probing, stages, taps, tuned_seeds
 from headprobe.pipeline.executors import executors_for
 from headprobe.pipeline.stages import RunContext, RunError
 from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
+from headprobe.recipe.folder_names import is_inside
 from headprobe.record.directory import RunDir, check_out_folder, default_run_dir
 from headprobe.record.lock import folder_lock
 from headprobe.record.writer import RecordWriter
@@ -217,15 +218,21 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     from accelerate.utils import set_seed
 
     from headprobe.features.cache import UnchangedCache
+    from headprobe.pipeline.geometry_claims import answer_geometry_questions
     from headprobe.report.trackers import tracking
 
     main = state.is_main_process
     results, invocation, finished = RecordWriter.begin(recipe.to_dict(), call.path, call.resume,
                                                        call.refuse_existing)
     if finished is not None:
-        # Nothing to redo: results.json, its timings and the report stay exactly as the run wrote them.
+        # Nothing to redo: results.json and its timings stay exactly as the run wrote them. A report the run was
+        # stopped in the middle of (results.json is written complete before it) is made now.
+        missing = recipe.report and not (call.path / "report.html").is_file()
+        if main and missing:
+            stages.write_report(RunDir(call.path, writable=True))
         if main and not call.quiet:
-            print(f"nothing to do: the run in {call.path} is already complete ({call.path / 'results.json'}).",
+            made = " except its report, made now" if missing else ""
+            print(f"nothing to do: the run in {call.path} is already complete{made} ({call.path / 'results.json'}).",
                   file=sys.stderr)
         return Results(finished, call.path)
     # Every process checks the directory before the main one writes into it.
@@ -248,31 +255,33 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
         # From here on, results are written only while the memory-mapped cache files read are the bytes verified.
         record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)
         if not frozen:
-            # Score the untuned backbone, tune it with the heads on views made on the fly, then extract every
-            # feature again from the tuned backbone, so that "backbone" and the head taps are scored on it.
+            # Score the untuned backbone; then, once per seed, tune a copy of it with the heads on views made on the
+            # fly and extract every feature again from it, so that "backbone" and the head taps are scored on the
+            # backbone each seed tuned (`tuned_seeds`).
             _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone_untuned")))
             record.untuned()
-            trained = stages.tune_backbone(ctx, inputs)
-            _record_training(ctx, trained)
-            features = stages.extract_features(ctx, inputs, tuned=True)
-            record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)
-        # With several processes and frozen-backbone heads, the backbone tap is probed with the head taps, so that
-        # its probes are shared out with theirs (alone, its one linear probe is the whole stage's critical path).
-        with_heads = bool(recipe.heads) and frozen and probes.backbone_with_heads
-        if call.reuse_backbone is not None and frozen and "backbone" not in results["taps"]:
-            probing.reuse_tap(ctx, call.reuse_backbone)
-        if not with_heads:
-            _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone")))
-        if recipe.heads:
-            if frozen:
+            tuned_seeds.tune_and_probe(ctx, inputs)
+        else:
+            # With several processes and heads, the backbone tap is probed with the head taps, so that its probes
+            # are shared out with theirs (alone, its one linear probe is the whole stage's critical path).
+            with_heads = bool(recipe.heads) and probes.backbone_with_heads
+            if call.reuse_backbone is not None and "backbone" not in results["taps"]:
+                probing.reuse_tap(ctx, call.reuse_backbone)
+            if not with_heads:
+                _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone")))
+            if recipe.heads:
                 trained = stages.train_heads(ctx, features)
                 _record_training(ctx, trained)
-            if recipe.geometry.final:
-                t0 = time.perf_counter()
-                for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
-                    record.geometry(head, geometry)
-                ctx.clock("geometry_s", time.perf_counter() - t0)
-            _clock_probing(ctx, probing.probe_heads(ctx, features, trained, backbone=with_heads))
+                if recipe.geometry.final:
+                    t0 = time.perf_counter()
+                    for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
+                        record.geometry(head, geometry)
+                    geometry_claims = ctx.stage("answering Q-split and Q-saddle", answer_geometry_questions, ctx,
+                                                features, trained.by_seed)
+                    ctx.clock("geometry_s", time.perf_counter() - t0)
+                _clock_probing(ctx, probing.probe_heads(ctx, features, trained, backbone=with_heads))
+                if recipe.geometry.final:  # after probing, whose answers replace results["claims"]
+                    record.geometry_claims(geometry_claims)
 
         record.complete(_orbit_coordinates(results["taps"]))
         trackers.log_results(results)
@@ -294,9 +303,8 @@ def _clock_probing(ctx: RunContext, seconds: float | None) -> None:
 
 
 def _record_training(ctx: RunContext, trained: stages.TrainedHeads) -> None:
-    """The heads trained (and the backbone tuned with them) into the record; the time estimate once it is timed."""
-    ctx.record.training(trained.heads, trained.protocol, trained.seconds, trained.resumed, trained.track_s,
-                        trained.backbone_tuned)
+    """The heads trained into the record; the time estimate once it is timed."""
+    ctx.record.training(trained.heads, trained.protocol, trained.seconds, trained.resumed, trained.track_s)
     if trained.seconds is not None:
         ctx.announce_estimate("training")
 
@@ -336,6 +344,10 @@ def run_sweep(
     recipe = load_recipe(recipe_path, overrides)
     root = Path(out) if out is not None else default_run_dir(recipe.name)
     _check_out(root)
+    for label, _ in combos:  # each run writes into its own folder inside the sweep's, never beside it
+        if not is_inside(root, root / label):
+            raise RecipeError(f"the sweep run {label!r} would be written outside {str(root)!r} (its folder "
+                              f"resolves to {str((root / label).resolve())!r}); rename it with sweep_labels.")
     results, probed = [], {}  # probed: the first run of each backbone-tap input, whose backbone tap the others take
     for label, items in combos:
         inputs = backbone_tap_inputs(load_recipe(recipe_path, items))

@@ -1,7 +1,8 @@
-"""Probing a run's taps: the backbone tap, then every head tap (once per seed where there are several), where the
-probe executor puts each probe (`pipeline.executors`: this process, or shared out among several); the seeds'
-metrics aggregated (`aggregate_seeds`); then each head's buffer verdict and the paper's questions answered
-(`probe_heads`). Every output goes to the record's one writer (`ctx.record`) as it is made.
+"""Probing a run's taps: the backbone tap, then every head tap (once per seed where there are several; with a
+backbone tuned per seed, the backbone tap too), where the probe executor puts each probe (`pipeline.executors`: this
+process, or shared out among several); the seeds' metrics aggregated (`aggregate_seeds`); then each head's buffer
+verdict and the paper's questions answered (`probe_heads`, `answer_heads`). Every output goes to the record's one
+writer (`ctx.record`) as it is made.
 """
 
 from __future__ import annotations
@@ -103,51 +104,73 @@ def aggregate_seeds(ctx, features, tap_name: str) -> TapSummary:
 
 def probe_heads(ctx, features, trained, backbone: bool = False) -> float | None:
     """Probe every tap of every head (once per seed when there are several), decide each head's verdict and answer
-    the paper's questions (`stats.claims`: results["claims"]); returns the seconds probing took (None when no probe
-    ran). The probes of all the head taps (and with `backbone` the backbone tap's, first) go to the probe executor
-    at once, so that several processes share them out."""
+    the paper's questions (`answer_heads`); returns the seconds probing took (None when no probe ran). The probes
+    of all the head taps (and with `backbone` the backbone tap's, first) go to the probe executor at once, so that
+    several processes share them out."""
+    units, compared = head_units(ctx, trained.by_seed, seeded=len(trained.by_seed) > 1)
+    every = [(Tap("backbone"), None)] * backbone + units
+    t0 = ctx.probes.start_clock()
+    ran = probe_units(ctx, features, every)
+    answer_heads(ctx, features, every, compared)
+    return time.perf_counter() - t0 if ran else None
+
+
+def head_units(ctx, by_seed: dict, seeded: bool, tuned: bool = False) -> tuple[list[tuple[Tap, int | None]], dict]:
+    """(the (tap, seed) units of every head's taps, {head: the tap its answers are read at (its output)}).
+    by_seed: {seed: {head: state}} of the heads trained; seeded: the units carry their seed (a run with several);
+    tuned: the backbone was tuned per seed, so the identity head (the backbone's own features) differs per seed
+    too, where otherwise it is one unit."""
+    units, compared = [], {}
+    for spec in ctx.recipe.heads:
+        first = next(iter(by_seed.values())).get(spec.name)
+        chosen = None if first is None else _chosen_taps(spec, first.head)
+        compared[spec.name] = spec.name if chosen is None else chosen[-1].name
+        if first is None:  # the identity head
+            tap = Tap(spec.name, spec.name, 0)
+            units += [(tap, seed) for seed in by_seed] if seeded and tuned else [(tap, None)]
+        elif spec.type == "pretrained":  # the checkpoint's own head: one module, not retrained per seed
+            units += [(tap, None) for tap in chosen]
+        else:
+            seeds = {seed: _chosen_taps(spec, states[spec.name].head) for seed, states in by_seed.items()}
+            units += [(taps[i], seed if seeded else None) for i in range(len(chosen)) for seed, taps in seeds.items()]
+    return units, compared
+
+
+def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: dict[str, str]) -> None:
+    """After probing the units `every`: the intervals of every tap probed once (those computed next to its probes
+    where the executor kept them) and the seed aggregates of those probed per seed (`aggregate_seeds`), then each
+    head's buffer verdict and the paper's questions answered (`stats.claims`: results["claims"]), into the record.
+    compared: {head: the tap it is compared at}."""
+    from headprobe.recipe.null_heads import is_null, null_of
     from headprobe.stats.claims import answer_questions
     from headprobe.stats.verdict import buffer_verdict
 
-    several = len(trained.by_seed) > 1
-    plans = []  # (spec, the taps compared, the seed-averaged taps, the (tap, seed) units to probe)
-    for spec in ctx.recipe.heads:
-        first = trained.first.get(spec.name)
-        chosen = None if first is None else _chosen_taps(spec, first.head)
-        if first is None:  # the identity head: the same for every seed
-            plans.append((spec, chosen, [], [(Tap(spec.name, spec.name, 0), None)]))
-        elif spec.type == "pretrained":  # the checkpoint's own head: one module, not retrained per seed
-            plans.append((spec, chosen, [], [(tap, None) for tap in chosen]))
-        else:
-            by_seed = {seed: _chosen_taps(spec, states[spec.name].head) for seed, states in trained.by_seed.items()}
-            units = [(seeded[i], seed if several else None) for i in range(len(chosen))
-                     for seed, seeded in by_seed.items()]
-            plans.append((spec, chosen, chosen if several else [], units))
-    t0 = ctx.probes.start_clock()
-    every = [(Tap("backbone"), None)] * backbone + [unit for *_, units in plans for unit in units]
-    ran = probe_units(ctx, features, every)
     record, taps = ctx.record, ctx.record.record["taps"]
     for tap, seed in every:  # on every process: each verdict resamples them
         draw_resamples(ctx, features, record.per_unit[unit_key(tap.name, seed)])
-    # The intervals of every tap probed once (those computed next to its probes where the executor kept them), and
-    # the seed means of those probed per seed; then each head's verdict.
-    once = []
-    for name in (tap.name for tap, seed in every if seed is None):
+    once, averaged = [], []
+    for tap, seed in every:
+        names = once if seed is None else averaged
+        if tap.name not in names:
+            names.append(tap.name)
+    computed = []
+    for name in once:
         known = ctx.probes.probed_intervals(name, taps[name]["metrics"])
         if known is None:
-            once.append(name)
+            computed.append(name)
         else:
             record.summary(TapSummary(name, known))
-    ctx.probes.summaries(once, lambda name: tap_intervals(ctx, features, name), record)
-    averaged = [tap.name for *_, taps_averaged, _ in plans for tap in taps_averaged]
+    ctx.probes.summaries(computed, lambda name: tap_intervals(ctx, features, name), record)
     ctx.probes.summaries(averaged, lambda name: aggregate_seeds(ctx, features, name), record)
-    compared = {spec.name: spec.name if chosen is None else chosen[-1].name for spec, chosen, _, _ in plans}
     buffer = {head: buffer_verdict(taps, tap, record.per_unit, ctx.resamples) | ({} if tap == head else {"tap": tap})
               for head, tap in compared.items()}
     # The paper's questions, each answered from its primary measure with an interval over seeds and test images.
-    claims = answer_questions(taps, record.per_unit, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed)
+    # Null heads are nulls on a frozen backbone; on a tuned one a `type: random` head trains the backbone like any.
+    frozen, heads = ctx.recipe.backbone.tune == "frozen", ctx.recipe.heads
+    nulls = {spec.name: null for spec in heads if frozen and (null := null_of(heads, spec.name))}
+    claims = answer_questions(taps, record.per_unit, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed,
+                              nulls=nulls, null_heads=tuple(s.name for s in heads if frozen and is_null(s)))
     record.verdicts(buffer, claims)
-    return time.perf_counter() - t0 if ran else None
 
 
 def _chosen_taps(spec, head) -> list[Tap]:

@@ -21,6 +21,8 @@ import torch
 # RunError and write_report are part of the stages' API (pipeline, analyse and the tests use them from here).
 from headprobe.pipeline.context import RunContext, RunError, write_report  # noqa: F401
 from headprobe.recipe import Recipe
+from headprobe.recipe.null_heads import is_null, trainable_specs
+from headprobe.train.null_heads import NullHead, build_null_heads
 from headprobe.train.objectives import objective_protocol
 from headprobe.train.pretrained_heads import PretrainedHead, load_pretrained_heads
 
@@ -127,9 +129,10 @@ def held_out_view_seed(seed: int) -> int:
     return seed_of(seed, "held-out views", "test")
 
 
-def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> FeatureSet:
+def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geometry: bool = True) -> FeatureSet:
     """Clean features, and exactly what the probes and heads need besides: rotated copies, orbits, views.
-    tuned: the backbone has been tuned with the heads (they need views again only for their final geometry)."""
+    tuned: the backbone has been tuned with the heads (they need views again only for their final geometry, which
+    `geometry` False leaves out: a later seed's tuned backbone, whose heads' geometry is not analysed)."""
     from headprobe.data.augment import augment_spec
     from headprobe.data.loader import pipeline_record
     from headprobe.features.extract import extract, extract_views
@@ -168,7 +171,8 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False) -> Fe
         # Training views feed frozen-path head training and the geometry of trained heads; the tuned path makes its
         # own views on the fly. The view probes measure held-out views (augment.probe_views: the test images') unless
         # the recipe asks for the training views.
-        heads_need = recipe.heads and (recipe.backbone.tune == "frozen" or (tuned and recipe.geometry.final))
+        heads_need = recipe.heads and (recipe.backbone.tune == "frozen"
+                                       or (tuned and geometry and recipe.geometry.final))
         probing, held_out = "views" in needs, recipe.augment.probe_views == "test"
         spec = augment_spec(recipe.augment.preset, **recipe.augment.options) if heads_need or probing else None
         if ctx.show and (heads_need or probing):  # the views often take longest: said before they start
@@ -219,7 +223,7 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
 
     recipe, record, seeds = ctx.recipe, ctx.record, ctx.recipe.seed_list
     several = len(seeds) > 1
-    trainable = [spec for spec in recipe.heads if spec.type != "pretrained"]
+    trainable = trainable_specs(recipe.heads)
     pretrained = load_pretrained_heads(ctx)
     by_seed, summaries, resumed, track_s = {}, {}, False, 0.0
 
@@ -254,13 +258,15 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
         out.protocol["train"] = _training_protocol(recipe, summary, {})
     else:
         out.by_seed, summary = {seed: {} for seed in seeds}, {"steps": 0}
-    for states in out.by_seed.values():
+    dim = features.views.features.shape[-1]
+    for seed, states in out.by_seed.items():
         states.update(pretrained)  # the same frozen module for every seed: it is not retrained
+        states.update(build_null_heads(recipe.heads, dim, seed))  # never trained: built from the seed alone
     for spec in recipe.heads:
         first = out.first.get(spec.name)
         out.heads[spec.name] = {
             "config": dataclasses.asdict(spec),
-            "train": {"steps": 0 if spec.type == "pretrained" else summary["steps"],
+            "train": {"steps": 0 if spec.type == "pretrained" or is_null(spec) else summary["steps"],
                       "status": first.status if first else "untrained (no parameters)",
                       "final_loss": first.last_loss if first else None,
                       "message": first.message if first else ""},
@@ -287,9 +293,11 @@ def _training_protocol(recipe: Recipe, summary: dict, extra: dict) -> dict:
         "objective_protocol": objective_protocol(recipe.objective.name, recipe.objective.options), **summary, **extra}
 
 
-def tune_backbone(ctx: RunContext, inputs: Inputs) -> TrainedHeads:
-    """Tune the backbone together with the heads on views made on the fly (`headprobe.train.tuned`) and save what
-    tuning changed; the caller extracts every feature again from the tuned backbone."""
+def tune_backbone(ctx: RunContext, inputs: Inputs, seed: int, several: bool = False) -> TrainedHeads:
+    """Tune the backbone together with the heads on views made on the fly (`headprobe.train.tuned`), with training
+    seed `seed`, and save what tuning changed; the caller extracts every feature again from the tuned backbone.
+    With `several` seeds (`pipeline.tuned_seeds`) this is one of them: its checkpoints and tuned weights go to
+    checkpoints/seed-S/ (else checkpoints/) and its training records carry the seed."""
     from headprobe.backbones import apply_tuning
     from headprobe.data.augment import augment_spec
     from headprobe.train.cached_views import latest_checkpoint
@@ -297,24 +305,27 @@ def tune_backbone(ctx: RunContext, inputs: Inputs) -> TrainedHeads:
 
     recipe, record, spec = ctx.recipe, ctx.record, ctx.recipe.backbone
     lora = dataclasses.asdict(spec.lora) if spec.tune == "lora" else {}
-    tuning = ctx.stage(f"tuning the backbone ({spec.tune})", apply_tuning, inputs.backbone, spec.tune,
-                       seed=recipe.seed, **lora)
-    checkpoints = record.path / "checkpoints"
+    which = f" (seed {seed})" if several else ""
+    tuning = ctx.stage(f"tuning the backbone ({spec.tune}){which}", apply_tuning, inputs.backbone, spec.tune,
+                       seed=seed, **lora)
+    checkpoints = record.path / "checkpoints" / (f"seed-{seed}" if several else "")
     resume_from = latest_checkpoint(checkpoints) if record.resume else None
     with ctx.progress() as progress:
         states, summary = ctx.stage(
-            "training the tuned backbone and heads", train_tuned, inputs.backbone, recipe.heads, inputs.data.train,
-            augment=augment_spec(recipe.augment.preset, **recipe.augment.options), views=recipe.augment.views,
-            objective_name=recipe.objective.name, objective_options=recipe.objective.options, train=recipe.train,
-            seed=recipe.seed, precision=recipe.features.precision, num_workers=recipe.features.num_workers,
-            checkpoint_dir=checkpoints if record.writable else None, resume_from=resume_from, log=record.log,
-            progress=progress, track=recipe.geometry, state=ctx.state)
+            f"training the tuned backbone and heads{which}", train_tuned, inputs.backbone, recipe.heads,
+            inputs.data.train, augment=augment_spec(recipe.augment.preset, **recipe.augment.options),
+            views=recipe.augment.views, objective_name=recipe.objective.name,
+            objective_options=recipe.objective.options, train=recipe.train, seed=seed,
+            precision=recipe.features.precision, num_workers=recipe.features.num_workers,
+            checkpoint_dir=checkpoints if record.writable else None, resume_from=resume_from,
+            log=(lambda entry: record.log(entry | {"seed": seed})) if several else record.log, progress=progress,
+            track=recipe.geometry, state=ctx.state)
     # Identity heads trained the backbone too, but have no layers to probe or analyse.
-    out = TrainedHeads({recipe.seed: {name: s for name, s in states.items() if list(s.modules().parameters())}},
+    out = TrainedHeads({seed: {name: s for name, s in states.items() if list(s.modules().parameters())}},
                        seconds=summary.pop("train_s"), resumed=resume_from is not None,
                        track_s=summary.pop("track_s", 0.0), backbone_tuned=inputs.backbone.describe())
     if record.writable:
-        saved = ctx.stage("saving the tuned backbone", save_tuned_backbone, inputs.backbone, checkpoints)
+        saved = ctx.stage(f"saving the tuned backbone{which}", save_tuned_backbone, inputs.backbone, checkpoints)
         out.backbone_tuned["saved"] = str(saved.relative_to(record.path))
     out.protocol["train"] = _training_protocol(recipe, summary, {"tuning": tuning})
     for head in recipe.heads:
@@ -339,6 +350,9 @@ def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> Iter
     for name, trained in heads.items():
         if isinstance(trained, PretrainedHead):
             yield name, {"skipped": "a pretrained head: the loss it was trained with is not the recipe's objective"}
+            continue
+        if isinstance(trained, NullHead):
+            yield name, {"skipped": "a null head, never trained: probed as a reference, its geometry not analysed"}
             continue
         if ctx.show:  # said before the work starts: its time depends on these sizes
             print(f"geometry of head {name!r}: {size_estimate(trained.head, dim, n, k, ctx.recipe.geometry.rows)}",

@@ -40,6 +40,18 @@ class SubmitOptions:
                 raise ValueError(f"{name} = {value} is out of range; it must be >= 1.")
         if self.gpus < 0:
             raise ValueError(f"--gpus = {self.gpus} is out of range; it must be >= 0.")
+        if self.mem_gb is not None and not 0 < self.mem_gb < float("inf"):
+            raise ValueError(f"--mem-gb = {self.mem_gb:g} is out of range; it must be > 0 GB, or left out for the "
+                             "partition's default.")
+        if self.local and self.gpus > 0:
+            import torch
+
+            here = torch.cuda.device_count()
+            if here < self.gpus:
+                raise ValueError(f"--local --gpus {self.gpus} asks this machine for {self.gpus} GPU(s), but torch "
+                                 f"sees {here} here; the job would run on fewer (or on the CPU) without saying so: "
+                                 f"{f'pass --gpus {here} or less' if here else 'leave out --gpus'}, or submit to "
+                                 "SLURM without --local.")
 
 
 @dataclass

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from headprobe.registry import PROBE_INPUTS, PROBES, Registry
+from headprobe.registry import PROBE_INPUTS, PROBES, Registry, UnavailablePluginError
 
 # A metric's role: evidence about the head (information the backbone should keep, invariance the head should gain),
 # a description (reported, never evidence), or a protocol value (a chosen hyper-parameter, a validation score, a
@@ -190,18 +190,28 @@ def declared_probe(name: str, registry: Registry = PROBES) -> Probe:
     """The declaration of probe `name`: its own `Probe`, or for a plug-in registered the old way (a bare function)
     one read from its registry entry, with no metrics declared."""
     entry = registry.entry(name)
-    target = entry.load()
+    target = registry.load_entry(name)
     if isinstance(target, Probe):
         return target
     return Probe(name, target, entry.help, entry.load_options(), entry.needs, usage=entry.usage)
 
 
 def declared_probes(registry: Registry = PROBES) -> list[Probe]:
-    return [declared_probe(name, registry) for name in registry.names()]
+    """Every registered probe's declaration; a plug-in that cannot be imported is left out (one warning)."""
+    return [probe for name in registry.names() if (probe := _available(name, registry)) is not None]
+
+
+def _available(name: str, registry: Registry) -> Probe | None:
+    """`declared_probe`, or None for a plug-in that cannot be imported (taken out of the registry, with one
+    warning: a broken plug-in never fails a run that does not name it)."""
+    try:
+        return declared_probe(name, registry)
+    except UnavailablePluginError:
+        return None
 
 
 def declared_metrics(registry: Registry = PROBES) -> tuple[Metric, ...]:
-    """Every registered probe's declared metrics, in registration order."""
+    """Every registered probe's declared metrics, in registration order (an unavailable plug-in's left out)."""
     return _metrics(tuple((name, registry.entry(name).target) for name in registry.names()), registry)
 
 
@@ -219,4 +229,4 @@ def metric_declaration(metric: str, registry: Registry = PROBES) -> tuple[Metric
 def _metrics(entries: tuple[tuple[str, str], ...], registry: Registry) -> tuple[Metric, ...]:
     """Every registered probe's metrics, in order; cached by the registry's (name, target) pairs, so a probe
     registered or removed later is seen."""
-    return tuple(m for name, _ in entries for m in declared_probe(name, registry).metrics)
+    return tuple(m for name, _ in entries if (probe := _available(name, registry)) is not None for m in probe.metrics)

@@ -13,8 +13,27 @@ import re
 import sys
 import warnings
 
-from ..registry import BACKBONES, DATA_SOURCES, OBJECTIVES, OFFLINE_MODELS, SCRATCH_MODELS, Registry
-from .schema import NAME_PATTERN, BackboneSpec, DataSpec, LoraSpec, Recipe, RecipeError, not_allowed, unknown_name
+from ..registry import (
+    BACKBONES,
+    DATA_SOURCES,
+    OBJECTIVES,
+    OFFLINE_MODELS,
+    SCRATCH_MODELS,
+    Registry,
+    UnavailablePluginError,
+)
+from .folder_names import folder_name_problem
+from .schema import (
+    NAME_PATTERN,
+    BackboneSpec,
+    DataSpec,
+    LoraSpec,
+    Recipe,
+    RecipeError,
+    not_allowed,
+    unknown_name,
+    unregistered,
+)
 
 
 def check_recipe(recipe: Recipe) -> None:
@@ -59,6 +78,17 @@ def _check_claims(recipe: Recipe) -> None:
         check_claims_section(recipe.claims)
     except ValueError as err:
         raise RecipeError(str(err)) from None
+    chosen = {key: override["primary"] for key, override in recipe.claims.items() if "primary" in override}
+    if not chosen:
+        return
+    from headprobe.probes.declaration import declared_probes
+
+    for key, primary in chosen.items():
+        owners = [p.name for p in declared_probes() if any(m.match(primary) is not None for m in p.metrics)]
+        if owners and not set(owners) & set(recipe.probes):
+            raise RecipeError(f"claims.{key}.primary = {primary!r} is measured by probe {owners[0]}, which the "
+                              f"recipe does not run (its probes: {', '.join(recipe.probes)}); add probes.{owners[0]}, "
+                              "or choose a primary one of its probes measures.")
 
 
 def _check_trackers(recipe: Recipe) -> None:
@@ -121,8 +151,7 @@ def _check_prefixed(path: str, value: str, registry: Registry) -> None:
     prefix, sep, _ = value.partition(":")
     name = prefix if sep else value
     if name not in registry:
-        raise unknown_name(f"{path} = {value!r}", registry.family, name, registry.names(),
-                           {e.name: e.usage for e in registry})
+        raise unregistered(f"{path} = {value!r}", registry, name, {e.name: e.usage for e in registry})
 
 
 def _check_seeds(recipe: Recipe) -> None:
@@ -133,10 +162,6 @@ def _check_seeds(recipe: Recipe) -> None:
                           "remove the key to use `seed` alone.")
     if len(set(recipe.seeds)) != len(recipe.seeds):
         raise RecipeError(f"seeds = {recipe.seeds} repeats a seed; each retraining needs its own seed.")
-    if len(recipe.seeds) > 1 and recipe.backbone.tune != "frozen":
-        raise RecipeError(f"seeds = {recipe.seeds} with backbone.tune = {recipe.backbone.tune!r}: several seeds "
-                          "retrain the heads on one set of cached backbone features, which a tuned backbone does not "
-                          "have; use one seed, or run one recipe per seed (sweep: {seed: [0, 1, 2]}).")
 
 
 # Training images of the built-in sources (their `train` split), and their classes: what validate can know
@@ -167,7 +192,10 @@ def _check_probes(recipe: Recipe, n_train: int | None) -> None:
     images = ("data.limit.train" if recipe.data.limit.train is not None and n_train == recipe.data.limit.train
               else recipe.data.source)
     for name, options in recipe.probes.items():
-        check = declared_probe(name).check
+        try:
+            check = declared_probe(name).check
+        except UnavailablePluginError as err:  # its module fails on import: taken out, with its first line
+            raise RecipeError(f"probes.{name}: {err}") from None
         if check is None:
             continue
         try:
@@ -272,6 +300,13 @@ def _check_layers_and_resolution(spec: BackboneSpec) -> None:
                               "(-1: the final features).")
 
 
+def takes_predictor(objective: str) -> bool:
+    """Whether objective `objective` takes a head's predictor outputs: its function's signature says so, by its
+    first parameters ``(p1, p2, z1, z2, ...)`` (simsiam) rather than ``(z1, z2, ...)``."""
+    parameters = _parameter_names(OBJECTIVES.entry(objective).target)  # read without importing torch
+    return next(iter(parameters), None) == "p1"
+
+
 def _check_heads(recipe: Recipe) -> None:
     """Head names, the objective's options and the augmentation knobs against the heads and the data."""
     part = recipe.backbone.part
@@ -282,6 +317,9 @@ def _check_heads(recipe: Recipe) -> None:
     for i, head in enumerate(recipe.heads):
         if head.name == "backbone" or not head.name or "@" in head.name:
             raise RecipeError(f"heads[{i}].name = {head.name!r} is reserved or invalid; use e.g. 'mlp_relu'.")
+        if (problem := folder_name_problem(head.name)) is not None or head.name.startswith("."):
+            raise RecipeError(f"heads[{i}].name = {head.name!r} {problem or 'starts with a dot'}; it names the head's "
+                              "files inside the run folder (per_unit/HEAD.safetensors), so use e.g. 'mlp_relu'.")
         if names.count(head.name) > 1:
             raise RecipeError(f"heads[{i}].name = {head.name!r} is used twice; each head needs its own name.")
         if head.type == "pretrained" and not recipe.backbone.id.startswith("ssl:"):
@@ -294,9 +332,30 @@ def _check_heads(recipe: Recipe) -> None:
         if head.type == "pretrained" and recipe.backbone.tune != "frozen":
             raise RecipeError(f"heads[{i}] ({head.name}) is `type: pretrained` with backbone.tune = "
                               f"{recipe.backbone.tune!r}; a checkpoint's own head is probed on its frozen backbone.")
-        if recipe.objective.name == "simsiam" and head.predictor is None and head.type != "pretrained":
-            raise RecipeError(f"heads[{i}] ({head.name}) has no predictor, which objective simsiam needs; "
-                              f"set heads[{i}].predictor to a width, e.g. 512.")
+        if head.init_of is not None:
+            twin = next((h for h in recipe.heads if h.name == head.init_of), None)
+            if twin is None or twin.type in ("pretrained", "identity", "random") or twin.init_of is not None:
+                trained = [h.name for h in recipe.heads
+                           if h.type not in ("pretrained", "identity", "random") and h.init_of is None]
+                raise RecipeError(f"heads[{i}].init_of = {head.init_of!r} must name a trained head of this recipe "
+                                  f"(its copy at initialisation is the null); trained heads: "
+                                  f"{', '.join(trained) or 'none'}.")
+        if head.init_of is not None and recipe.backbone.tune != "frozen":
+            raise RecipeError(f"heads[{i}] ({head.name}) is a null head (init_of), which is probed on a frozen "
+                              f"backbone's features; with backbone.tune = {recipe.backbone.tune!r} every head trains "
+                              "the backbone, so remove it (and null_heads: init); for a null arm across runs use a "
+                              "run whose only head is `type: random` (the backbone trained through a fixed random "
+                              "injective map).")
+        if head.type == "pretrained":
+            continue
+        predictor = takes_predictor(recipe.objective.name)
+        if predictor and head.predictor is None and head.type != "random":
+            raise RecipeError(f"heads[{i}] ({head.name}) has no predictor, which objective "
+                              f"{recipe.objective.name} needs; set heads[{i}].predictor to a width, e.g. 512.")
+        if not predictor and head.predictor is not None:
+            raise RecipeError(f"heads[{i}].predictor = {head.predictor}, but objective {recipe.objective.name} "
+                              "takes no predictor (only an objective of predictor outputs, such as simsiam, does); "
+                              f"remove heads[{i}].predictor, or use objective: {{name: simsiam}}.")
     objective = recipe.objective
     if objective.options:  # checked whether or not heads use them: a typo is a typo
         params = _parameter_names(OBJECTIVES.entry(objective.name).target)[2:]

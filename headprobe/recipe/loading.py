@@ -24,10 +24,11 @@ import yaml
 
 from headprobe.recipe.safe_yaml import AliasLimitError, BoundedAliasLoader
 
-from ..registry import Registry
+from ..registry import Registry, UnavailablePluginError
 from .checks import check_recipe
 from .fields import check_range
-from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unknown_name
+from .null_heads import with_null_heads
+from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unregistered
 from .sweeps import NO_SWEEP, sweep_folder_name, sweep_items
 
 
@@ -44,6 +45,12 @@ def load_recipe(
     A recipe with a `sweep:` has every combination validated here too, exactly as `expand_sweep` makes them.
     """
     return _from_data(resolve_recipe_data(source, overrides, values))
+
+
+def load_section(cls: type, data: Any, path: str) -> Any:
+    """One section of a recipe (e.g. a `HeadSpec` from a head's config as results.json records it), with every
+    field's type, range and registered name checked as `load_recipe` checks them; `path` names it in messages."""
+    return _build(cls, data, path)
 
 
 def dump_recipe(recipe: Recipe) -> str:
@@ -209,6 +216,7 @@ def set_value(data: dict, key: str, value: Any, label: str | None = None) -> Non
 
 def _from_data(data: dict) -> Recipe:
     recipe = _build(Recipe, data, "")
+    recipe.heads = with_null_heads(recipe.heads, recipe.null_heads)
     check_recipe(recipe)
     for label, items in _sweep_items(recipe):
         combo = copy.deepcopy(data)
@@ -280,7 +288,7 @@ def _check_declared(f: dataclasses.Field, value: Any, where: str) -> None:
             check_range(at, item, f.metadata["range"])
         registry = f.metadata.get("registry")
         if registry is not None and item not in registry:
-            raise unknown_name(f"{at} = {item!r}", registry.family, item, registry.names())
+            raise unregistered(f"{at} = {item!r}", registry, item)
 
 
 def _build_named_section(value: Any, path: str, registry: Registry) -> dict:
@@ -292,9 +300,12 @@ def _build_named_section(value: Any, path: str, registry: Registry) -> dict:
     out = {}
     for name, options in value.items():
         if name not in registry:
-            raise unknown_name(f"{path}.{name}", registry.family, name, registry.names())
-        out[name] = _build(registry.entry(name).load_options() or NoOptions, options,
-                           f"{path}.{name}")
+            raise unregistered(f"{path}.{name}", registry, name)
+        try:
+            declared = registry.load_entry(name, options=True)
+        except UnavailablePluginError as err:
+            raise RecipeError(f"{path}.{name}: {err}") from None
+        out[name] = _build(declared or NoOptions, options, f"{path}.{name}")
     return out
 
 

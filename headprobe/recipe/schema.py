@@ -62,6 +62,14 @@ def unknown_name(where: str, family: str, name: str, allowed: Sequence[str],
     return RecipeError(f"{where}: unknown {family}; allowed: {listed}.{did_you_mean_hint(name, allowed, shown)}")
 
 
+def unregistered(where: str, registry: Any, name: str, shown: Mapping[str, str] | None = None) -> RecipeError:
+    """`unknown_name` for a name `registry` does not hold, or, for a plug-in taken out because it cannot be imported
+    (`Registry.set_unavailable`), the import error's first line."""
+    if registry.unavailable(name) is not None:
+        return RecipeError(f"{where}: {registry.unavailable_sentence(name)}")
+    return unknown_name(where, registry.family, name, registry.names(), shown)
+
+
 def not_allowed(where: str, value: Any, allowed: Sequence[str], guesses: Sequence[str] | None = None) -> RecipeError:
     """`where = value is not allowed; allowed: ...` for a fixed set of values, guessing among `guesses`
     (default: `allowed`)."""
@@ -156,6 +164,10 @@ class FeatureSpec:
     memory_map: bool = True
 
 
+# The widest head layer (or predictor) a recipe may ask for: 2**20 units.
+MAX_WIDTH = 1 << 20
+
+
 @dataclass
 class HeadSpec:
     """One projection head; `name` labels its taps (`NAME@i`, `NAME`) in results.json."""
@@ -163,8 +175,10 @@ class HeadSpec:
     name: str = "head"
     type: str = field(default="mlp", metadata=registered(HEADS))
     depth: int = field(default=2, metadata=at_least(1))
-    width: int = field(default=2048, metadata=at_least(1))
-    out_dim: int | None = field(default=None, metadata=at_least(1))
+    # Widths up to MAX_WIDTH: a wider layer (with a backbone's 384-1024 inputs, gigabytes of weights) is a typo, and
+    # refused before torch's allocator is asked for it.
+    width: int = field(default=2048, metadata=within(1, MAX_WIDTH))
+    out_dim: int | None = field(default=None, metadata=within(1, MAX_WIDTH))
     # The names the ACTIVATIONS registry holds; null: relu for a trained head. On a `type: pretrained` head it says the
     # activation a checkpoint cannot show (lightly's heads: an activation has no tensors); null there: read it.
     act: str | None = field(default=None, metadata=registered(ACTIVATIONS))
@@ -173,14 +187,19 @@ class HeadSpec:
     l2_out: bool = False
     init_scale: float = field(default=1.0, metadata=POSITIVE)
     # Width of a SimSiam/BYOL predictor on top of the head (needed by `simsiam`); null = none.
-    predictor: int | None = field(default=None, metadata=at_least(1))
+    predictor: int | None = field(default=None, metadata=within(1, MAX_WIDTH))
     # The layers to probe (1 = the first hidden layer … depth = the output), e.g. [1, 3] to skip a pretrained DINO
     # head's 65,536-d prototype logits; null = every layer. The verdict compares the deepest probed layer.
     taps: list[int] | None = field(default=None, metadata=at_least(1))
+    # A null head: the untrained copy of head NAME at its initialisation (NAME's weights before training, every
+    # setting of NAME's), probed like any head and never trained (`headprobe.recipe.null_heads`).
+    init_of: str | None = None
 
     def __post_init__(self) -> None:
         if self.act is None and self.type != "pretrained":
             self.act = "relu"
+        if self.type == "random":  # one linear map: its depth is not a choice
+            self.depth = 1
 
 
 @dataclass
@@ -249,6 +268,9 @@ class GeometrySpec:
     collapse_scale: float = 0.01
     # Step 0 counts as "collapsed" iff out_std ≤ collapse_threshold/√out (recorded in protocol.train.collapse_start).
     collapse_threshold: float = 0.1
+    # Q-saddle (claim 4, `geometry.saddle`) with `final`: this many constructed collapsed states per seed, 3 seeds,
+    # for each head type (linear, ReLU, Swish, GELU; tiny, without BatchNorm); 0 = not asked.
+    saddle_states: int = field(default=50, metadata=at_least(0))
 
 
 @dataclass
@@ -258,6 +280,9 @@ class RuntimeSpec:
     # Intra-op CPU threads; null: chosen from the CPUs the process may use and the machine's load. The environment
     # variable HEADPROBE_THREADS overrides it; an explicit OMP_NUM_THREADS counts when this is null.
     threads: int | None = field(default=None, metadata=at_least(1))
+    # The longest wait, in seconds, for one call to an experiment tracker of report_to (its server); a tracker that
+    # takes longer or fails is dropped with one warning, and the run goes on (`report.trackers`).
+    tracker_timeout_s: float = field(default=30.0, metadata={"range": Range(0, 86400, open_low=True)})
 
 
 @dataclass
@@ -274,6 +299,10 @@ class Recipe:
     # (`probes.declaration.Probe.options`, read through the registry).
     probes: dict[str, Any] = field(default_factory=default_probes, metadata={"registry": PROBES, "named": True})
     heads: list[HeadSpec] = field(default_factory=list)
+    # Null heads added to `heads`, probed like every head and never trained, that each answer is read against:
+    # `init` an untrained copy NAME.init of every trained head at its initialisation, `random` one fixed random
+    # injective linear map (`headprobe.recipe.null_heads`).
+    null_heads: list[Literal["init", "random"]] = field(default_factory=list)
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
     augment: AugmentRecipe = field(default_factory=AugmentRecipe)
     train: TrainSpec = field(default_factory=TrainSpec)

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from .fields import RecipeError
+from .folder_names import folder_name_problem
 
 
 def flatten_sweep(sweep: Mapping[str, Any], section: str, prefix: str = "") -> dict[str, list]:
@@ -60,8 +61,9 @@ def _value_labels(key: str, values: list, short: str) -> list[str]:
     varying = [p for p in paths if len({repr(leaf.get(p)) for leaf in leaves}) > 1]
     if not varying:
         return [f"{short}={i}" for i in range(len(values))]
+    # A block lacking every varying leaf (it keeps their defaults) is named by its index.
     return [",".join(f"{key}.{p}={leaf[p]}" if p else f"{key}={leaf[p]}" for p in varying if p in leaf)
-            for leaf in leaves]
+            or f"{short}={i}" for i, leaf in enumerate(leaves)]
 
 
 def _short_names(keys: list[str]) -> dict[str, str]:
@@ -103,10 +105,18 @@ def sweep_items(sweep: Mapping[str, Any] | None, zipped: Mapping[str, Any] | Non
         if len(labels) != len(out):
             raise RecipeError(f"sweep_labels has {len(labels)} names for {len(out)} runs; give one per run, in the "
                               f"order {', '.join(label for label, _ in out)}.")
-        if len(set(labels)) != len(labels) or not all(isinstance(s, str) and s.strip() for s in labels):
-            raise RecipeError(f"sweep_labels = {labels} must be distinct, non-empty names (each names a run's "
-                              "folder).")
+        for i, label in enumerate(labels):
+            if (problem := folder_name_problem(label)) is not None:
+                raise RecipeError(f"sweep_labels[{i}] = {label!r} {problem}; each label names one run's folder "
+                                  "inside the sweep's, so use a plain name such as 'relu_run'.")
+        if len(set(labels)) != len(labels):
+            raise RecipeError(f"sweep_labels = {labels} must be distinct names (each names a run's folder).")
         out = [(name, items) for name, (_, items) in zip(labels, out, strict=True)]
+    folders = [sweep_folder_name(label) for label, _ in out]
+    twice = next((f for f in folders if folders.count(f) > 1), None)
+    if twice is not None:
+        raise RecipeError(f"two runs of the sweep would share the folder {twice!r} (their labels differ only in "
+                          "characters a folder name cannot hold); name the runs with sweep_labels.")
     return out
 
 
@@ -123,10 +133,12 @@ MAX_FOLDER_BYTES = 200
 
 
 def sweep_folder_name(label: str) -> str:
-    """A sweep combination's label → its run folder's name: '/' replaced, and a label over `MAX_FOLDER_BYTES`
+    """A sweep combination's label → its run folder's name: '/' and '\\' replaced, and a label over `MAX_FOLDER_BYTES`
     bytes cut and suffixed with a hash of the whole label (each run's config.yaml and results.json keep the full
-    values)."""
-    name = label.replace("/", "_").replace("\0", "_")
+    values). A label that is empty, ``.`` or ``..`` names no folder inside the sweep's and is refused."""
+    name = label.replace("/", "_").replace("\\", "_").replace("\0", "_")
+    if (problem := folder_name_problem(name)) is not None:
+        raise RecipeError(f"the sweep label {label!r} {problem}; give the run a plain name with sweep_labels.")
     raw = name.encode()
     if len(raw) <= MAX_FOLDER_BYTES:
         return name

@@ -5,7 +5,10 @@ write there; a second command finds it and stops at once (exit 2) with a sentenc
 file made by exclusive create (``O_CREAT | O_EXCL``, atomic on local and NFS file systems, unlike ``flock`` on many
 NFS set-ups) holding who made it (pid, host, start time); a thread touches it every `HEARTBEAT_S` seconds while it is
 held. A lock whose holder is gone is taken over with a warning: on this host, when its pid no longer runs; made on
-another host (a shared file system), when its heartbeat is older than `stale_after_s` (`HEADPROBE_LOCK_TIMEOUT`).
+another host (a shared file system), when its heartbeat is older than `stale_after_s` (`HEADPROBE_LOCK_TIMEOUT`), or
+dated that far in the future (clocks apart); a lock file without a readable holder (not JSON, a pid that is no
+process id: negative, ``true``, too large), when untouched for `GARBAGE_AFTER_S`. A folder where the lock file should
+be is refused with a sentence.
 Only the main process of a multi-process run holds it.
 
 >>> with RunLock(run_dir, "run"):  # doctest: +SKIP
@@ -25,12 +28,15 @@ from pathlib import Path
 
 from ..parallel.peers import process_runs
 from ..recipe import RecipeError
+from ..recipe.environment import DEFAULT_LOCK_TIMEOUT_S, lock_timeout_s
 
 __all__ = ["HEARTBEAT_S", "LOCK_NAME", "RunFolderLocked", "RunLock", "folder_lock", "stale_after_s"]
 
 LOCK_NAME = "headprobe.lock"
 HEARTBEAT_S = 10.0
-STALE_AFTER_S = 120.0  # a foreign host's lock untouched this long is taken to be left by a dead process
+STALE_AFTER_S = DEFAULT_LOCK_TIMEOUT_S  # a foreign host's lock untouched this long was left by a dead process
+GARBAGE_AFTER_S = 5.0  # a lock without a readable holder untouched this long was left by a maker that died writing it
+PID_MAX = 2**31 - 1  # the largest pid `os.kill` takes (Linux's own limit is 2**22)
 
 
 class RunFolderLocked(RecipeError):
@@ -38,16 +44,9 @@ class RunFolderLocked(RecipeError):
 
 
 def stale_after_s() -> float:
-    """Seconds without a heartbeat after which another host's lock is stale: `HEADPROBE_LOCK_TIMEOUT`, else 120."""
-    value = os.environ.get("HEADPROBE_LOCK_TIMEOUT", "")
-    try:
-        seconds = float(value) if value.strip() else STALE_AFTER_S
-    except ValueError:
-        raise RecipeError(f"HEADPROBE_LOCK_TIMEOUT = {value!r} is not a number of seconds; unset it or give e.g. "
-                          "HEADPROBE_LOCK_TIMEOUT=300.") from None
-    if not seconds > 0:
-        raise RecipeError(f"HEADPROBE_LOCK_TIMEOUT = {value!r} must be > 0 seconds (e.g. 300).")
-    return seconds
+    """Seconds without a heartbeat after which another host's lock is stale: `HEADPROBE_LOCK_TIMEOUT`, else
+    `STALE_AFTER_S` (read and checked by `recipe.environment.lock_timeout_s`)."""
+    return lock_timeout_s()
 
 
 class RunLock:
@@ -70,6 +69,7 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock, or raise `RunFolderLocked` naming its live holder; a stale lock is taken over (warning)."""
+        self._stale_after = stale_after_s()  # a bad HEADPROBE_LOCK_TIMEOUT is refused before anything is made
         self._made = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
         self.folder.mkdir(parents=True, exist_ok=True)
         owner = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
@@ -78,6 +78,9 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
+                if self.path.is_dir():
+                    raise RunFolderLocked(f"{self.path} is a folder, where headprobe keeps the run folder's lock "
+                                          "file; move it out of the run folder and try again.") from None
                 holder = self._read()
                 if holder is not None and not self._stale(holder):
                     raise RunFolderLocked(self._held_sentence(holder)) from None
@@ -115,35 +118,47 @@ class RunLock:
                 os.utime(self.path)
 
     def _read(self) -> dict | None:
-        """The holder recorded in the lock file; None when it is gone or unreadable (half written by a process
-        that died between creating and writing it)."""
+        """The holder recorded in the lock file; None when it is gone or garbage (half written by a process that
+        died between creating and writing it, or a pid that names no process: -1, true, 99999999999999999999)."""
         try:
             holder = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return holder if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or not isinstance(holder.get("host"), str):
+            return None
+        pid = holder.get("pid")
+        return holder if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= PID_MAX else None
 
     def _age_s(self) -> float:
+        """Seconds since the last heartbeat (negative: dated in the future, by another host's clock)."""
         try:
             return time.time() - self.path.stat().st_mtime
         except OSError:
             return float("inf")
 
     def _stale(self, holder: dict) -> bool:
-        if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+        if holder.get("host") == socket.gethostname():
             return not process_runs(holder["pid"])
-        return self._age_s() > stale_after_s()
+        return abs(self._age_s()) > self._stale_after
 
     def _take_over(self, holder: dict | None) -> None:
         """Remove a stale (or unreadable and old) lock file, with a warning; a fresh unreadable one is being
         written by its maker: wait for it."""
-        if holder is None and self._age_s() < 5.0:
+        age = self._age_s()
+        if holder is None and abs(age) < GARBAGE_AFTER_S:
             time.sleep(0.2)
             return
         if self._read() != holder:  # replaced since it was judged: judge again
             return
-        why = ("its process no longer runs" if holder and holder.get("host") == socket.gethostname()
-               else f"it has had no heartbeat for {self._age_s():.0f} s")
+        if holder is None:
+            why = (f"its file names no process (it is unreadable, or its pid is no process id) and has not changed "
+                   f"for {abs(age):.0f} s")
+        elif holder.get("host") == socket.gethostname():
+            why = "its process no longer runs"
+        elif age < 0:
+            why = f"its heartbeat is dated {-age:.0f} s in the future (that host's clock is off), so it proves nothing"
+        else:
+            why = f"it has had no heartbeat for {age:.0f} s"
         warnings.warn(f"taking over the lock of {self.folder} left by {self._describe(holder)}: {why}.",
                       stacklevel=3)
         with contextlib.suppress(FileNotFoundError):

@@ -166,13 +166,13 @@ class RecordWriter:
         self._invocation_time(key, seconds)
 
     def training_time(self, seconds: float, resumed: bool, track_s: float = 0.0) -> None:
-        """Training time (resumed from a checkpoint, the steps before it count too) and the curvature tracking's
-        share of it."""
+        """Training time and the curvature tracking's share of it; `resumed` (resumed from a checkpoint, or a later
+        seed's training, trained one after another): added to the time recorded so far."""
         timing = self.timing
         timing["train_s"] = (timing.get("train_s", 0.0) if resumed else 0.0) + seconds
         self._invocation_time("train_s", seconds)
         if track_s:
-            timing["track_s"] = track_s
+            timing["track_s"] = (timing.get("track_s", 0.0) if resumed else 0.0) + track_s
             self._invocation_time("track_s", track_s)
             self.record.setdefault("timing_ratios", {})["track_over_train"] = track_s / max(timing["train_s"], 1e-9)
 
@@ -225,6 +225,11 @@ class RecordWriter:
         self.record["heads"][head]["geometry"] = geometry
         if write:
             self.write()
+
+    def geometry_claims(self, claims: dict) -> None:
+        """The geometry stage's answers (`stats.geometry_claims`) beside the buffer questions in results["claims"]."""
+        self.record.setdefault("claims", {}).update(claims)
+        self.write()
 
     def recorded_geometry(self, source: str) -> None:
         """`headprobe geometry` of a recorded run: the checkpoint analysed and the analysis's own timing."""

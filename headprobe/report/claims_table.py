@@ -22,7 +22,7 @@ import io
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["FORMATS", "claims_rows", "format_claims", "paper_cell"]
+__all__ = ["ACROSS_HEADER", "FORMATS", "claims_rows", "cross_run_rows", "format_claims", "paper_cell"]
 
 FORMATS = ("md", "latex", "csv")
 CSV_COLUMNS = ("run", "question", "measure", "role", "head", "tap", "backbone", "head_value", "change", "ci_low",
@@ -138,8 +138,10 @@ def _latex(text: str) -> str:
     return "".join(LATEX.get(char, char) for char in text)
 
 
-def format_claims(rows: list[dict], fmt: str) -> str:
-    """The rows as a Markdown table, a LaTeX booktabs tabular, or CSV (every number as results.json holds it)."""
+def format_claims(rows: list[dict], fmt: str, header: tuple[str, ...] = HEADER) -> str:
+    """The rows as a Markdown table, a LaTeX booktabs tabular, or CSV (every number as results.json holds it);
+    header: the table's column names (md, LaTeX; a row's cells are cut to them: rows across runs have no "trained"),
+    with the footnote under a table that has the "trained" column."""
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
@@ -151,14 +153,40 @@ def format_claims(rows: list[dict], fmt: str) -> str:
                              else values[c] for c in CSV_COLUMNS])
         return out.getvalue()
     if fmt == "md":
-        lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in _cells(row)) + " |" for row in rows]
-        return "\n".join(lines + ["", FOOTNOTE]) + "\n"
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in _cells(row)[:len(header)]) + " |"
+                  for row in rows]
+        return "\n".join(lines + (["", FOOTNOTE] if "trained" in header else [])) + "\n"
     if fmt == "latex":
         lines = [r"% headprobe claims: needs \usepackage{booktabs} (\toprule, \midrule, \bottomrule)",
-                 r"\begin{tabular}{" + "l" * len(HEADER) + "}", r"\toprule",
-                 " & ".join(_latex(h) for h in HEADER) + r" \\", r"\midrule"]
-        lines += [" & ".join(_latex(cell) for cell in _cells(row)) + r" \\" for row in rows]
-        note = rf"\multicolumn{{{len(HEADER)}}}{{p{{0.95\linewidth}}}}{{\footnotesize {_latex(FOOTNOTE)}}} \\"
-        return "\n".join(lines + [r"\bottomrule", note, r"\end{tabular}"]) + "\n"
+                 r"\begin{tabular}{" + "l" * len(header) + "}", r"\toprule",
+                 " & ".join(_latex(h) for h in header) + r" \\", r"\midrule"]
+        lines += [" & ".join(_latex(cell) for cell in _cells(row)[:len(header)]) + r" \\" for row in rows]
+        note = rf"\multicolumn{{{len(header)}}}{{p{{0.95\linewidth}}}}{{\footnotesize {_latex(FOOTNOTE)}}} \\"
+        return "\n".join(lines + [r"\bottomrule", *([note] if "trained" in header else []), r"\end{tabular}"]) + "\n"
     raise ValueError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}.")
+
+
+# The columns of the rows across runs (`cross_run_rows`, part "across"): the no-head backbone, then the arm's.
+ACROSS_HEADER = ("question", "measure", "runs", "arm", "z no head / z with the head (Δ [95% CI], n)", "answer")
+# The "run" of a row pooled over runs: within an arm (z → h), or across runs (the arm's backbone vs no head's).
+POOLED = {"within": "pooled runs", "across": "across runs"}
+
+
+def cross_run_rows(answers: Mapping, part: str, secondary: bool = False) -> list[dict]:
+    """The rows of one part ("within" or "across") of `stats.cross_run.cross_run_answers`, as `claims_rows`
+    gives a run's: run "pooled runs" (z → h within an arm, pooled over its runs) or "across runs" (the arm's
+    backbone minus the no-head backbone of the same seed), head the arm; with `secondary` the descriptions too."""
+    rows = []
+    for question, claim in answers[part].items():
+        for arm, record in claim["arms"].items():
+            base = {"run": POOLED[part], "question": question, "head": arm, "tap": record.get("tap")}
+            if "change" in record:
+                rows.append(base | _numbers(record) | {"measure": claim["primary"], "role": "primary",
+                                                       "answer": record.get("answer"), "p": record.get("p"),
+                                                       "p_holm": record.get("p_holm")})
+            if secondary:
+                rows += [base | _numbers(change) | {"measure": metric, "role": "secondary", "answer": None, "p": None,
+                                                    "p_holm": None}
+                         for metric, change in (record.get("secondary") or {}).items()]
+    return rows

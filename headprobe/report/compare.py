@@ -3,9 +3,10 @@
 `write_compare(run_dirs, out_dir)` writes ``compare.csv`` (long format, one `pandas.read_csv` away: a ``run``
 column, then the columns of each run's ``results.csv``, `tidy.TIDY_COLUMNS`) and a self-contained ``compare.html``
 (one row per (tap, metric), one column per run); `compare_table` in `table.py` prints those rows in the terminal.
-Where the runs are a head ablation with a "no head" arm (`stats.cross_run.compare_sweep`), it also writes
-``cross_run.json``: each arm's backbone against the no-head backbone, paired on test images, with intervals over
-seeds and images, and compare.html shows it.
+Where the runs are a head ablation with a "no head" arm (`stats.cross_run.cross_run_answers`), it also writes
+``cross_run.json``: per arm the answers of `headprobe claims` across runs (the arm's backbone against the no-head
+backbone of the same seed, paired on test images) and within the arm (z → h pooled over its runs), with the
+crossed interval over seeds and images, and compare.html shows the same numbers.
 
 >>> write_compare(["runs/depth1", "runs/depth2"], "runs")  # doctest: +SKIP
 {'csv': PosixPath('runs/compare.csv'), 'html': PosixPath('runs/compare.html')}
@@ -33,6 +34,18 @@ def run_labels(run_dirs: Sequence[str | Path]) -> dict[str, Path]:
     if len(set(labels)) != len(labels):
         raise ValueError("the same run directory was given twice; pass each run once.")
     return dict(zip(labels, paths, strict=True))
+
+
+def sweep_runs(paths: Sequence[str | Path]) -> list[Path]:
+    """The run folders named by `paths`: a folder with results.json is a run; a folder without one whose
+    sub-folders hold results.json (a sweep's folder) stands for those runs, in name order; anything else is kept
+    as given (reading it then says what is wrong)."""
+    out = []
+    for path in map(Path, paths):
+        runs = [] if (path / "results.json").exists() or not path.is_dir() else sorted(
+            p for p in path.iterdir() if (p / "results.json").is_file())
+        out += runs or [path]
+    return out
 
 
 def default_out_dir(run_dirs: Sequence[str | Path]) -> Path:
@@ -64,17 +77,25 @@ def _run_summary(label: str, path: Path, results: dict) -> list:
             heads, (recipe.get("objective") or {}).get("name") or "—", verdicts, results.get("status", "?")]
 
 
-def paired_rows(paired: Mapping) -> tuple[list[str], list[list]]:
-    """(header, rows) of `cross_run.compare_sweep`'s output: one row per arm and evidence metric."""
+def paired_rows(answers: Mapping) -> tuple[list[str], list[list]]:
+    """(header, rows) of `cross_run.cross_run_answers`: one row per part (within an arm, across runs), question,
+    arm and measure, the primary first (with its answer), then the secondary measures (descriptions)."""
     rows = []
-    for label, arm in paired["arms"].items():
-        for metric, r in arm["metrics"].items():
-            rows.append([label, f"{arm['tap_a']} · {metric}", r["claim"], r["b"], r["a"], r["difference"],
-                         f"[{fmt(r['ci95'][0])}, {fmt(r['ci95'][1])}]",
-                         "—" if r["ci95_seeds"] is None else f"[{fmt(r['ci95_seeds'][0])}, {fmt(r['ci95_seeds'][1])}]",
-                         r.get("resolved", "—"), f"{r['n_seeds']} × {r['n_units']}"])
-    header = ["arm", "tap · metric", "claim", paired["reference"], "arm", "difference", "95% (seeds × images)",
-              "95% t over seeds", "resolved", "seeds × units"]
+    for part in ("within", "across"):
+        for key, claim in answers[part].items():
+            for label, record in claim["arms"].items():
+                measures = ([(claim["primary"], record, record.get("answer"))] if "change" in record else []) + [
+                    (metric, change, "description") for metric, change in (record.get("secondary") or {}).items()]
+                for metric, change, answer in measures:
+                    ci = change.get("ci95")
+                    rows.append([part, key, label, f"{record['tap']} · {metric}", change["backbone"], change["head"],
+                                 change["change"],
+                                 f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "—",
+                                 change.get("interval", ""), answer or "—",
+                                 f"{change['n_seeds']} × {change['n_units']}" if change.get("n_units")
+                                 else f"{change['n_seeds']} seeds"])
+    header = ["part", "question", "arm", "tap · measure", "from", "to", "change", "95% interval", "interval",
+              "answer", "seeds × units"]
     return header, rows
 
 
@@ -94,17 +115,17 @@ def compare_html(runs: Mapping[str, dict], paths: Mapping[str, Path], paired: Ma
 
 def write_compare(run_dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
     """Read each run's results.json and write out_dir/compare.csv and out_dir/compare.html, and out_dir/cross_run.json
-    where the runs are a head ablation with a "no head" arm (`stats.cross_run.compare_sweep`)."""
+    where the runs are a head ablation with a "no head" arm (`stats.cross_run.cross_run_answers`)."""
     import json
 
     from headprobe.record.directory import atomic_write_text, read_results
-    from headprobe.stats.cross_run import compare_sweep
+    from headprobe.stats.cross_run import cross_run_answers
 
     paths = run_labels(run_dirs)
     runs = {label: read_results(path) for label, path in paths.items()}
     out_dir = Path(out_dir)
     written = {"csv": out_dir / "compare.csv", "html": out_dir / "compare.html"}
-    paired = compare_sweep(list(paths.values()))
+    paired = cross_run_answers(list(paths.values()))
     if paired is not None:
         written["cross_run"] = out_dir / "cross_run.json"
         atomic_write_text(written["cross_run"], json.dumps(paired, indent=1, default=str))

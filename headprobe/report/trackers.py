@@ -16,15 +16,21 @@ TensorBoard writes into ``RUN/tensorboard/``; W&B's project is the recipe's name
 (``WANDB_MODE=offline`` keeps it on disk under ``RUN/wandb/``); MLflow's experiment is the recipe's name, stored
 where ``MLFLOW_TRACKING_URI`` says, with the interval ends as ``<metric>.low`` / ``.high`` and the texts as run tags
 (`mlflow_values`). The packages are optional: a recipe naming one that is not installed is refused
-before anything runs (`recipe.trackers.missing_packages`).
+before anything runs (`recipe.trackers.missing_packages`). A tracker is a copy of the run's record: each call to it
+waits at most ``runtime.tracker_timeout_s`` seconds, and one that fails or does not answer is dropped with one
+warning while the run goes on.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+
+from headprobe.parallel.bounded import BoundedWorker
+from headprobe.recipe import RuntimeSpec
 
 # Fields of a metrics.jsonl record that say where it belongs rather than what was measured.
 _PLACE = {"stage", "head", "step", "epoch", "time", "seed", "tap", "probe", "process"}
@@ -110,23 +116,53 @@ def mlflow_values(values: Mapping[str, Any]) -> tuple[dict[str, float], dict[str
 
 
 class Trackers:
-    """Accelerate trackers of one run; `log_record` takes metrics.jsonl records, `log_results` the final record."""
+    """Accelerate trackers of one run; `log_record` takes metrics.jsonl records, `log_results` the final record.
 
-    def __init__(self, trackers: list) -> None:
-        self.trackers = trackers
+    Each tracker's calls run on a thread of its own, each waited for at most `timeout_s` (`parallel.bounded`); a
+    tracker that fails or does not answer is dropped with one warning, and the run goes on: its results on disk are
+    the product, a tracker holds a copy."""
+
+    def __init__(self, trackers: list, timeout_s: float = RuntimeSpec.tracker_timeout_s) -> None:
+        self.timeout_s = timeout_s
         self.last_step = 0
+        self._running = [(tracker, BoundedWorker(timeout_s, f"headprobe-{tracker.name}")) for tracker in trackers]
+
+    @property
+    def trackers(self) -> list:
+        return [tracker for tracker, _ in self._running]
+
+    def start(self, name: str, recipe: Mapping[str, Any], run_path) -> None:
+        """Start the tracker `name` on a thread of its own (a failure: one warning, and the run goes without it)."""
+        worker = BoundedWorker(self.timeout_s, f"headprobe-{name}")
+        try:
+            tracker = worker.call(lambda: _start(name, recipe, run_path), "starting the run")
+        except Exception as err:
+            worker.stop()
+            _warn(name, "starting the run", err)
+            return
+        self._running.append((tracker, worker))
+
+    def _send(self, what: str, call) -> None:
+        """call(tracker) for every tracker still running, each on its own thread; one that fails is dropped."""
+        for tracker, worker in list(self._running):
+            try:
+                worker.call(lambda tracker=tracker: call(tracker), what)
+            except Exception as err:
+                self._running.remove((tracker, worker))
+                worker.stop()
+                _warn(tracker.name, what, err)
 
     def log_record(self, record: dict) -> None:
         curve = curve_values(record)
         if curve is not None and curve[0]:
             self.last_step = max(self.last_step, curve[1])
-            for tracker in self.trackers:
-                tracker.log(curve[0], step=curve[1])
+            self._send("logging a training curve", lambda tracker: tracker.log(curve[0], step=curve[1]))
 
     def log_results(self, results: Mapping[str, Any]) -> None:
         """The final values at the last training step: W&B drops anything logged at a step before its last one."""
         values = final_values(results)
-        for tracker in self.trackers:
+
+        def send(tracker) -> None:
             if tracker.name == "mlflow":
                 numbers, texts = mlflow_values(values)
                 tracker.log(numbers, step=self.last_step)
@@ -136,9 +172,19 @@ class Trackers:
             else:
                 tracker.log(values, step=self.last_step)
 
+        self._send("logging the final metrics", send)
+
     def close(self) -> None:
-        for tracker in self.trackers:
-            tracker.finish()
+        self._send("finishing the run", lambda tracker: tracker.finish())
+        for _, worker in self._running:
+            worker.stop()
+        self._running = []
+
+
+def _warn(name: str, what: str, err: Exception) -> None:
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    warnings.warn(f"report_to: {name} failed while {what} ({type(err).__name__}: {reason}); nothing more is sent to "
+                  "it, and the run goes on (its results are on disk as always).", stacklevel=3)
 
 
 def _start(name: str, recipe: Mapping[str, Any], run_path) -> Any:
@@ -161,16 +207,17 @@ def _start(name: str, recipe: Mapping[str, Any], run_path) -> Any:
 @contextmanager
 def tracking(recipe, run_dir) -> Iterator[Trackers]:
     """The trackers `recipe.report_to` names, started for `run_dir` (main process only: the one that writes) and
-    fed its metrics.jsonl records while the block runs; finished when it ends, however it ends."""
+    fed its metrics.jsonl records while the block runs; finished when it ends, however it ends. Each call waits at
+    most ``recipe.runtime.tracker_timeout_s`` seconds (recorded with the recipe)."""
     names = list(getattr(recipe, "report_to", None) or [])
     if not names or not run_dir.writable:
         yield Trackers([])
         return
     plain = recipe.to_dict()
-    trackers = Trackers([])
+    trackers = Trackers([], timeout_s=recipe.runtime.tracker_timeout_s)
     try:
         for name in names:
-            trackers.trackers.append(_start(name, plain, run_dir.path))
+            trackers.start(name, plain, run_dir.path)
         run_dir.sinks.append(trackers.log_record)
         yield trackers
     finally:

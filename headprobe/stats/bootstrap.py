@@ -217,10 +217,11 @@ def resampled_means(values: torch.Tensor, resamples: Resamples) -> torch.Tensor:
 
 
 def percentile_interval(boot: torch.Tensor, level: float = 1 - ALPHA) -> list[float]:
-    """The central `level` percentile interval [low, high] of bootstrap replicates boot: (n_boot,)."""
+    """The central `level` percentile interval [low, high] of bootstrap replicates boot: (n_boot,); of each row
+    for boot (..., n_boot), as nested lists (..., 2)."""
     tail = (1 - level) / 2
-    low, high = torch.quantile(boot.double(), torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
-    return [low, high]
+    bounds = torch.quantile(boot.double(), torch.tensor([tail, 1 - tail], dtype=torch.float64), dim=-1)
+    return bounds.movedim(0, -1).tolist()
 
 
 def bootstrap_p_value(boot: torch.Tensor) -> float:

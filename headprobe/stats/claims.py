@@ -29,8 +29,8 @@ one, said so). Answers are read at two-sided α = 0.05 after Holm's correction a
   "gained" above +m, "undecided" otherwise.
 
 A recipe may override a question's primary measure (among the question's own measures) or margin:
-``claims: {Q-class: {margin: 0.03}, Q-aug: {primary: rotation.mlp.acc}}``; the override is recorded. Another
-question (e.g. one across runs) is one more `Question` in `QUESTIONS` with the same record.
+``claims: {Q-class: {margin: 0.03}, Q-aug: {primary: rotation.mlp.acc}}``; the override is recorded. The answers
+across the runs of a head ablation (`stats.cross_run`) ask the same questions of arms, through `answer_heads`.
 
 >>> QUESTIONS["Q-class"].margin, QUESTIONS["Q-aug"].primary
 (0.02, 'rotation.acc')
@@ -59,7 +59,8 @@ class Question:
     """key: "Q-aug"; asks: the question; finding: what a "yes" says of a head ("discards augmentation
     information"); primary: the measure answering it; kind: DIRECTION or EQUIVALENCE; predicted: the sign of
     head − backbone the buffer claim predicts (−1 lower, +1 higher; 0 for an equivalence); margin: the smallest
-    change that counts (direction) or the equivalence bound, in the primary's units.
+    change that counts (direction) or the equivalence bound, in the primary's units; subject: what is compared
+    with the backbone ("the head"), family: what one Holm correction runs across ("heads").
 
     Which measures bear on it is what the probes declare of their metrics (`probes.declaration.Metric`: `answers`,
     `shown_with`), read through the registry: `candidates` may be chosen as primary, `secondary` are shown with
@@ -72,6 +73,8 @@ class Question:
     kind: str
     predicted: int
     margin: float
+    subject: str = "the head"
+    family: str = "heads"
 
     @property
     def candidates(self) -> tuple[Metric, ...]:
@@ -143,17 +146,27 @@ def interval_rule() -> str:
 
 
 def answer_rule(question: Question) -> str:
-    m = question.margin
+    m, family = question.margin, question.family
     if question.kind == EQUIVALENCE:
         return (f"equivalent: the 95% interval lies inside ±{m:g}; lost: below −{m:g}; gained: above +{m:g} "
-                "(each resolved at α = 0.05 after Holm across this question's heads); undecided otherwise")
+                f"(each resolved at α = 0.05 after Holm across this question's {family}); undecided otherwise")
     side = "lower" if question.predicted < 0 else "higher"
     beyond = f" by more than {m:g}" if m else ""
-    return (f"yes: the head reads {side}{beyond}, resolved (95% interval, α = 0.05 after Holm across this "
-            "question's heads); no: resolved the other way; undecided otherwise")
+    return (f"yes: {question.subject} reads {side}{beyond}, resolved (95% interval, α = 0.05 after Holm across "
+            f"this question's {family}); no: resolved the other way; undecided otherwise")
 
 
-def _decide(question: Question, change) -> tuple[str, float | None]:
+def question_entry(question: Question, override: dict | None = None, rule: str | None = None) -> dict:
+    """A question's record before its answers: asks, primary, kind, predicted, margin, interval_rule (`rule`, by
+    default `interval_rule()`), answer_rule and the recipe's override where there is one."""
+    predicted = "no change" if question.predicted == 0 else \
+        f"{'lower' if question.predicted < 0 else 'higher'} at {question.subject}"
+    entry = {"asks": question.asks, "primary": question.primary, "kind": question.kind, "predicted": predicted,
+             "margin": question.margin, "interval_rule": rule or interval_rule(), "answer_rule": answer_rule(question)}
+    return entry | ({"override": dict(override)} if override else {})
+
+
+def decide(question: Question, change) -> tuple[str, float | None]:
     """(the answer this head's interval points to, its p-value), before the Holm correction."""
     c, m = change.change, question.margin
     if change.p_value() is None:
@@ -172,9 +185,12 @@ def _decide(question: Question, change) -> tuple[str, float | None]:
     return "undecided", 1.0
 
 
-def _matching(patterns: tuple[str, ...], names: list[str]) -> list[str]:
+def secondary_measures(question: Question, names: list[str]) -> list[str]:
+    """The names among `names` of the measures shown with the question (its `secondary` patterns, in their order),
+    its primary left out."""
     out: list[str] = []
-    for pattern in patterns:
+    names = [n for n in names if n != question.primary]
+    for pattern in question.secondary:
         out += [n for n in names if re.fullmatch(pattern, n) and n not in out]
     return out
 
@@ -185,7 +201,8 @@ def _finite(value) -> bool:
 
 def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric: str, seed: int = 0):
     """`retraining.Change` of `metric` from the backbone to `tap`, or None when either tap lacks it. A tap probed
-    per seed (taps[tap]["seeds"]) uses each seed's value and per-unit statistic (per_unit["TAP.seed-S"])."""
+    per seed (taps[tap]["seeds"]) uses each seed's value and per-unit statistic (per_unit["TAP.seed-S"]); where the
+    backbone was tuned per seed too (taps["backbone"]["seeds"]), each seed's head is compared with its own."""
     from .retraining import change_interval
 
     b, record = taps["backbone"]["metrics"].get(metric), taps[tap]
@@ -193,51 +210,111 @@ def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric:
         return None
     seeds = record.get("seeds") or {}
     values = [seeds[s]["metrics"].get(metric) for s in seeds]
+    b_stat = per_unit.get("backbone", {}).get(metric)
     if len(seeds) > 1 and all(_finite(v) for v in values):
         stats = [per_unit.get(f"{tap}.seed-{s}", {}).get(metric) for s in seeds]
+        own = taps["backbone"].get("seeds") or {}
+        if own:  # the paper's regime: each seed's head against the backbone tuned with it
+            b = [own[s]["metrics"].get(metric) for s in seeds]
+            if not all(_finite(v) for v in b):
+                return None
+            b_stat = [per_unit.get(f"backbone.seed-{s}", {}).get(metric) for s in seeds]
+            b_stat = b_stat if all(x is not None for x in b_stat) else None
     else:
         values, stats = [record["metrics"][metric]], [per_unit.get(tap, {}).get(metric)]
-    return change_interval(b, values, per_unit.get("backbone", {}).get(metric),
-                           stats if all(x is not None for x in stats) else None, resamples, seed)
+    return change_interval(b, values, b_stat, stats if all(x is not None for x in stats) else None, resamples, seed)
+
+
+def apply_holm(heads: dict[str, dict], p_values: dict[str, float]) -> None:
+    """Holm's correction across one family of answers (the heads, or the arms, of one question; never across
+    questions or metrics): each record of `p_values`' keys gets p_holm, and its answer becomes "undecided" where
+    p_holm ≥ α."""
+    from headprobe.stats.bootstrap import ALPHA, holm
+
+    for head, p_holm in holm(p_values).items():
+        heads[head]["p_holm"] = p_holm
+        if p_holm >= ALPHA:
+            heads[head]["answer"] = "undecided"
+
+
+def answer_heads(question: Question, measured: dict[str, dict]) -> dict[str, dict]:
+    """Each head's (or arm's) answer to one question from its primary's change, `decide` then `apply_holm` across
+    them all, as `answer_questions` answers a run's heads. measured: {head: {"tap": the tap compared, "change": the
+    primary's `retraining.Change` or None (not measured), "secondary": {metric: Change.record()}}} -> {head: the
+    change's record, "tap", "answer", "p", "p_holm", "secondary", "line"}; a head whose primary was not measured
+    answers NOT_MEASURED (left out when it has no secondary measure either)."""
+    heads, p_values = {}, {}
+    for head, item in measured.items():
+        change, secondary = item["change"], item.get("secondary") or {}
+        if change is None:  # no answer; the secondary measures are still shown
+            if secondary:
+                heads[head] = {"tap": item["tap"], "answer": NOT_MEASURED, "secondary": secondary}
+            continue
+        answer, p = decide(question, change)
+        heads[head] = {"tap": item["tap"], **change.record(), "answer": answer, "p": p, "p_holm": None,
+                       "secondary": secondary}
+        if p is not None:
+            p_values[head] = p
+    apply_holm(heads, p_values)
+    for head, record in heads.items():
+        record["line"] = answer_line(question, head, record)
+    return heads
 
 
 def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict[str, str],
-                     overrides: dict | None = None, seed: int = 0) -> dict:
+                     overrides: dict | None = None, seed: int = 0, nulls: dict[str, str] | None = None,
+                     null_heads: tuple[str, ...] = ()) -> dict:
     """results.json["claims"]: per question its primary, margin, rules and, per head (compared: {head: the tap it
     is compared at}), the primary change with its interval, p, p_holm, the answer, its one-line sentence and the
     secondary measures' changes (a head without the primary: answer NOT_MEASURED and its secondary measures).
     taps: results["taps"]; per_unit: {"TAP" | "TAP.seed-S": {metric: statistic}}; resamples: {unit: Resamples}
-    shared by every tap; seed: the seeds' bootstrap draws."""
-    from headprobe.stats.bootstrap import ALPHA, holm
+    shared by every tap; seed: the seeds' bootstrap draws; nulls: {head: its null head}; null_heads: the heads that are
+    nulls (`recipe.null_heads`).
+
+    A head with a null also gets `vs_null`, its change against the null's (`stats.against_null`), and a direction
+    question is decided on that (`decided_on`): "more invariant" means more invariant than the same head untrained.
+    The equivalence question stays decided on head − backbone (it asks what the backbone's information became) and
+    shows the change against the null beside it. The null heads are answered too, as a family of their own for Holm."""
+    from headprobe.stats.against_null import change_against, null_record
+
+    nulls = {h: n for h, n in (nulls or {}).items() if h in compared and n in compared}
+    null_heads = set(null_heads) | set(nulls.values())
 
     out = {}
     for question in questions(overrides):
-        entry = {"asks": question.asks, "primary": question.primary, "kind": question.kind,
-                 "predicted": {-1: "lower at the head", 1: "higher at the head", 0: "no change"}[question.predicted],
-                 "margin": question.margin, "interval_rule": interval_rule(), "answer_rule": answer_rule(question)}
-        if (overrides or {}).get(question.key):
-            entry["override"] = dict(overrides[question.key])
+        entry = question_entry(question, (overrides or {}).get(question.key))
         heads, p_values = {}, {}
         for head, tap in compared.items():
             if tap not in taps or "backbone" not in taps:
                 continue
-            names = [m for m in taps[tap]["metrics"] if m != question.primary]
-            secondary = {m: c.record() for m in _matching(question.secondary, names)
+            secondary = {m: c.record() for m in secondary_measures(question, list(taps[tap]["metrics"]))
                          if (c := metric_change(taps, per_unit, resamples, tap, m, seed))}
             change = metric_change(taps, per_unit, resamples, tap, question.primary, seed)
             if change is None:  # no answer; the secondary measures are still shown
                 if secondary:
                     heads[head] = {"tap": tap, "answer": NOT_MEASURED, "secondary": secondary}
                 continue
-            answer, p = _decide(question, change)
+            answer, p = decide(question, change)
             heads[head] = {"tap": tap, **change.record(), "answer": answer, "p": p, "p_holm": None,
-                           "secondary": secondary}
+                           "secondary": secondary, "decided_on": "head − backbone"}
+            if head in null_heads:
+                heads[head]["is_null"] = True
+            against = (change_against(taps, per_unit, resamples, tap, compared[nulls[head]], question.primary, seed)
+                       if head in nulls else None)
+            if against is not None:
+                vs_answer, vs_p = decide(question, against)
+                heads[head]["vs_null"] = null_record(against, nulls[head], compared[nulls[head]]) | {
+                    "answer": vs_answer, "p": vs_p}
+                if question.kind == DIRECTION:
+                    heads[head].update(answer=vs_answer, p=vs_p, decided_on="head − null")
+                    p = vs_p
+            elif head in nulls:
+                heads[head]["vs_null"] = {"null": nulls[head], "unavailable": f"{question.primary} not at both taps"}
             if p is not None:
                 p_values[head] = p
-        for head, p_holm in holm(p_values).items():
-            heads[head]["p_holm"] = p_holm
-            if p_holm >= ALPHA:
-                heads[head]["answer"] = "undecided"
+        for family in ({h: p for h, p in p_values.items() if h not in null_heads},
+                       {h: p for h, p in p_values.items() if h in null_heads}):
+            apply_holm(heads, family)
         for head, record in heads.items():
             record["line"] = answer_line(question, head, record)
         entry["heads"] = heads
@@ -294,5 +371,23 @@ def answer_line(question: Question, head: str, record: dict) -> str:
     if record.get("interval") == "test images only":
         size += " (interval over the test images only)"
     return (f"{question.key}: {head_phrase(head)} {question.finding} ({metric}{margin}): "
-            f"{in_units(metric, record['change'], signed=True)}{points}{interval}, {size} — {record['answer']}"
-            f"{_holm_note(record)}")
+            f"{in_units(metric, record['change'], signed=True)}{points}{interval}{_null_clause(metric, record)}, "
+            f"{size} — {record['answer']}{_holm_note(record)}")
+
+
+def _null_clause(metric: str, record: dict) -> str:
+    """"; against its null relu.init: −3.1 points [−5.0, −1.2] (decides)", or where the recipe has no null heads
+    nothing (a null head's own line says it is one)."""
+    if record.get("is_null"):
+        return " (a null head: never trained)"
+    vs = record.get("vs_null")
+    if not vs:
+        return ""
+    if "change" not in vs:
+        return f"; against its null {vs['null']}: not measured"
+    points = " points" if metric.endswith(".acc") else ""
+    ci = vs.get("ci95")
+    interval = f" [{in_units(metric, ci[0])}, {in_units(metric, ci[1])}]" if ci else " (no interval)"
+    decides = " (decides)" if record.get("decided_on") == "head − null" else ""
+    return f" vs the backbone; {in_units(metric, vs['change'], signed=True)}{points}{interval} against its null " \
+           f"{vs['null']}{decides}"

@@ -1,52 +1,86 @@
-"""Taps compared across runs: z of run A vs z of run B, paired on the same test images, over seeds.
+"""Claim 5 across runs: the arms and seeds of a head ablation, and the per-arm answers of `headprobe claims`.
 
 The buffer claim in the paper's own regime is causal: "the backbone trained with a depth-d head keeps more
 augmentation / class information and is less invariant than the one trained without a head" (the guillotine
-experiment: SimCLR's Table 3, Guillotine Regularization). Within one run, backbone and head taps are paired on the
-same test images (`stats`); across runs they can be too, when the runs probed the same test images and views: the
-same data (source, fingerprint, limit, split seed) and, per seed, the same held-out views. Each run keeps its
-probes' per-image values in ``per_unit/TAP.safetensors`` (`stats.save_per_unit`).
+experiment: SimCLR's Table 3, Guillotine Regularization). With `backbone.tune: full` each seed is its own run, so
+the answer pools runs: `group_runs` sorts a sweep's runs into arms (their head configuration) keyed by seed, the
+"no head" arm (identity heads) the reference. Runs of one seed probed the same test images and views (the same
+data, the same held-out views: `check_same_units`), and each keeps its probes' per-image values in
+``per_unit/TAP.safetensors`` (`stats.save_per_unit`), so across runs the taps pair up image by image. A run that
+tuned its backbone once per seed (`seeds: [0, 1, 2]` with `backbone.tune`: per-seed taps, ``TAP.seed-S``) counts
+as its seeds, each the run with that one seed.
 
-`group_runs` sorts a sweep's runs into arms (their head configuration) keyed by seed; `cross_run_difference`
-takes the runs of two arms that share a seed, and estimates mean_s [m(A_s) − m(B_s)] (m: the metric of a tap) with
-a two-level bootstrap: each replicate draws the seeds with replacement and, within each drawn seed, the test
-images (the same draw for A and B: paired); a ratio (`view_spread_rel`) is recomputed on each resample. With few
-seeds the seed level is coarse, so the record also gives the t interval over the per-seed differences and each
-seed's own paired interval over images. `compare_arms` does it for every metric two taps share, with the direction
-the buffer claim predicts and a Holm correction over those metrics; a difference is resolved only where the t
-interval over seeds agrees with the bootstrap.
+`cross_run_answers` answers, per arm, the questions of `stats.claims` with the same machinery (`answer_heads`:
+the primary measure decides, Holm across the arms of one question, never across metrics; k-NN accuracies, label
+MI and the other secondary measures are descriptions):
 
->>> arms = group_runs(["runs/sweep/a", "runs/sweep/b"])  # doctest: +SKIP
->>> compare_arms(arms["mlp d2"], arms["no head"], tap="backbone")["metrics"]["rotation.acc"]["ci95"]  # doctest: +SKIP
+- **within the arm** ("within"): z → h at each run's head output tap, pooled over the arm's runs, each seed
+  against its own backbone; the questions of `stats.claims.QUESTIONS` as they are;
+- **across runs** ("across"): the arm's backbone minus the no-head backbone of the same seed, paired on the same
+  test images; Q-aug "keeps more augmentation information" (`rotation.acc` predicted higher), Q-inv "is less
+  invariant" (`view_spread_rel` higher), Q-class "keeps the class information" (the equivalence on `linear.acc`
+  with its margin).
+
+Both use `stats.retraining.change_interval` with one reference per seed: the wider of the crossed bootstrap
+(seeds drawn with replacement and ONE resample of the units read by every drawn seed and both runs of a seed:
+`retraining.hierarchical_replicates`) and the t interval over the per-seed differences; an image's effect that
+repeats in every seed then counts once per replicate (tests/test_cross_run_coverage.py: ≥ 95% coverage of a zero
+difference whether images or seeds dominate, against 91% with an independent image draw per seed).
+
+>>> answers = cross_run_answers(["runs/sweep/a", "runs/sweep/b"])  # doctest: +SKIP
+>>> answers["across"]["Q-aug"]["arms"]["mlp d2 relu bn"]["answer"]  # doctest: +SKIP
+'yes'
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import torch
-
-from headprobe.stats.bootstrap import (
-    ALPHA,
-    N_BOOT,
-    bootstrap_p_value,
-    bootstrap_resamples,
-    holm,
-    load_per_unit,
-    n_units,
-    percentile_interval,
-    seed_interval,
+from headprobe.stats.bootstrap import N_BOOT, bootstrap_resamples, load_per_unit, n_units
+from headprobe.stats.claims import (
+    Question,
+    answer_heads,
+    answer_line,
+    question_entry,
+    questions,
+    secondary_measures,
 )
+from headprobe.stats.retraining import Change, change_interval
 
-# Metrics the claim predicts to be HIGHER at the backbone trained with a head than without: more augmentation
-# information (rotation), more class information, less invariance (a larger relative view spread).
-PREDICTED_HIGHER = ("rotation.acc", "rotation.mlp.acc", "linear.acc", "mi.label", "view_spread_rel")
-PREDICTED_PREFIX = ("knn.",)
+REFERENCE = "no head"
+MORE_SEEDS = "run the sweep with seed: [0, 1, 2]"
 # What must match for two runs to have probed the same test images and views.
 SAME_DATA = ("source", "fingerprint", "limit", "split_seed", "n_test")
 SAME_VIEWS = ("split", "n_images", "views", "seed")
+# The questions across runs: what a "yes" says of the backbone trained with a head, and the sign predicted.
+ACROSS = {
+    "Q-aug": ("Does the backbone trained with the head keep more augmentation information than the no-head "
+              "backbone of the same seed?", "keeps more augmentation information than the no-head backbone", 1),
+    "Q-inv": ("Is the backbone trained with the head less invariant than the no-head backbone of the same seed?",
+              "is less invariant than the no-head backbone", 1),
+    "Q-class": ("Does the backbone trained with the head keep the class information of the no-head backbone of the "
+                "same seed?", "keeps the class information of the no-head backbone", 0),
+}
+_INTERVAL = ("95% interval: the wider of a crossed bootstrap (seeds drawn with replacement and one resample of the "
+             "test images read by every drawn seed, paired per seed) and a t interval over the per-seed changes; "
+             "with one seed the paired bootstrap over test images only; without per-image values the t interval "
+             "over seeds")
+ACROSS_RULE = ("change = the backbone of the run trained with the head − the no-head backbone of the same seed, on "
+               "the same test images, averaged over the seeds both arms ran; " + _INTERVAL)
+WITHIN_RULE = ("change = head − backbone at each run's head output tap, averaged over the arm's runs (one per "
+               "seed, each against its own backbone); " + _INTERVAL)
+
+
+def across_questions(overrides: dict | None = None) -> list[Question]:
+    """The questions asked of the backbone trained with a head against the no-head backbone (`ACROSS`), with the
+    runs' `claims:` overrides (primary, margin) applied."""
+    return [dataclasses.replace(q, asks=ACROSS[q.key][0], finding=ACROSS[q.key][1], predicted=ACROSS[q.key][2],
+                                subject="the backbone trained with the head", family="arms")
+            for q in questions(overrides)]
 
 
 def arm_label(results: dict) -> str:
@@ -68,16 +102,24 @@ def arm_label(results: dict) -> str:
     return " + ".join(words)
 
 
+def tuned_seeds(results: dict) -> list[int] | None:
+    """The seeds of a run whose backbone was tuned once per seed (`seeds: [0, 1, 2]` with `backbone.tune`: per-seed
+    backbone taps, taps["backbone"]["seeds"]); None for a run with one backbone."""
+    seeds = (((results.get("taps") or {}).get("backbone") or {}).get("seeds")) or {}
+    return sorted(int(s) for s in seeds) if len(seeds) > 1 else None
+
+
 def run_arms(run_dirs: Sequence[str | Path]) -> list[tuple[str, int, Path]]:
     """(arm label, seed, run directory) of each finished run (results.json with "status": "complete" and a recipe
-    seed); other runs are left out."""
+    seed), once per seed for a run that tuned its backbone per seed (`tuned_seeds`: seed s of it is the run with
+    seeds: [s]); other runs are left out."""
     out = []
     for path in map(Path, run_dirs):
         results = json.loads((path / "results.json").read_text())
         seed = (results.get("recipe") or {}).get("seed")
         label = arm_label(results)
         if results.get("status") == "complete" and isinstance(seed, int) and label:
-            out.append((label, seed, path))
+            out += [(label, s, path) for s in tuned_seeds(results) or [seed]]
     return out
 
 
@@ -108,123 +150,140 @@ def check_same_units(a: Path, b: Path) -> None:
                              f"{va.get(field)!r} vs {vb.get(field)!r}); pair runs of the same seed.")
 
 
-def tap_values(run: Path, tap: str) -> dict:
-    """The per-unit statistics of `tap` in a run (`stats.load_per_unit`); a ValueError when there are none."""
-    path = run / "per_unit" / f"{tap}.safetensors"
-    values = load_per_unit(path)
-    if not values:
-        raise ValueError(f"{path} is missing or unreadable: run {run} kept no per-image values for tap {tap!r}; "
-                         "pick a tap the run probed (see its results.json 'taps').")
-    return values
+def tap_record(run: Path, tap: str, seed: int | None = None) -> tuple[dict[str, float], dict]:
+    """(metrics, per-unit statistics) of `tap` in a run, of its seed `seed` where the run tuned its backbone per seed
+    (`tuned_seeds`): results.json's metrics (a per-unit store's means where results.json has none) and
+    ``per_unit/TAP.safetensors`` (``TAP.seed-S``; {} when missing: those metrics get the t interval over seeds); a
+    ValueError when the run has neither."""
+    results = json.loads((Path(run) / "results.json").read_text())
+    record = (results.get("taps") or {}).get(tap) or {}
+    if seed is not None and tuned_seeds(results):
+        record, tap = (record.get("seeds") or {}).get(str(seed)) or {}, f"{tap}.seed-{seed}"
+    stats = load_per_unit(Path(run) / "per_unit" / f"{tap}.safetensors")
+    recorded = record.get("metrics") or {}
+    metrics = {m: x.value() for m, x in stats.items()} | recorded
+    metrics = {m: v for m, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and math.isfinite(v)}
+    if not metrics:
+        raise ValueError(f"run {run} has no metrics for tap {tap!r}; pick a tap the run probed (see its "
+                         "results.json 'taps').")
+    return metrics, stats
 
 
-def cross_run_difference(pairs: Sequence[tuple[int, dict, dict]], metric: str, n_boot: int = N_BOOT,
-                         seed: int = 0) -> dict:
-    """mean_s [m(A_s) − m(B_s)] over pairs (seed, statistics of A, statistics of B) for one metric, paired on units.
-
-    Returns {"a", "b" (seed means), "difference", "ci95" (two-level bootstrap: seeds with replacement, then units
-    within each, the same units for A and B), "p" (its two-sided bootstrap p-value), "ci95_seeds" (t interval over
-    the per-seed differences; null with one seed), "per_seed" [{"seed", "a", "b", "difference", "ci95_images"}],
-    "n_seeds", "n_units", "unit", "n_boot", "method"}."""
+def paired_changes(pairs: Sequence[tuple[int, tuple[dict, dict], tuple[dict, dict]]], n_boot: int = N_BOOT,
+                   seed: int = 0, compared: str = "each seed's backbone against the no-head backbone of its seed"
+                   ) -> dict[str, Change]:
+    """{metric: `retraining.Change`} of mean_s [m(A_s) − m(B_s)] for every metric all the pairs measured; pairs:
+    (seed, `tap_record` of A, `tap_record` of B) of the runs of one seed. One resample of each kind of unit is
+    drawn for every seed and both runs (the crossed bootstrap, `change_interval` with one reference per seed);
+    compared: what is compared with what, in the interval's `how`."""
     if not pairs:
-        raise ValueError(f"no pair of runs shares a seed for {metric!r}; run both arms with the same seeds.")
-    per_seed, replicates = [], []
-    for s, a, b in pairs:
-        if a.unit != b.unit or n_units(a) != n_units(b):
-            raise ValueError(f"{metric} at seed {s}: {n_units(a)} {a.unit} vs {n_units(b)} {b.unit}; the runs did "
-                             "not measure the same units.")
-        resamples = bootstrap_resamples(n_units(a), n_boot, seed=seed + 7919 * s)
-        diff = resamples.replicates_of(a) - resamples.replicates_of(b)
-        replicates.append(diff)
-        per_seed.append({"seed": s, "a": a.value(), "b": b.value(), "difference": a.value() - b.value(),
-                         "ci95_images": percentile_interval(diff)})
-    stacked = torch.stack(replicates)  # (S, n_boot)
-    k = len(pairs)
-    gen = torch.Generator().manual_seed(seed + 1)
-    drawn = torch.randint(k, (k, n_boot), generator=gen)
-    # Position i of a replicate reads its seed's image resample from its own permutation of the replicates, so a
-    # seed drawn twice gets two independent image resamples.
-    columns = torch.stack([torch.randperm(n_boot, generator=gen) for _ in range(k)])
-    boot = stacked[drawn, columns].mean(0) if k > 1 else stacked[0]
-    differences = [p["difference"] for p in per_seed]
-    return {
-        "a": sum(p["a"] for p in per_seed) / k, "b": sum(p["b"] for p in per_seed) / k,
-        "difference": sum(differences) / k, "ci95": percentile_interval(boot), "p": bootstrap_p_value(boot),
-        "ci95_seeds": seed_interval(differences)["ci95"] if k > 1 else None, "per_seed": per_seed,
-        "n_seeds": k, "n_units": n_units(pairs[0][1]), "unit": pairs[0][1].unit, "n_boot": n_boot,
-        "method": f"two-level bootstrap: {k} seed(s) drawn with replacement, then the {pairs[0][1].unit} within each "
-                  "(the same draw for both runs: paired); ratios recomputed per resample; percentile interval",
-    }
-
-
-def predicted_higher(metric: str) -> bool:
-    """Whether the claim predicts the metric higher at the backbone trained with a head (else: a description)."""
-    return metric in PREDICTED_HIGHER or (metric.startswith(PREDICTED_PREFIX) and metric.endswith(".acc"))
-
-
-def compare_arms(runs_a: Mapping[int, Path], runs_b: Mapping[int, Path], tap: str = "backbone",
-                 tap_b: str | None = None, metrics: Sequence[str] | None = None, n_boot: int = N_BOOT) -> dict:
-    """Every metric `tap` of arm A and `tap_b` (default the same) of arm B share, on the seeds both arms ran:
-    {"tap_a", "tap_b", "seeds", "metrics": {metric: `cross_run_difference` + "claim" ("higher with a head" or
-    "description") and, for evidence, "p_holm" and "resolved" ("for" / "against": Holm-adjusted p < 0.05 over the
-    evidence metrics, and both the bootstrap interval and, with 2+ seeds, the t interval over seeds exclude 0;
-    else "unresolved")}}."""
-    tap_b = tap_b or tap
-    seeds = sorted(set(runs_a) & set(runs_b))
-    if not seeds:
-        raise ValueError(f"the arms share no seed (A: {sorted(runs_a)}, B: {sorted(runs_b)}); run both with the "
-                         "same seeds.")
-    for s in seeds:
-        check_same_units(runs_a[s], runs_b[s])
-    values = {s: (tap_values(runs_a[s], tap), tap_values(runs_b[s], tap_b)) for s in seeds}
-    shared = set.intersection(*(set(a) & set(b) for a, b in values.values()))
-    names = [m for m in (metrics or sorted(shared)) if m in shared]
-    out = {}
+        raise ValueError("no pair of runs shares a seed; run both arms with the same seeds.")
+    names = [m for m in pairs[0][1][0] if all(m in a[0] and m in b[0] for _, a, b in pairs)]
+    drawn, out = {}, {}  # (unit, n) -> Resamples: one draw per kind of unit, read by every metric, seed and run
     for m in names:
-        record = cross_run_difference([(s, values[s][0][m], values[s][1][m]) for s in seeds], m, n_boot)
-        record["claim"] = "higher with a head" if predicted_higher(m) else "description"
-        out[m] = record
-    evidence = {m: r["p"] for m, r in out.items() if r["claim"] != "description"}
-    for m, p in holm(evidence).items():
-        # With few seeds, resampling them gives a narrow interval (3 seeds: 10 distinct draws), so a difference
-        # counts only where the t interval over the per-seed differences excludes 0 too.
-        intervals = [out[m]["ci95"]] + ([out[m]["ci95_seeds"]] if out[m]["ci95_seeds"] else [])
-        resolved = p < ALPHA and all(not (low <= 0 <= high) for low, high in intervals)
-        out[m]["p_holm"] = p
-        out[m]["resolved"] = ("for" if out[m]["difference"] > 0 else "against") if resolved else "unresolved"
-    return {"tap_a": tap, "tap_b": tap_b, "seeds": seeds, "metrics": out}
+        stats_a, stats_b = [a[1].get(m) for _, a, _ in pairs], [b[1].get(m) for _, _, b in pairs]
+        per_unit = all(x is not None for x in stats_a + stats_b)
+        resamples = {}
+        if per_unit:
+            units = {(x.unit, n_units(x)) for x in stats_a + stats_b}
+            if len(units) > 1:
+                raise ValueError(f"{m}: the runs measured different units ({sorted(units)}); pair runs of one "
+                                 "recipe that differ only in their heads.")
+            unit, n = key = units.pop()
+            if key not in drawn:
+                drawn[key] = bootstrap_resamples(n, n_boot, seed)
+            resamples[unit] = drawn[key]
+        out[m] = change_interval([b[0][m] for _, _, b in pairs], [a[0][m] for _, a, _ in pairs],
+                                 stats_b if per_unit else None, stats_a if per_unit else None, resamples, seed,
+                                 reference=compared, more_seeds=MORE_SEEDS)
+    return out
 
 
-def compare_sweep(run_dirs: Sequence[str | Path], tap: str = "backbone", reference: str = "no head",
-                  n_boot: int = N_BOOT) -> dict | None:
-    """Each arm of a sweep against the reference arm ("no head") at `tap`, paired by seed and test image: {"tap",
-    "reference", "arms": {label: `compare_arms`(arm, reference)}}; None when the runs hold no reference arm or no
-    other arm sharing a seed with it, or when two runs share an arm and a seed (a sweep over something else)."""
-    keys = [(label, seed) for label, seed, _ in run_arms(run_dirs)]
+def head_taps(run: Path) -> dict[str, str]:
+    """{head: the tap its answers are read at} of a run's trained heads (results.json["claims"]; identity and null
+    heads left out); {} for a run without answers."""
+    results = json.loads((Path(run) / "results.json").read_text())
+    identity = {h.get("name") for h in (results.get("recipe") or {}).get("heads") or [] if h.get("type") == "identity"}
+    out: dict[str, str] = {}
+    for claim in (results.get("claims") or {}).values():
+        for head, record in ((claim or {}).get("heads") or {}).items():
+            if head not in identity and isinstance(record, dict) and record.get("tap") and not record.get("is_null"):
+                out.setdefault(head, record["tap"])
+    return out
+
+
+def shared_overrides(runs: Sequence[Path]) -> dict:
+    """The `claims:` overrides every run's recipe set ({} for none); a ValueError where they differ."""
+    found = {json.dumps((json.loads((Path(r) / "results.json").read_text()).get("recipe") or {}).get("claims")
+                        or {}, sort_keys=True) for r in runs}
+    if len(found) > 1:
+        raise ValueError(f"the runs set different claims: overrides ({', '.join(sorted(found))}); pool runs of one "
+                         "recipe.")
+    return json.loads(found.pop()) if found else {}
+
+
+def _answers(asked: list[Question], measured: Mapping[str, tuple[str, list[int], dict[str, Change]]], rule: str,
+             overrides: dict, subject: str | None = None) -> dict:
+    """{question: its entry and "arms": {label: the answer}} (`claims.answer_heads`, Holm across the labels);
+    measured: {label: (tap, seeds, {metric: Change})}; subject: the line's subject for a label ("{}" the label)."""
+    out = {}
+    for question in asked:
+        entry = question_entry(question, overrides.get(question.key), rule)
+        arms = answer_heads(question, {
+            label: {"tap": tap, "change": changes.get(question.primary),
+                    "secondary": {m: changes[m].record() for m in secondary_measures(question, list(changes))}}
+            for label, (tap, _, changes) in measured.items()})
+        for label, record in arms.items():
+            record["seeds"] = measured[label][1]
+            if subject:
+                record["line"] = answer_line(question, subject.format(label), record)
+        out[question.key] = entry | {"arms": arms}
+    return out
+
+
+def cross_run_answers(run_dirs: Sequence[str | Path], reference: str = REFERENCE, tap: str = "backbone",
+                      n_boot: int = N_BOOT, seed: int = 0) -> dict | None:
+    """The per-arm answers of a head ablation (module docstring): {"reference", "tap", "arms": {label: {"seeds",
+    "runs"}}, "within": {question: entry + "arms"}, "across": {question: entry + "arms"}}; None when the runs hold
+    no reference arm, no other arm sharing a seed with it, or two runs of one arm and seed (a sweep over something
+    else)."""
+    keys = [(label, s) for label, s, _ in run_arms(run_dirs)]
     if reference not in {label for label, _ in keys} or len(set(keys)) < len(keys):
-        return None  # no reference arm, or runs that differ in more than their heads and seed
+        return None
     arms = group_runs(run_dirs)
     base = arms[reference]
     others = {label: runs for label, runs in arms.items() if label != reference and set(runs) & set(base)}
     if not others:
         return None
-    return {"tap": tap, "reference": reference,
-            "arms": {label: compare_arms(runs, base, tap, n_boot=n_boot) for label, runs in others.items()}}
+    overrides = shared_overrides([path for runs in arms.values() for path in runs.values()])
+    across, within, described = {}, {}, {}
+    for label, runs in others.items():
+        seeds = sorted(set(runs) & set(base))
+        for s in seeds:
+            check_same_units(runs[s], base[s])
+        across[label] = (tap, seeds, paired_changes([(s, tap_record(runs[s], tap, s), tap_record(base[s], tap, s))
+                                                     for s in seeds], n_boot, seed))
+        taps = head_taps(runs[min(runs)])
+        for head, head_tap in taps.items():
+            name = label if len(taps) == 1 else f"{label} · {head}"
+            within[name] = (head_tap, sorted(runs), paired_changes(
+                [(s, tap_record(runs[s], head_tap, s), tap_record(runs[s], "backbone", s)) for s in sorted(runs)],
+                n_boot, seed, compared="each run's head against its own backbone"))
+        described[label] = {"seeds": seeds, "runs": {s: str(runs[s]) for s in sorted(runs)}}
+    within_questions = [dataclasses.replace(q, family="arms") for q in questions(overrides)]
+    return {"reference": reference, "tap": tap, "arms": described,
+            "within": _answers(within_questions, within, WITHIN_RULE, overrides),
+            "across": _answers(across_questions(overrides), across, ACROSS_RULE, overrides,
+                               subject="backbone trained with the {}")}
 
 
-def answer_lines(comparison: Mapping) -> list[str]:
-    """One line per (arm, evidence metric): "mlp d2 vs no head, backbone rotation.acc: +0.0310 [+0.0100, +0.0520],
-    t over seeds [+0.0050, +0.0570] (3 seeds × 400 test images) for"."""
+def answer_lines(answers: Mapping) -> list[str]:
+    """The answer lines of `cross_run_answers`, within the arms, then across runs, each part under a heading."""
     lines = []
-    for label, arm in comparison["arms"].items():
-        for metric, r in arm["metrics"].items():
-            if r["claim"] == "description":
-                continue
-            low, high = r["ci95"]
-            seeds = f"{r['n_seeds']} seed{'s' if r['n_seeds'] != 1 else ''}"
-            t = r["ci95_seeds"]
-            t_text = f", t over seeds [{t[0]:+.4f}, {t[1]:+.4f}]" if t else ""
-            lines.append(f"{label} vs {comparison['reference']}, {arm['tap_a']} {metric}: {r['difference']:+.4f} "
-                         f"[{low:+.4f}, {high:+.4f}]{t_text} ({seeds} × {r['n_units']} {r['unit']}) {r['resolved']}")
+    for part, heading in (("within", "within each arm, pooled over its runs (z → h):"),
+                          ("across", f"across runs, each arm's {answers['tap']} against the {answers['tap']} of the "
+                                     f"{answers['reference']} arm of the same seed:")):
+        found = [record["line"] for claim in answers[part].values() for record in claim["arms"].values()]
+        lines += [heading, *found] if found else []
     return lines
-

@@ -97,10 +97,13 @@ def _paired_difference(backbone: torch.Tensor, head: torch.Tensor) -> torch.Tens
     return torch.where(difference.abs() <= ROUNDOFF * (b.abs() + h.abs()), 0.0, difference)
 
 
-def _seed_margins(before: dict, seeds: dict[str, dict], metric: str) -> list[float]:
-    """The margin of `metric` at each seed's retrained head (the backbone is the same for every seed)."""
+def _seed_margins(backbone: dict, seeds: dict[str, dict], metric: str) -> list[float]:
+    """The margin of `metric` at each seed's retrained head, against the backbone (tap record `backbone`; its own
+    seed's where the backbone was tuned per seed)."""
     margins = []
-    for record in seeds.values():
+    own = backbone.get("seeds") or {}
+    for seed, record in seeds.items():
+        before = own[seed]["metrics"] if own else backbone["metrics"]
         pieces = _pieces(before, record.get("metrics", {}))
         if metric in pieces:
             b, h, sign, _ = pieces[metric]
@@ -167,7 +170,7 @@ def buffer_verdict(taps: dict, head: str, samples: dict[str, dict[str, PerUnit]]
             entry |= {"ci95": percentile_interval(boot), "method": f"paired bootstrap over {pb.unit}",
                       "n_boot": int(boot.numel())}
             p_values[metric] = entry["p"] = bootstrap_p_value(boot)
-        elif len(margins := _seed_margins(before, taps[head].get("seeds") or {}, metric)) >= 2:
+        elif len(margins := _seed_margins(taps["backbone"], taps[head].get("seeds") or {}, metric)) >= 2:
             entry |= _seed_test(margins)
             p_values[metric] = entry["p"]
         else:

@@ -1,5 +1,8 @@
 """The rotation probe (the paper's "guillotine" measurement): 4-way rotation prediction (0/90/180/270°) from each
-tap, by a linear (logistic) probe and a one-hidden-layer MLP probe, scored per test image.
+tap, by a linear (logistic) probe and a one-hidden-layer MLP probe, scored per test image. The linear probe is
+`linear_probe`'s whitened one (`rotation.acc`, Q-aug's primary: no invertible linear map of the features moves it
+beyond rounding); the standardised one, `rotation.acc` before whitening, is the description
+`rotation.standardized.acc` (`standardized_probe: false` skips it).
 
 Rows of rotated copies: `stages.extract_features` stacks the N images of a split at 0°, 90°, 180° and 270°, angle
 by angle: row r holds image r mod N rotated by 90°·(r div N), and its label is r div N. The probe splits, and its
@@ -26,6 +29,8 @@ class RotationSpec:
     C_grid: list[float] | None = field(default=None, metadata=POSITIVE)
     mlp_hidden: int = field(default=256, metadata=at_least(1))
     mlp_epochs: int = field(default=100, metadata=at_least(1))
+    # Also fit the linear probe on standardised features: the description rotation.standardized.acc.
+    standardized_probe: bool = True
 
 
 def check_rotation(options: RotationSpec, train: TrainImages) -> None:
@@ -62,10 +67,11 @@ def per_image_accuracy(correct: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     return torch.zeros(n, dtype=torch.float64).index_add_(0, image, correct.detach().cpu().double()) / ANGLES
 
 
-def measure_rotation(tap: TapData, *, C_grid: list[float] | None, mlp_hidden: int, mlp_epochs: int
-                     ) -> ProbeOutput:
-    """4-way rotation prediction (0/90/180/270°, chance 0.25) from each tap: a linear (logistic) probe with
-    C chosen on validation, and a one-hidden-layer MLP probe — the paper's "guillotine" measurement."""
+def measure_rotation(tap: TapData, *, C_grid: list[float] | None, mlp_hidden: int, mlp_epochs: int,
+                     standardized_probe: bool) -> ProbeOutput:
+    """4-way rotation prediction (0/90/180/270°, chance 0.25) from each tap: a linear (logistic) probe on the
+    whitened features with C chosen on validation (and, with `standardized_probe`, the same on standardised
+    features), and a one-hidden-layer MLP probe — the paper's "guillotine" measurement."""
     from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
 
     from ..linear import linear_probe
@@ -76,24 +82,35 @@ def measure_rotation(tap: TapData, *, C_grid: list[float] | None, mlp_hidden: in
     kwargs = {"C_grid": C_grid} if C_grid else {}
     # The 4 rotated copies of one image are near-duplicates: C is chosen on a validation split by image.
     groups = rotated_image_index(tap.rotated_train_y)
-    lin = linear_probe(tap.rotated_train_x, tap.rotated_train_y, tap.rotated_test_x, tap.rotated_test_y,
-                       val_fraction=tap.val_fraction, seed=tap.seed, groups=groups, **kwargs)
     y_test = tap.rotated_test_y.cpu()
+    linear = {"rotation.acc": linear_probe(tap.rotated_train_x, tap.rotated_train_y, tap.rotated_test_x,
+                                           tap.rotated_test_y, val_fraction=tap.val_fraction, seed=tap.seed,
+                                           groups=groups, **kwargs)}
+    if standardized_probe:
+        linear["rotation.standardized.acc"] = linear_probe(
+            tap.rotated_train_x, tap.rotated_train_y, tap.rotated_test_x, tap.rotated_test_y,
+            val_fraction=tap.val_fraction, seed=tap.seed, groups=groups, whiten=False, **kwargs)
     mlp_pred = _mlp_probe(tap, mlp_hidden, mlp_epochs)
     n_images = len(y_test) // 4
     # Intervals resample the N test images (each with its 4 rotations), not the 4N rows.
-    per_unit = {"rotation.acc": PerUnit(per_image_accuracy(lin.predictions == y_test, y_test), TEST_IMAGES),
-                "rotation.mlp.acc": PerUnit(per_image_accuracy(mlp_pred == y_test, y_test), TEST_IMAGES)}
-    return ProbeOutput({"rotation.acc": lin.metrics["linear.acc"],
-                        "rotation.mlp.acc": (mlp_pred == y_test).double().mean().item()},
-                       {"linear": lin.protocol, "mlp": {"hidden": mlp_hidden, "epochs": mlp_epochs,
-                                                         "optimizer": "adam lr 1e-3, full batch", "standardize": True},
-                        "chance": 0.25,
-                        "rows": f"{len(y_test)} test rows from {n_images} test images (each at 0/90/180/270°) "
-                                f"and {len(groups)} training rows from {len(groups) // 4} training images",
-                        "validation": "C chosen on a validation split grouped by image (an image's 4 rotations "
-                                      "are all on one side)",
-                        "unit": "test images: an image's score is the mean correctness of its 4 rotations"},
+    per_unit = {name: PerUnit(per_image_accuracy(lin.predictions == y_test, y_test), TEST_IMAGES)
+                for name, lin in linear.items()}
+    per_unit["rotation.mlp.acc"] = PerUnit(per_image_accuracy(mlp_pred == y_test, y_test), TEST_IMAGES)
+    metrics = {name: lin.metrics["linear.acc"] for name, lin in linear.items()}
+    protocol = {"linear": linear["rotation.acc"].protocol}
+    if standardized_probe:
+        protocol["linear_standardized"] = linear["rotation.standardized.acc"].protocol
+    return ProbeOutput(metrics | {"rotation.mlp.acc": (mlp_pred == y_test).double().mean().item()},
+                       protocol | {"mlp": {"hidden": mlp_hidden, "epochs": mlp_epochs,
+                                           "optimizer": "adam lr 1e-3, full batch", "standardize": True},
+                                   "chance": 0.25,
+                                   "rows": f"{len(y_test)} test rows from {n_images} test images (each at "
+                                           f"0/90/180/270°) and {len(groups)} training rows from {len(groups) // 4} "
+                                           "training images",
+                                   "validation": "C chosen on a validation split grouped by image (an image's 4 "
+                                                 "rotations are all on one side)",
+                                   "unit": "test images: an image's score is the mean correctness of its 4 "
+                                           "rotations"},
                        per_unit)
 
 
@@ -124,9 +141,16 @@ ROTATION = Probe(
     options=RotationSpec, needs=("rotated",), check=check_rotation, cost=115.0,
     cost_source="benchmarks/results/probe_costs.json",
     metrics=(
-        Metric("rotation.acc", "test accuracy of a linear probe predicting the image's rotation (0/90/180/270°)",
+        Metric("rotation.acc", "test accuracy of a linear probe (logistic regression on the features whitened "
+               "with the train covariance) predicting the image's rotation (0/90/180/270°)",
                "fraction of test rows (4 per image)", "higher = more orientation information (less invariance)",
-               0.25, role=INFORMATION, predicted=-1, answers=("Q-aug",), headline=4),
+               0.25, note="no invertible linear map of the features changes it beyond rounding", role=INFORMATION,
+               predicted=-1, answers=("Q-aug",), headline=4),
+        Metric("rotation.standardized.acc", "test accuracy of the linear rotation probe on per-coordinate "
+               "standardised features instead of whitened ones (headprobe's rotation.acc before whitening)",
+               "fraction of test rows (4 per image)", "higher = more orientation information (less invariance)",
+               0.25, note="a description, not evidence: a linear map that mixes coordinates moves it",
+               shown_with=("Q-aug",)),
         Metric("rotation.mlp.acc", "test accuracy of a small MLP predicting the image's rotation",
                "fraction of test rows (4 per image)", "higher = more orientation information (less invariance)",
                0.25, role=INFORMATION, predicted=-1, answers=("Q-aug",)),

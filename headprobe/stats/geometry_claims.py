@@ -1,0 +1,234 @@
+"""Claims 3 and 4 as declared questions, answered per head with an interval (results.json["claims"], beside the
+buffer questions of `stats.claims`).
+
+- **Q-split** (claim 3) "Is the effective Hessian's M-term zero for piecewise-linear heads, and not for smooth
+  ones?" Primary: ‖M‖_F/‖H_eff‖_F (`geometry.split_share`) with BatchNorm on batch statistics, as in the training
+  step, per evaluation batch of the run's trained heads (every seed). Each head's structure predicts "M = 0" (no
+  smooth activation, no L2 output, no BatchNorm on batch statistics) or "M > 0" (`split_share.predicts_zero_m`):
+  a ReLU+BN head on batch statistics is predicted M > 0. Answer: "M = 0" when the 95% interval's upper end is
+  ≤ the margin, "M > 0" when its lower end is above it, "undecided" otherwise; the line says whether it is the
+  predicted one. Interval: the two-stage cluster bootstrap of the mean over seeds and batches
+  (`stats.clustered`); with one seed, over the evaluation batches only (said so).
+- **Q-saddle** (claim 4) "Is collapse a strict saddle only for smooth heads?" Primary: the proportion of
+  constructed collapsed states (`geometry.saddle`) with λ_min < −bound, under the paper's SimSiam loss; secondary:
+  the same under the target loss, where only the head's M-term can make λ_min negative. Per head "saddle" when the
+  interval lies above one half (most collapsed states), "not a saddle" when below, "undecided" otherwise; and the
+  smooth (Swish, GELU) − piecewise-linear (linear, ReLU) difference: "yes" when its interval lies above the
+  margin, "no" when below, "undecided" otherwise. Interval: the envelope of Wilson at the design-effect size and
+  the cluster bootstrap over seeds (Newcombe's interval and the paired bootstrap for the difference).
+
+>>> Q_SPLIT.margin, Q_SADDLE.primary
+(1e-06, 'negative_share.simsiam')
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Where most collapsed states are strict saddles: a head type "is a saddle at collapse".
+MAJORITY = 0.5
+DIFFERENCE = "smooth − piecewise-linear"
+PAPER_COUNTS = ("the paper: λ_min < 0 in 72/100 epochs (Swish, collapsed start), 69/100 (Swish, normal start), "
+                "1/100 (ReLU, collapsed start), over 3 seeds (PAPER.md)")
+
+
+@dataclass(frozen=True)
+class GeometryQuestion:
+    """key: "Q-split"; claim: the paper's claim number; asks: the question; primary: the measure answering it;
+    measure: what that measure is; margin: in its units; regime: what it is measured on. `help` and `usage` are
+    what `headprobe list questions` prints (the registry's declaration)."""
+
+    key: str
+    claim: int
+    asks: str
+    primary: str
+    measure: str
+    margin: float
+    regime: str
+
+    @property
+    def name(self) -> str:
+        return self.key
+
+    @property
+    def usage(self) -> str:
+        return self.key
+
+    @property
+    def help(self) -> str:
+        return (f"claim {self.claim}: {self.asks} primary {self.primary} ({self.measure}); margin {self.margin:g}; "
+                f"{self.regime}")
+
+    needs: tuple[str, ...] = ()
+    options: None = None
+
+
+Q_SPLIT = GeometryQuestion(
+    "Q-split", 3, "Is the M-term zero for linear and ReLU heads and not for smooth heads?", "m_share.batch",
+    "‖M‖_F/‖H_eff‖_F, BatchNorm on batch statistics", 1e-6,
+    "the run's trained heads, every seed, on evaluation batches of its cached views (geometry.final)")
+Q_SADDLE = GeometryQuestion(
+    "Q-saddle", 4, "Is collapse a strict saddle only for smooth heads?", "negative_share.simsiam",
+    "share of collapsed states with λ_min < −bound, SimSiam loss", 0.25,
+    "constructed collapsed states of tiny heads without BatchNorm, 50 per seed × 3 seeds per head type "
+    "(geometry.saddle)")
+
+
+@dataclass(frozen=True)
+class SplitMeasure:
+    """One head's Q-split values: {seed: the share per evaluation batch} with BatchNorm on batch statistics
+    (`batch`) and on running statistics (`running`), and what its structure predicts in each mode."""
+
+    head: str
+    batch: dict[int, list[float]]
+    running: dict[int, list[float]]
+    predicted_zero_batch: bool
+    predicted_zero_running: bool
+
+
+def _mean_interval(by_seed: dict[int, list[float]], seed: int) -> dict:
+    from headprobe.stats.clustered import cluster_bootstrap  # torch: on use, not when `list` reads the questions
+
+    clusters = [values for values in by_seed.values() if values]
+    values = [v for c in clusters for v in c]
+    return {"value": statistics.fmean(values), "ci95": list(cluster_bootstrap(clusters, seed=seed)),
+            "max": max(values), "n_seeds": len(clusters), "n_units": len(values) // len(clusters),
+            "unit": "evaluation batches",
+            "interval": ("cluster bootstrap over seeds and batches" if len(clusters) > 1
+                         else "evaluation batches only (one seed: it does not cover retraining)")}
+
+
+def _split_answer(record: dict, margin: float) -> str:
+    low, high = record["ci95"]
+    return "M = 0" if high <= margin else "M > 0" if low > margin else "undecided"
+
+
+def answer_split(measures: Sequence[SplitMeasure], question: GeometryQuestion = Q_SPLIT, seed: int = 0) -> dict:
+    """results.json["claims"]["Q-split"] from each head's `SplitMeasure`."""
+    heads = {}
+    for m in measures:
+        record = _mean_interval(m.batch, seed)
+        record["answer"] = _split_answer(record, question.margin)
+        record["predicted"] = "M = 0" if m.predicted_zero_batch else "M > 0"
+        running = _mean_interval(m.running, seed)
+        running |= {"answer": _split_answer(running, question.margin),
+                    "predicted": "M = 0" if m.predicted_zero_running else "M > 0"}
+        record["secondary"] = {"m_share.running": running}
+        record["line"] = split_line(question, m.head, record)
+        heads[m.head] = record
+    return {question.key: _entry(question, heads, "M = 0: the 95% interval's upper end ≤ the margin; M > 0: its "
+                                 "lower end above it; undecided otherwise; predicted from the head's structure",
+                                 "mean over evaluation batches; 95% two-stage cluster bootstrap over seeds and "
+                                 "batches (batches only with one seed)")}
+
+
+def _entry(question: GeometryQuestion, heads: dict, answer_rule: str, interval_rule: str) -> dict:
+    return {"asks": question.asks, "claim": question.claim, "primary": question.primary,
+            "measure": question.measure, "kind": "value", "margin": question.margin, "regime": question.regime,
+            "interval_rule": interval_rule, "answer_rule": answer_rule, "heads": heads}
+
+
+def _number(value: float) -> str:
+    return f"{value:.3g}".replace("-", "−")
+
+
+def split_line(question: GeometryQuestion, head: str, record: dict) -> str:
+    """"Q-split: relu head ‖M‖_F/‖H_eff‖_F, BatchNorm on batch statistics: 0 [0, 0], 3 seeds × 8 evaluation
+    batches — M = 0 (predicted M = 0)"."""
+    low, high = record["ci95"]
+    seeds = f"{record['n_seeds']} seed{'s' if record['n_seeds'] != 1 else ''}"
+    verdict = "as predicted" if record["answer"] == record["predicted"] else f"predicted {record['predicted']}"
+    return (f"{question.key}: {head} head {question.measure}: {_number(record['value'])} [{_number(low)}, "
+            f"{_number(high)}], {seeds} × {record['n_units']} {record['unit']} — {record['answer']} ({verdict})")
+
+
+def _collapsed_by_seed(states, head: str | Sequence[str]) -> list[list[float]]:
+    """0/1 (λ_min < −bound) of the collapsed states of `head` (or of several head types pooled), one list per
+    seed, seeds in order; seeds without a collapsed state are left out."""
+    names = (head,) if isinstance(head, str) else tuple(head)
+    seeds = sorted({s.seed for s in states})
+    clusters = [[float(s.negative) for s in states if s.seed == seed and s.head in names and s.collapsed]
+                for seed in seeds]
+    return [c for c in clusters if c]
+
+
+def _saddle_record(states, head: str, threshold: float, seed: int) -> dict | None:
+    clusters = _collapsed_by_seed(states, head)
+    if not clusters:
+        return None
+    from headprobe.stats.clustered import proportion_interval
+
+    own = [s for s in states if s.head == head]
+    collapsed = [s for s in own if s.collapsed]
+    record = proportion_interval(clusters, seed=seed)
+    low, high = record["ci95"]
+    record |= {"answer": "saddle" if low > threshold else "not a saddle" if high < threshold else "undecided",
+               "n_negative": int(sum(map(sum, clusters))), "n_collapsed": len(collapsed), "n_states": len(own),
+               "n_seeds": len(clusters), "n_units": len(collapsed) // len(clusters), "unit": "collapsed states",
+               "lambda_min_median": statistics.median(s.lambda_min for s in collapsed),
+               "lambda_max_median": statistics.median(s.lambda_max for s in collapsed),
+               "bound_max": max(s.bound for s in collapsed),
+               "rayleigh_head_median": statistics.median(s.rayleigh_head for s in collapsed),
+               "interval": "Wilson at n/deff and cluster bootstrap over seeds, their envelope"}
+    return record
+
+
+def _difference(states, margin: float, seed: int) -> dict | None:
+    smooth, linear = (_collapsed_by_seed(states, group) for group in (("swish", "gelu"), ("linear", "relu")))
+    if not smooth or not linear or len(smooth) != len(linear):
+        return None
+    from headprobe.stats.clustered import difference_interval
+
+    record = difference_interval(smooth, linear, seed=seed)
+    low, high = record["ci95"]
+    record |= {"answer": "yes" if low > margin else "no" if high < margin else "undecided",
+               "n_seeds": len(smooth), "n_units": sum(map(len, smooth)) // len(smooth),
+               "unit": "collapsed smooth-head states",
+               "interval": "Newcombe (Wilson at n/deff) and paired cluster bootstrap over seeds, their envelope"}
+    return record
+
+
+def answer_saddle(states_by_loss: dict, sizes: str, question: GeometryQuestion = Q_SADDLE, seed: int = 0) -> dict:
+    """results.json["claims"]["Q-saddle"] from {loss: [SaddleState]} ("simsiam" the primary, "target" secondary);
+    `sizes` says what was constructed (`SaddleSpec.sizes`). Per state its record is kept under "states"."""
+    primary = question.primary.split(".")[-1]
+    names = list(dict.fromkeys(s.head for s in states_by_loss[primary]))
+    heads = {}
+    for name in [*names, DIFFERENCE]:
+        per_loss = {loss: (_difference(states, question.margin, seed) if name == DIFFERENCE
+                           else _saddle_record(states, name, MAJORITY, seed))
+                    for loss, states in states_by_loss.items()}
+        if per_loss.get(primary) is None:
+            continue
+        record = per_loss.pop(primary)
+        record["secondary"] = {f"negative_share.{loss}": r for loss, r in per_loss.items() if r is not None}
+        lines = [saddle_line(question, name, record, primary)]
+        for loss, r in record["secondary"].items():
+            r["line"] = saddle_line(question, name, r, loss.split(".")[-1])
+            lines.append(r["line"].split(": ", 1)[1])
+        record["line"] = "; ".join(lines)
+        heads[name] = record
+    entry = _entry(question, heads,
+                   f"per head: saddle when the 95% interval lies above {MAJORITY:g}, not a saddle when below, "
+                   f"undecided otherwise; {DIFFERENCE}: yes when its interval lies above {question.margin:g}, no "
+                   "when below, undecided otherwise",
+                   "collapsed states grouped by seed: the envelope of Wilson at the effective size n/deff (Kish's "
+                   "design effect, ANOVA intra-seed correlation) and the two-stage cluster bootstrap over seeds; "
+                   "the difference: Newcombe's hybrid score interval and the paired cluster bootstrap")
+    entry |= {"sizes": sizes, "paper": PAPER_COUNTS,
+              "states": {loss: [s.record() for s in states] for loss, states in states_by_loss.items()}}
+    return {question.key: entry}
+
+
+def saddle_line(question: GeometryQuestion, head: str, record: dict, loss: str) -> str:
+    """"Q-saddle: swish head, simsiam loss: 148/150 collapsed states with λ_min < −bound, 0.987 [0.93, 1], 3 seeds
+    — saddle"; the difference line gives the difference of the two proportions. A head's recorded line appends its
+    secondary losses' (after "; ")."""
+    low, high = record["ci95"]
+    interval = f"{_number(record['value'])} [{_number(low)}, {_number(high)}], {record['n_seeds']} seeds"
+    if head == DIFFERENCE:
+        return f"{question.key}: {DIFFERENCE}, {loss} loss: {interval} — {record['answer']}"
+    return (f"{question.key}: {head} head, {loss} loss: {record['n_negative']}/{record['n_collapsed']} collapsed "
+            f"states with λ_min < −bound, {interval} — {record['answer']}")
