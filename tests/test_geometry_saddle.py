@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from headprobe.geometry.saddle import SaddleSpec, collapsed_states, state_curvature
+from headprobe.train.heads import ProjectionHead
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 F64 = torch.float64
@@ -43,7 +44,7 @@ def test_piecewise_linear_unit_at_collapse_is_not_a_saddle(act):
 
 def test_constructed_states_are_collapsed_and_only_smooth_heads_are_saddles_of_the_target_loss():
     spec = SaddleSpec(seeds=(0, 1), states=3, loss="target")
-    states = collapsed_states(spec)
+    states = collapsed_states(spec, ProjectionHead)
     assert len(states) == 4 * 2 * 3 and all(s.collapsed for s in states)
     negative = {h: sum(s.negative for s in states if s.head == h) for h in spec.heads}
     assert negative == {"linear": 0, "relu": 0, "swish": 6, "gelu": 6}

@@ -158,7 +158,7 @@ def test_a_tiny_run_answers_each_question_for_each_head(tiny_recipe, tmp_path):
         assert record["per_seed_change"] == pytest.approx(per_seed)
         assert record["ci95"][0] <= record["change"] <= record["ci95"][1]
     assert narrow["Q-class"]["n_units"] == 80 and narrow["Q-class"]["unit"] == "test images"
-    assert set(narrow["Q-aug"]["secondary"]) == {"rotation.mlp.acc"}
+    assert set(narrow["Q-aug"]["secondary"]) == {"rotation.mlp.acc", "rotation.standardized.acc"}
     assert {"knn.k5.acc", "align", "uniform"} <= set(narrow["Q-class"]["secondary"])
     assert narrow["Q-class"]["line"].startswith("Q-class: narrow head keeps the class information")
     # The older verdicts, kept alongside (demoted in the report): the 2-d head loses every kind of information the

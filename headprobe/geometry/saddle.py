@@ -21,8 +21,9 @@ to the operator's full dimension (exact up to round-off at these sizes), with th
 
 `rayleigh_head` (vᵀMv at λ_min's eigenvector v, `gm_split.curvature_shares`) says how much of λ_min is the head's.
 
+>>> from headprobe.train.heads import ProjectionHead
 >>> spec = SaddleSpec(heads=("swish",), seeds=(0,), states=2)
->>> [s.head for s in collapsed_states(spec)]
+>>> [s.head for s in collapsed_states(spec, ProjectionHead)]
 ['swish', 'swish']
 """
 
@@ -133,12 +134,11 @@ def _loss(spec: SaddleSpec, gen: torch.Generator):
     return lambda h: objective(h[:n], h[n:])
 
 
-def collapsed_states(spec: SaddleSpec) -> list[SaddleState]:
+def collapsed_states(spec: SaddleSpec, head_class) -> list[SaddleState]:
     """Every (head type, seed, state) of `spec`, collapsed or not (count only `collapsed`). The representation
     batch, the loss's random parts and the head's weights of state i of seed s are drawn from seed (s, i): every
-    head type sees the same batch and loss, so head types are paired within a state."""
-    from headprobe.train.heads import ProjectionHead
-
+    head type sees the same batch and loss, so head types are paired within a state. head_class: the heads' class,
+    `train.heads.ProjectionHead` (passed in: geometry sits below train in the package's layers)."""
     out = []
     for seed in spec.seeds:
         for index in range(spec.states):
@@ -152,7 +152,7 @@ def collapsed_states(spec: SaddleSpec) -> list[SaddleState]:
             for name in spec.heads:
                 with torch.random.fork_rng():
                     torch.manual_seed(head_seed)
-                    head = ProjectionHead(spec.dim, depth=2, width=spec.width, out_dim=spec.dim, bn_hidden=False,
+                    head = head_class(spec.dim, depth=2, width=spec.width, out_dim=spec.dim, bn_hidden=False,
                                           init_scale=spec.init_scale, **HEAD_TYPES[name]).double()
                 with torch.no_grad():
                     verdict = collapse_criterion(out_std(head(z1)), spec.dim, spec.threshold)

@@ -16,6 +16,7 @@ from headprobe.geometry.pullback import batchnorm_mode
 from headprobe.geometry.saddle import LOSSES, SaddleSpec, collapsed_states
 from headprobe.geometry.split_share import batch_shares, predicts_zero_m
 from headprobe.stats.geometry_claims import SplitMeasure, answer_saddle, answer_split
+from headprobe.train.heads import ProjectionHead
 
 # Q-split's evaluation: batches of images (two views each), Gaussian probes per batch (`split_share.m_share`).
 SPLIT_BATCHES, SPLIT_BATCH, SPLIT_PROBES = 8, 8, 4
@@ -72,7 +73,7 @@ def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict:
         print(f"Q-saddle: {spec.sizes()}; under the {' and the '.join(LOSSES)} losses", file=sys.stderr,
               flush=True)
     start = time.perf_counter()
-    states = {loss: collapsed_states(dataclasses.replace(spec, loss=loss)) for loss in LOSSES}
+    states = {loss: collapsed_states(dataclasses.replace(spec, loss=loss), ProjectionHead) for loss in LOSSES}
     claims |= answer_saddle(states, spec.sizes(), seed=recipe.seed)
     claims["Q-saddle"]["time_s"] = time.perf_counter() - start
     return claims
