@@ -50,6 +50,8 @@ def test_arms_are_named_by_their_heads_and_keyed_by_seed(tmp_path):
     b = fake_run(tmp_path, "b", MLP2, 0, {"backbone": {"linear.acc": acc([1.0] * 6)}})
     assert arm_label({"recipe": {"heads": IDENTITY}}) == "no head"
     assert arm_label({"recipe": {"heads": [{"type": "linear", "depth": 2}]}}) == "linear d2"
+    one_layer = {"type": "mlp", "depth": 1, "act": "swish", "bn_hidden": True, "bn_out": True}
+    assert arm_label({"recipe": {"heads": [one_layer]}}) == "mlp d1 bn-out"  # no activation in one layer
     assert group_runs([a, b]) == {"no head": {0: a}, "mlp d2 relu bn": {0: b}}
     twin = fake_run(tmp_path, "c", IDENTITY, 0, {"backbone": {"linear.acc": acc([1.0] * 6)}})
     with pytest.raises(ValueError, match="both arm 'no head' at seed 0"):

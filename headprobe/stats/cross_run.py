@@ -96,8 +96,10 @@ def arm_label(results: dict) -> str:
         if h.get("type") == "identity":
             continue
         word = f"{h.get('type')} d{h.get('depth')}"
-        if h.get("type") == "mlp":
+        if h.get("type") == "mlp" and (h.get("depth") or 2) > 1:  # one layer has no hidden activation or BN
             word += f" {h.get('act')}" + (" bn" if h.get("bn_hidden") else "")
+        if h.get("type") == "mlp" and h.get("bn_out"):
+            word += " bn-out"
         words.append(word)
     return " + ".join(words)
 
