@@ -53,21 +53,27 @@ def quiet_libraries(verbose: bool, environ: dict | None = None) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from headprobe.pipeline.compose import RunError, run, run_sweep
+    from headprobe.pipeline.resume import resume_folder
 
     from .recipe import RecipeError, load_recipe
 
+    if args.recipe is None and (args.set or not (args.resume and args.out)):
+        # Without a recipe only a resume knows what to run: the one recorded in --out.
+        return _error("give a recipe (`headprobe run RECIPE`), or continue a run or sweep from the recipe it "
+                      "recorded with `headprobe run --resume --out DIR` (no --set: the recorded recipe is run).",
+                      EXIT_USAGE) if _is_main_process() else EXIT_USAGE
     try:
-        recipe = load_recipe(args.recipe, args.set)
+        recipe = None if args.recipe is None else load_recipe(args.recipe, args.set)
     except RecipeError as err:
         # Every process of a launch reads the same recipe: the main one says what is wrong, once.
         return _error(str(err), EXIT_USAGE) if _is_main_process() else EXIT_USAGE
     quiet_libraries(args.verbose)
     _warn_about_launch()
     try:
-        if recipe.sweep or recipe.sweep_zip:
-            if args.resume:
-                return _error("--resume continues one run; resume each run of a sweep by its own --out.", EXIT_USAGE)
-            run_sweep(args.recipe, out=args.out, overrides=args.set, quiet=not _is_main_process())
+        if recipe is None:
+            resume_folder(args.out, quiet=not _is_main_process())
+        elif recipe.sweep or recipe.sweep_zip:
+            run_sweep(args.recipe, out=args.out, overrides=args.set, quiet=not _is_main_process(), resume=args.resume)
         else:
             run(args.recipe, out=args.out, overrides=args.set, resume=args.resume, quiet=not _is_main_process())
     except RecipeError as err:
@@ -140,6 +146,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         check_environment()  # the variables a run reads, as it reads them
     except RecipeError as err:
         return _error(str(err), EXIT_USAGE)
+    from .data.sources import missing_data
+
+    missing = missing_data(recipe.data.source)  # what `run` would stop on before loading any model
+    if missing:
+        return _error(missing, EXIT_USAGE)
     probes = ", ".join(recipe.probes)
     # load_recipe has validated every combination of the sweep, as `run` will make them.
     from .recipe.sweeps import sweep_size
@@ -207,7 +218,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from headprobe.record.directory import read_results
 
     from .report.compare import default_out_dir, run_labels, write_compare
-    from .report.table import compare_table
+    from .report.table import print_compare
 
     try:
         labels = run_labels(args.run_dirs)
@@ -218,7 +229,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out_dir(args.run_dirs)
     # Said first: without --out the files go next to the runs, not necessarily into the current directory.
     console.print(f"writing compare.csv and compare.html into {out}", markup=False, soft_wrap=True)
-    console.print(compare_table(runs))
+    print_compare(runs, console, args.width)
     try:
         written = write_compare(list(labels.values()), out)
     except OSError as err:
@@ -238,16 +249,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_claims(args: argparse.Namespace) -> int:
     from headprobe.record.directory import read_results
-    from headprobe.stats.cross_run import cross_run_answers
 
-    from .report.claims_table import ACROSS_HEADER, claims_rows, cross_run_rows, format_claims
+    from .report.claims_table import ACROSS_HEADER, claims_rows, cross_run_rows, format_claims, training_lines
     from .report.compare import run_labels, sweep_runs
 
     try:
         labels = run_labels(sweep_runs(args.run_dirs))
-        rows = claims_rows({label: read_results(path) for label, path in labels.items()}, args.secondary)
+        rows = claims_rows({label: read_results(path) for label, path in labels.items()}, args.secondary,
+                           training_lines(labels))
         # A head ablation (a no-head arm and others, by seed): its answers pooled over runs and across runs.
-        answers = cross_run_answers(list(labels.values())) if len(labels) > 1 else None
+        answers = None
+        if len(labels) > 1:  # torch only here: the intervals across runs are computed, not read
+            from headprobe.stats.cross_run import cross_run_answers
+
+            answers = cross_run_answers(list(labels.values()))
     except (FileNotFoundError, ValueError) as err:
         return _error(str(err), EXIT_USAGE)
     within, across = ([], []) if answers is None else (cross_run_rows(answers, part, args.secondary)
@@ -328,10 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     verbose = {"action": "store_true", "help": "show transformers' weight-loading bars and warnings (also "
                                                "HEADPROBE_VERBOSE=1)"}
     p = sub.add_parser("run", help="run a recipe end to end")
-    p.add_argument("recipe")
+    p.add_argument("recipe", nargs="?", help="the recipe (YAML); with --resume it may be left out: the run or sweep "
+                                             "in --out continues from the recipe it recorded")
     p.add_argument("--set", **overrides)
     p.add_argument("--out", help="run directory (default runs/<recipe name>-<timestamp>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, keeping finished probes")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out, keeping finished probes (a sweep's folder: its unfinished runs)")
     p.add_argument("--verbose", **verbose)
     p.set_defaults(fn=cmd_run)
 
@@ -350,7 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait for the job to finish and report how it ended")
     p.set_defaults(fn=cmd_submit)
 
-    p = sub.add_parser("validate", help="check a recipe without loading any model")
+    p = sub.add_parser("validate", help="check a recipe, and that its data is on this machine, without loading any "
+                                        "model")
     p.add_argument("recipe")
     p.add_argument("--set", **overrides)
     p.set_defaults(fn=cmd_validate)
@@ -369,8 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", **verbose)
     p.set_defaults(fn=cmd_geometry)
 
-    p = sub.add_parser("claims", help="the answers of one or more runs as the paper's table: z / h(z) (Δ [95% CI], n); "
-                                      "for a head ablation (a sweep folder, or its runs) also per arm, pooled over "
+    p = sub.add_parser("claims", help="the answers of one or more runs as the paper's table: z / h(z) (Δ [95%% CI], "
+                                      "n); for a head ablation (a sweep folder, or its runs) also per arm, pooled over "
                                       "its seeds and across runs against the no-head backbone")
     p.add_argument("run_dirs", nargs="+", help="run folders, or a sweep's folder (its runs)")
     p.add_argument("--format", choices=("md", "latex", "csv"), default="md",
@@ -387,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", help="folder for compare.csv and compare.html (default: the deepest folder holding "
                                  "all the runs)")
+    p.add_argument("--width", type=int, default=None,
+                   help="columns of the printed table (default: the terminal's; as wide as it needs in a log or pipe)")
     p.set_defaults(fn=cmd_compare)
     return parser
 

@@ -110,9 +110,16 @@ def test_geometry_of_a_finished_run_without_retraining(tiny_recipe, tmp_path, ca
     assert main(["run", str(path), "--out", str(tmp_path / "r")]) == 0
     before = json.loads((tmp_path / "r" / "results.json").read_text())
     assert before["heads"]["relu"]["geometry"] == {}
+    capsys.readouterr()
     assert main(["geometry", str(tmp_path / "r"), "--rows", "16"]) == 0
-    assert "relu: λ_min" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "relu: λ_min" in printed.out
+    # the estimate comes first, before the backbone is loaded again, from the run's own seconds
+    assert printed.err.startswith("geometry estimate: loading and extracting again ≤ ~")
+    assert "then 1 head at 16 rows each" in printed.err.splitlines()[0]
     after = json.loads((tmp_path / "r" / "results.json").read_text())
+    again = main(["geometry", str(tmp_path / "r"), "--rows", "16"])  # now timed: seconds per head from last time
+    assert again == 0 and "s per head last time" in capsys.readouterr().err.splitlines()[0]
     assert after["heads"]["relu"]["geometry"]["effective_hessian"]["consistency"] < 1e-8
     # a ReLU+BN head: an M-term on batch statistics, none on running statistics (claim 3's BatchNorm caveat)
     split = after["claims"]["Q-split"]["heads"]["relu"]

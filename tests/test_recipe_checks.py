@@ -86,3 +86,21 @@ def test_options_are_checked_without_heads_and_head_settings_without_heads_warn(
         load_recipe({"heads": [{"name": "relu", "width": 16}], "augment": {"preset": "crop-flip", "views": 2}},
                     ["geometry.final=true", "train.checkpoint_every=2"])
         load_recipe({"heads": []})
+
+
+@pytest.mark.parametrize("objective", ["info_nce", "vicreg", "barlow_twins", "simsiam"])
+def test_objective_options_are_read_from_the_source_as_the_signature_has_them(objective, monkeypatch):
+    """The recipe check reads an objective's options from its module's source (no torch import); they are the
+    names `inspect.signature` gives the imported function."""
+    import inspect
+    import sys
+
+    from headprobe.registry import OBJECTIVES
+
+    skipped = {"p1", "p2", "z1", "z2", "gather_distributed"}
+    expected = [p for p in list(inspect.signature(OBJECTIVES.get(objective)).parameters)[2:] if p not in skipped]
+    monkeypatch.delitem(sys.modules, "headprobe.train.objectives")  # as in a fresh `validate`: read from source
+    with pytest.raises(RecipeError) as caught:
+        load_recipe({"heads": [], "objective": {"name": objective}}, ["objective.options.no_such_option=1"])
+    allowed = str(caught.value).split("allowed: ", 1)[1].split(".")[0]
+    assert [a for a in allowed.split(", ") if a] == expected

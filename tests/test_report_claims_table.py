@@ -26,8 +26,9 @@ def _results() -> dict:
 def test_csv_holds_the_numbers_of_results_json_unrounded():
     results = _results()
     rows = list(csv.DictReader(io.StringIO(format_claims(claims_rows({"r": results}, secondary=True), "csv"))))
-    primary = [r for r in rows if r["role"] == "primary"]
+    primary = [r for r in rows if r["role"] == "primary" and r["answer"] != "not measured"]
     assert [(r["question"], r["measure"]) for r in primary] == [("Q-aug", "rotation.acc"), ("Q-class", "linear.acc")]
+    assert [(r["question"], r["head"]) for r in rows if r["answer"] == "not measured"] == [("Q-inv", "—")]
     for row in primary:
         record = results["claims"][row["question"]]["heads"]["d2"]
         assert float(row["backbone"]) == record["backbone"] and float(row["head_value"]) == record["head"]
@@ -47,10 +48,12 @@ def test_markdown_and_latex_cells_are_the_paper_layout():
     lo, hi = (f"{100 * v:.1f}".replace("-", "−") for v in record["ci95"])
     cell = f"85.0 / 78.0 (−7.0 [{lo}, {hi}], 3 seeds)"
     md = format_claims(claims_rows({"r": results}), "md")
-    assert f"| Q-aug | rotation.acc | r | d2 | {cell} | {record['answer']} |" in md.splitlines()
+    assert f"| Q-aug | rotation.acc | r | d2 | {cell} | {record['answer']} | — |" in md.splitlines()
     latex = format_claims(claims_rows({"run_1": results}), "latex")
     assert "run\\_1" in latex and "$-$7.0" in latex and "$\\Delta$ [95\\% CI]" in latex
-    assert latex.startswith("\\begin{tabular}") and latex.rstrip().endswith("\\end{tabular}")
+    first, second = latex.splitlines()[:2]
+    assert first.startswith("% ") and "\\usepackage{booktabs}" in first  # what the table needs, said in it
+    assert second == "\\begin{tabular}{lllllll}" and latex.rstrip().endswith("\\end{tabular}")
     assert paper_cell({"measure": "view_spread_rel", "backbone": 0.21, "head_value": 0.15, "change": -0.06,
                        "ci95": [-0.09, -0.03], "n_seeds": 1, "n_units": 200}) == (
         "0.21 / 0.15 (−0.06 [−0.09, −0.03], 1×200)")
@@ -73,7 +76,11 @@ def test_the_claims_command_writes_the_numbers_of_a_real_run(tiny_recipe, tmp_pa
     results = run(recipe, out=tmp_path / "r", quiet=True).data
     assert main(["claims", str(tmp_path / "r"), "--format", "csv", "--out", str(tmp_path / "t.csv")]) == 0
     rows = list(csv.DictReader((tmp_path / "t.csv").open()))
+    assert [(r["question"], r["head"], r["answer"]) for r in rows if r["answer"] == "not measured"] == [
+        ("Q-aug", "—", "not measured")]  # no rotation probe: the question keeps its row
+    rows = [r for r in rows if r["answer"] != "not measured"]
     assert {(r["question"], r["head"]) for r in rows} == {("Q-inv", "relu"), ("Q-class", "relu")}
+    assert all(r["trained"] and r["training"].startswith(r["trained"] + ":") for r in rows)
     for row in rows:
         record = results["claims"][row["question"]]["heads"]["relu"]
         assert float(row["change"]) == record["change"] and row["interval"] == "test images only"
@@ -85,12 +92,30 @@ def test_the_claims_command_writes_the_numbers_of_a_real_run(tiny_recipe, tmp_pa
     assert [float(v) for v in shown.groups()] == [round(100 * record["backbone"], 1), round(100 * record["head"], 1)]
 
 
-def test_a_head_without_the_primary_gives_secondary_rows_only():
+def test_a_head_without_the_primary_keeps_a_not_measured_row_and_its_secondary_rows():
     taps = {"backbone": {"metrics": {"aug_r2.mean": 0.5}},
             "h": {"head": "h", "metrics": {"aug_r2.mean": 0.4}}}
     rows = claims_rows({"r": {"claims": answer_questions(taps, {}, {}, {"h": "h"})}}, secondary=True)
-    assert [(r["question"], r["measure"], r["role"]) for r in rows] == [("Q-aug", "aug_r2.mean", "secondary")]
-    assert "0.5 / 0.4 (−0.1 [no interval], 1 seed)" in format_claims(rows, "md")
+    assert [(r["question"], r["head"], r["measure"], r["role"], r["answer"]) for r in rows] == [
+        ("Q-aug", "h", "rotation.acc", "primary", "not measured"), ("Q-aug", "h", "aug_r2.mean", "secondary", None),
+        ("Q-inv", "—", "view_spread_rel", "primary", "not measured"),
+        ("Q-class", "—", "linear.acc", "primary", "not measured")]
+    md = format_claims(rows, "md")
+    assert "0.5 / 0.4 (−0.1 [no interval], 1 seed)" in md
+    assert "| Q-aug | rotation.acc | r | h | — | not measured | — |" in md.splitlines()
+    assert md.rstrip().splitlines()[-1].startswith("trained: each head's loss curve")  # the footnote
+
+
+def test_every_training_flag_reaches_every_format():
+    results = _results()
+    training = {"r": {"d2": "barely trained: loss fell from 21.47 to 20.77, over 40 logged steps"}}
+    rows = claims_rows({"r": results}, training=training)
+    assert [r["trained"] for r in rows if r["head"] == "d2"] == ["barely trained"] * 2
+    table = [r for r in csv.DictReader(io.StringIO(format_claims(rows, "csv"))) if r["head"] == "d2"]
+    assert [(r["trained"], r["training"]) for r in table] == [("barely trained", training["r"]["d2"])] * 2
+    md = [line for line in format_claims(rows, "md").splitlines() if "| d2 |" in line]
+    assert len(md) == 2 and all(line.endswith("| barely trained |") for line in md)
+    assert format_claims(rows, "latex").count("& barely trained \\\\") == 2
 
 
 @pytest.mark.parametrize("claims, words", [

@@ -1,4 +1,5 @@
 import csv
+import re
 
 import pytest
 from report_run import results_dict, write_run
@@ -104,3 +105,20 @@ def test_a_head_ablation_with_a_no_head_arm_gets_the_paired_cross_run_comparison
     assert "Across runs: no head vs each arm" in html and "backbone · rotation.acc" in html
     assert main(["compare", *map(str, runs), "--out", str(tmp_path / "out")]) == 0
     assert rot["line"] in capsys.readouterr().out
+
+
+def test_compare_in_a_log_prints_the_whole_table_with_short_run_labels_and_their_legend(tmp_path, capsys):
+    """A sweep's run folders ("heads.0.type=identity,seed=0") are columns R1, R2 with a legend; not on a terminal
+    (capsys) the table is as wide as it needs, so no metric or tap name is cut; --width sets the width."""
+    long = [write_run(tmp_path / f"heads.0.type={kind},seed=0", results_dict(), records=[])
+            for kind in ("identity", "mlp")]
+    assert main(["compare", *map(str, long), "--out", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if "metric" in line and "tap" in line)
+    assert re.findall(r"\bR\d\b", header) == ["R1", "R2"]
+    assert [line.strip() for line in lines if " = " in line] == [f"R1 = {long[0].name}", f"R2 = {long[1].name}"]
+    assert any("mi.infonce.ceiling" in line for line in lines) and not any("…" in line for line in lines)
+    short = _ablation_pair(tmp_path / "runs")
+    assert main(["compare", *map(str, short), "--width", "60", "--out", str(tmp_path / "out")]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line[:1] in "┃│┏┡└"]
+    assert table and max(len(line) for line in table) <= 60 and "depth2" in "".join(table)  # short labels stay

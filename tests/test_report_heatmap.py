@@ -1,12 +1,13 @@
-"""The heat-map's colour (headprobe/report/heatmap.py): the change from the backbone signed by the buffer claim's
-predicted direction and divided by its 95% interval, computed here by hand for each case."""
+"""The heat-map (headprobe/report/heatmap.py): its colour is the change from the backbone divided by its 95% interval
+(a rise is a rise), its mark the same change signed by the buffer claim's predicted direction (✓ for, ✗ against),
+computed here by hand for each case."""
 
 import math
 
 import numpy as np
 import pytest
 
-from headprobe.report.heatmap import claim_change, plot_tap_heatmap, tap_heatmap
+from headprobe.report.heatmap import claim_change, claim_marks, direction_change, plot_tap_heatmap, tap_heatmap
 
 
 def _tap(head, metrics, intervals=None):
@@ -46,6 +47,25 @@ def test_change_is_signed_by_the_claim_and_scaled_by_the_interval():
     assert change[spread, 2] == pytest.approx(0.05) and not scaled[spread, 2]
     # mi.infonce: predicted higher (+1), no intervals
     assert change[row["mi.infonce"], 1] == pytest.approx(0.3) and change[row["mi.infonce"], 2] == pytest.approx(-0.1)
+
+
+def test_the_colour_is_the_direction_and_the_mark_the_claim():
+    results = _results()
+    metrics, _, _, change, scaled = direction_change(results)
+    row = {m: i for i, m in enumerate(metrics)}
+    acc = row["linear.acc"]
+    # the head's accuracy fell: negative (purple), whatever the claim predicts; the verdict's half-width 0.04
+    assert change[acc, 2] == pytest.approx(-0.10 / 0.04) and scaled[acc, 2]
+    assert change[row["align"], 2] == pytest.approx(0.75 - 0.39)  # a description has a direction too
+    marks = claim_marks(results)
+    # linear.acc fell by 2.5 half-widths as the claim predicts; at h@1 by 0.4 (within the interval): no mark
+    assert marks[acc, 2] == "✓" and marks[acc, 1] == ""
+    # view_spread_rel fell at h@1 by 0.10 / hypot(0.03, 0.02) = 2.8 half-widths (predicted lower): ✓; no interval
+    # at the output: no mark
+    assert marks[row["view_spread_rel"], 1] == "✓" and marks[row["view_spread_rel"], 2] == ""
+    results["taps"]["h"]["metrics"]["linear.acc"] = 0.99  # a gain of 0.09 at the output: against the claim
+    assert claim_marks(results)[acc, 2] == "✗" and direction_change(results)[3][acc, 2] > 0
+    assert (claim_marks(results)[row["align"]] == "").all()
 
 
 def test_a_negative_infonce_is_not_coloured():

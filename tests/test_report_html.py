@@ -66,7 +66,7 @@ def test_report_tables_hold_every_metric_at_every_tap_and_the_evidence(report):
     _, page = report
     results = results_dict()
     taps = list(results["taps"])
-    assert page.row("metric")[:3] == ["metric", "before the head", "head mlp"]
+    assert page.row("metric")[:3] == ["metric", "before the head", "mlp head"]
     for metric in results["taps"]["backbone"]["metrics"]:
         cells = page.row(metric)[1:]
         assert len(cells) == len(taps)

@@ -4,7 +4,7 @@
 import pytest
 
 from headprobe.pipeline.stages import RunContext
-from headprobe.pipeline.time_estimate import head_tap_count, remaining_estimate
+from headprobe.pipeline.time_estimate import geometry_estimate, head_tap_count, remaining_estimate, views_estimate
 from headprobe.recipe import load_recipe
 from headprobe.record.directory import RunDir
 from headprobe.record.writer import RecordWriter
@@ -33,6 +33,25 @@ def test_estimate_is_the_measured_seconds_times_the_taps_left():
     assert remaining_estimate(_recipe(), {}, 1.0, 6, "training") is None  # nothing left
     with pytest.raises(ValueError, match="after='extracting' is not a point"):
         remaining_estimate(_recipe(), {}, 1.0, 0, "extracting")
+
+
+def test_the_views_estimate_is_the_clean_extractions_rate_times_the_view_images():
+    line = views_estimate(10.0, 200, 1600)  # 20 images/s; 8 views of 200 images
+    assert line.startswith("time estimate: ~80 s for the augmented views next (1,600 view images at 20 images/s")
+    assert views_estimate(0.5, 0, 1600) is None  # every clean split came from the cache: nothing timed
+
+
+def test_geometry_estimate_adds_the_runs_own_seconds_and_the_last_geometry_per_head():
+    timing = {"load_s": 3.2, "extract_s": 60.0, "extract_views_s": 200.4, "train_s": 99.0}
+    line = geometry_estimate({"timing": timing}, 2, 64)
+    assert line == ("geometry estimate: loading and extracting again ≤ ~264 s (what the run took; less from a warm "
+                    "feature cache), then 2 heads at 64 rows each (not timed before: each head says its sizes as "
+                    "it starts)")
+    earlier = {"timing": timing, "geometry_timing": {"geometry_s": 90.0},
+               "heads": {"a": {"geometry": {"curvature": {}}}, "b": {"geometry": {"curvature": {}}}, "c": {}}}
+    assert geometry_estimate(earlier, 3, 64).endswith(
+        "then ~135 s for 3 heads at 64 rows (45 s per head last time, at the rows it used then)")
+    assert geometry_estimate({}, 1, 8).startswith("geometry estimate: loading and extracting again (not timed")
 
 
 def _context(results: dict, show: bool) -> RunContext:

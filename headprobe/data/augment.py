@@ -29,12 +29,13 @@ import math
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import numpy as np
-import torch
-from PIL import Image
+from typing import TYPE_CHECKING
 
 from ..registry import AUGMENT_PRESETS, unknown_name_message
+
+if TYPE_CHECKING:  # torch, numpy and PIL load when views are made, not when a recipe's augment section is checked
+    import torch
+    from PIL import Image
 
 PARAM_NAMES: tuple[str, ...] = (
     "crop_x",  # left edge / image width
@@ -212,6 +213,8 @@ def _check_size(image_size: tuple[int, int]) -> tuple[int, int]:
 
 def identity_params(image_size: tuple[int, int]) -> torch.Tensor:
     """The (P,) float32 parameters of a view that changes nothing (whole image, identity values)."""
+    import torch
+
     width, height = _check_size(image_size)
     params = torch.zeros(len(PARAM_NAMES), dtype=torch.float32)
     for name in ("crop_w", "crop_h", "crop_scale", "brightness", "contrast", "saturation"):
@@ -230,6 +233,9 @@ def params_dict(params: torch.Tensor) -> dict[str, float]:
 
 
 def _generator(seed: int, index: int, view: int) -> torch.Generator:
+    import numpy as np
+    import torch
+
     for name, value in (("seed", seed), ("index", index), ("view", view)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise ValueError(f"{name} must be a non-negative int; got {value!r}.")
@@ -267,6 +273,9 @@ def sample_params(spec: AugmentSpec, image_size: tuple[int, int], seed: int, ind
 
     Deterministic in (spec, image_size, seed, index, view) and independent of global RNG state.
     """
+    import numpy as np
+    import torch
+
     width, height = _check_size(image_size)
     u = torch.rand(_N_UNIFORMS, generator=_generator(seed, index, view), dtype=torch.float64).tolist()
     crop_u, rest = u[: 2 * _CROP_ATTEMPTS + 2], u[2 * _CROP_ATTEMPTS + 2 :]

@@ -11,11 +11,13 @@ import hashlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..registry import DATA_SOURCES, split_prefixed
 from .errors import DataSourceError
+
+if TYPE_CHECKING:  # numpy loads when data does, not when `validate` checks a data source is there
+    import numpy as np
 
 
 @dataclass
@@ -43,6 +45,7 @@ def _sha(*parts: object) -> str:
 def load_sklearn_digits(ref: str = "", revision: str | None = None):
     """scikit-learn's 1,797 8×8 digits as grey PIL images (0–16 ink scaled to 0–255)."""
     import datasets
+    import numpy as np
     from PIL import Image
     from sklearn.datasets import load_digits
 
@@ -127,6 +130,8 @@ def _read_idx(path: Path) -> np.ndarray:
     `read_sn3_pascalvincent_tensor` opens plain files only, and Debian ships them gzipped)."""
     import gzip
 
+    import numpy as np
+
     raw = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
     ndim = raw[3]
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
@@ -139,15 +144,15 @@ def load_fashion_mnist(ref: str = "", revision: str | None = None):
     import datasets
 
     root = Path(ref).expanduser() if ref else FASHION_MNIST_DIR
-    files = {split: (root / f"{prefix}-images-idx3-ubyte.gz", root / f"{prefix}-labels-idx1-ubyte.gz")
-             for split, prefix in (("train", "train"), ("test", "t10k"))}
+    train_images, train_labels, test_images, test_labels = _fashion_mnist_files(root)
+    files = {"train": (train_images, train_labels), "test": (test_images, test_labels)}
     if not all(p.exists() for pair in files.values() for p in pair):
         try:
             ds, fingerprint = load_hub("zalando-datasets/fashion_mnist", revision)
         except DataSourceError:
             raise DataSourceError(
                 f"fashion-mnist: the IDX files are not in {root} and the hub copy is not cached; install them "
-                "with `apt-get install dataset-fashion-mnist` (Debian) or point data.source at "
+                f"with `{FASHION_MNIST_INSTALL}` (Debian) or point data.source at "
                 "fashion-mnist:<dir with the four *-ubyte.gz files>."
             ) from None
         return ds, fingerprint
@@ -170,8 +175,53 @@ def load_fashion_mnist(ref: str = "", revision: str | None = None):
     return datasets.load_from_disk(str(target)), fingerprint
 
 
+FASHION_MNIST_INSTALL = "apt-get install dataset-fashion-mnist"
+
+
+def _fashion_mnist_files(root: Path) -> list[Path]:
+    return [root / f"{prefix}-{kind}-idx{dims}-ubyte.gz" for prefix in ("train", "t10k")
+            for kind, dims in (("images", 3), ("labels", 1))]
+
+
+def _hub_copy_cached(dataset_id: str) -> bool:
+    """Whether `dataset_id` has a folder in the Hugging Face caches, found by their environment variables and
+    defaults (HF_DATASETS_CACHE, HF_HUB_CACHE, HF_HOME) without importing `datasets`."""
+    import os
+
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")).expanduser()
+    owner, _, name = dataset_id.partition("/")
+    places = (Path(os.environ.get("HF_DATASETS_CACHE", home / "datasets")).expanduser() / f"{owner}___{name}",
+              Path(os.environ.get("HF_HUB_CACHE", home / "hub")).expanduser() / f"datasets--{owner}--{name}")
+    return any(p.is_dir() for p in places)
+
+
+def missing_data(source: str) -> str | None:
+    """What is missing for `data.source` to load on this machine, as a sentence naming the fix, or None: the
+    Fashion-MNIST IDX files (or its cached hub copy), an imagefolder's directory, a local `save_to_disk` folder.
+    Checked without loading anything; a hub id and a plug-in's source are taken as present (only loading tells)."""
+    name, ref = split_prefixed(source, DATA_SOURCES)
+    if name == "fashion-mnist":
+        root = Path(ref).expanduser() if ref else FASHION_MNIST_DIR
+        absent = [p.name for p in _fashion_mnist_files(root) if not p.is_file()]
+        if absent and not _hub_copy_cached("zalando-datasets/fashion_mnist"):  # `load_fashion_mnist`'s fallback
+            return (f"data.source = {source!r}: {', '.join(absent)} not in {root}; install Debian's files with "
+                    f"`{FASHION_MNIST_INSTALL}` (they go to {FASHION_MNIST_DIR}), or point data.source at "
+                    "fashion-mnist:<dir with the four *-ubyte.gz files>.")
+    if name == "imagefolder":
+        root = Path(ref).expanduser()
+        if not root.is_dir() or not any(p.is_file() for p in root.rglob("*")):
+            what = "is not a directory" if not root.is_dir() else "holds no files"
+            return (f"data.source = {source!r}: {root} {what}; point it at a folder of class sub-folders "
+                    "(or train/ and test/ holding them).")
+    if name == "hf" and ref.startswith(("/", ".", "~")) and not Path(ref).expanduser().exists():
+        return (f"data.source = {source!r}: {Path(ref).expanduser()} does not exist; point it at a folder written "
+                "by save_to_disk, or at a hub dataset id.")
+    return None
+
+
 def _stratified_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
     """Indices of a class-stratified subset of `size` (sorted); all indices if size ≥ len."""
+    import numpy as np
     from sklearn.model_selection import train_test_split
 
     n = len(labels)
@@ -188,6 +238,7 @@ def _stratified_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
 def load_data(spec, revision: str | None = None) -> DataSplits:
     """Resolve `spec` (a `DataSpec`) to train/test splits with ``image`` and ``label`` columns."""
     import datasets
+    import numpy as np
 
     prefix, ref = split_prefixed(spec.source, DATA_SOURCES)
     revision = revision if revision is not None else spec.revision

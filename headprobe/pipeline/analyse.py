@@ -57,6 +57,13 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
         raise stages.RunError("reading the heads' checkpoint", err, None) from None
     if rows is not None:
         recipe.geometry.rows = rows
+    if not quiet:  # said before the long part starts: loading and extracting again can take minutes
+        import sys
+
+        from headprobe.pipeline.time_estimate import geometry_estimate
+
+        print(geometry_estimate(results, sum(1 for spec in recipe.heads if spec.name in saved), recipe.geometry.rows),
+              file=sys.stderr, flush=True)
     configure_threads(recipe.runtime.threads)  # chosen as `headprobe run` chooses them (`parallel.threads`)
     # This analysis's own loading and extraction are not the run's: clocked apart (geometry_timing), so
     # results["timing"] keeps what the run measured. No invocation: a failure leaves the run's status alone.

@@ -323,12 +323,14 @@ def backbone_tap_inputs(recipe: Recipe) -> str:
 
 def run_sweep(
     recipe_path: str | Path | dict, *, out: str | Path | None = None, overrides: list[str] | None = None,
-    quiet: bool = False, backbone: torch.nn.Module | None = None, **values: Any,
+    quiet: bool = False, backbone: torch.nn.Module | None = None, resume: bool = False, **values: Any,
 ) -> list[Results]:
     """Run every combination of the recipe's `sweep:` (and `sweep_zip:`) into OUT/<label>/ and compare them
     (OUT/compare.csv/.html). Overrides as in `run`: ``overrides=["k=v"]`` and/or keywords with Python values
     (``train__epochs=1``); `backbone` as in `run`, for every run. Runs whose `BACKBONE_TAP_INPUTS` equal an earlier
     run's take its backbone tap (``taps.backbone.reused_from``) instead of probing the same features again.
+    `resume`: every run already in OUT continues as `run(..., resume=True)` does (a finished one is kept as it is),
+    the others start.
 
     >>> run_sweep("recipes/paper_depth_ablation.yaml", train__epochs=5)  # doctest: +SKIP
     """
@@ -350,8 +352,16 @@ def run_sweep(
     for label, items in combos:
         inputs = backbone_tap_inputs(load_recipe(recipe_path, items))
         results.append(run(recipe_path, out=root / label, overrides=items, quiet=quiet, backbone=backbone,
-                           reuse_backbone=probed.get(inputs)))
+                           reuse_backbone=probed.get(inputs),
+                           resume=resume and (root / label / "results.json").is_file()))
         probed.setdefault(inputs, root / label)
+    compare_sweep_runs(root, results, quiet)
+    return results
+
+
+def compare_sweep_runs(root: Path, results: list[Results], quiet: bool) -> None:
+    """A sweep's ending: root/compare.csv and compare.html of its runs (and cross_run.json for a head ablation),
+    and unless `quiet` the table and where the comparison is; on the main process only."""
     from headprobe.parallel.distributed import process_state
 
     if process_state().is_main_process:
@@ -362,9 +372,9 @@ def run_sweep(
             from rich.console import Console
 
             from headprobe.record.directory import read_results
-            from headprobe.report.table import compare_table
+            from headprobe.report.table import print_compare
 
-            Console().print(compare_table({r.path.name: read_results(r.path) for r in results}))
+            print_compare({r.path.name: read_results(r.path) for r in results}, Console())
             if "cross_run" in written:  # a head ablation with a no-head arm: the backbones compared across runs
                 import json
 
@@ -372,4 +382,3 @@ def run_sweep(
 
                 print("\n".join(answer_lines(json.loads(written["cross_run"].read_text()))))
             print(f"comparison: {root / 'compare.html'}")
-    return results

@@ -175,6 +175,20 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
                                        or (tuned and geometry and recipe.geometry.final))
         probing, held_out = "views" in needs, recipe.augment.probe_views == "test"
         spec = augment_spec(recipe.augment.preset, **recipe.augment.options) if heads_need or probing else None
+        if ctx.show and (heads_need or probing):  # the views often take longest: said before they start
+            from headprobe.pipeline.time_estimate import views_estimate
+
+            # the images the clean extraction forwarded: rotated copies and orbit frames too
+            extracted = sum(len(ds) for split, ds in (("train", data.train), ("test", data.test))
+                            for key in (split, *(f"{split}-rot{a}" for a in (90, 180, 270)))
+                            if key in cache and not cache[key]["hit"])
+            extracted += sum(frames.shape[0] * frames.shape[1] for sweep, frames in (out.orbits or {}).items()
+                             if not cache.get(f"orbits-{sweep}", {}).get("hit", True))
+            images = len(data.train) * bool(heads_need or (probing and not held_out)) + \
+                len(data.test) * bool(probing and held_out)
+            line = views_estimate(out.seconds["extract_s"], extracted, recipe.augment.views * images)
+            if line:
+                print(line, file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         if heads_need or (probing and not held_out):
             out.views = ctx.stage("extracting augmented views", extract_views, backbone, data.train, augment=spec,

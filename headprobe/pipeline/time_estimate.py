@@ -15,7 +15,7 @@ taps).
 
 from __future__ import annotations
 
-__all__ = ["AFTER", "head_tap_count", "remaining_estimate"]
+__all__ = ["AFTER", "geometry_estimate", "head_tap_count", "remaining_estimate", "views_estimate"]
 
 AFTER = ("probing", "training")
 
@@ -50,3 +50,45 @@ def remaining_estimate(recipe, timing: dict, first_probe_s: float | None, head_t
     if recipe.geometry.final:
         line += "; plus the final geometry of each head (not estimated)"
     return line
+
+
+def views_estimate(seconds: float, images: int, view_images: int) -> str | None:
+    """The line said before the augmented views are extracted: `view_images` at the rate the clean extraction
+    just measured (`images` in `seconds`; each view is one more forward pass of the backbone, plus its augmentation);
+    None where nothing was extracted to time (every clean split came from the cache).
+
+    >>> views_estimate(72.0, 1797, 10776).split(" (")[0]
+    'time estimate: ~432 s for the augmented views next'
+    """
+    if images <= 0 or seconds <= 0 or view_images <= 0:
+        return None
+    rate = images / seconds
+    return (f"time estimate: ~{view_images / rate:.0f} s for the augmented views next ({view_images:,} view images at "
+            f"{rate:.0f} images/s, the clean extraction's rate; less from a warm view cache), then training and "
+            "probing")
+
+
+def geometry_estimate(results: dict, heads: int, rows: int) -> str:
+    """What `headprobe geometry` will spend, said before it starts, from what the run recorded: loading the backbone
+    and data and extracting the features and views again (the run's own seconds for them; less where its feature
+    cache is still there), then `heads` heads at `rows` rows, timed per head where an earlier geometry of this run
+    (`geometry_timing`, or the run's final geometry) was, else each head's sizes are said as it starts.
+
+    >>> geometry_estimate({"timing": {"load_s": 3.0, "extract_s": 60.0, "extract_views_s": 200.0}}, 2, 64)[:56]
+    'geometry estimate: loading and extracting again ≤ ~263 s'
+    """
+    timing = results.get("timing") or {}
+    again = sum(float(timing.get(k) or 0.0) for k in ("load_s", "extract_s", "extract_views_s"))
+    first = (f"loading and extracting again ≤ ~{again:.0f} s (what the run took; less from a warm feature cache)"
+             if again else "loading and extracting again (not timed by the run)")
+    earlier = results.get("geometry_timing") or {}
+    seconds, analysed = earlier.get("geometry_s") or timing.get("geometry_s"), [
+        h for h, entry in (results.get("heads") or {}).items() if (entry or {}).get("geometry")]
+    plural = "s" if heads != 1 else ""
+    if seconds and analysed:
+        per_head = float(seconds) / len(analysed)
+        then = (f"~{per_head * heads:.0f} s for {heads} head{plural} at {rows} rows ({per_head:.0f} s per head last "
+                "time, at the rows it used then)")
+    else:
+        then = f"{heads} head{plural} at {rows} rows each (not timed before: each head says its sizes as it starts)"
+    return f"geometry estimate: {first}, then {then}"

@@ -2,36 +2,74 @@
 (MI bounds, Gaussian MI), and invariance/spectrum measures (alignment, uniformity, RankMe, LiDAR, α-ReQ).
 
 These are the estimators; the probes a recipe names are declared one module each in `probes.builtin`
-(`probes.declaration`: what a probe declares about itself and its metrics)."""
+(`probes.declaration`: what a probe declares about itself and its metrics).
 
-from headprobe.probes.information import (
-    SeparableCritic,
-    cosine_critic,
-    dv_bound,
-    gaussian_mi,
-    infonce_bound,
-    mutual_information,
-    nwj_bound,
-    smile_bound,
-    train_critic,
-)
-from headprobe.probes.knn import KnnResult, knn
-from headprobe.probes.label_mi import label_mi_lower_bound
-from headprobe.probes.linear import LinearProbeResult, linear_probe
-from headprobe.probes.logistic import fit_logistic
-from headprobe.probes.spectrum import (
-    alignment,
-    alpha_req,
-    covariance_spectrum,
-    lidar,
-    rankme,
-    uniformity,
-    view_cosine,
-)
+The names below are imported on first use, so that reading a probe's declaration (`headprobe list`, `validate`)
+never imports torch. `knn` is the function, not the module `probes/knn.py`, whether or not that module was
+imported first (`_Package`)."""
 
-__all__ = [
-    "KnnResult", "LinearProbeResult", "SeparableCritic", "alignment", "alpha_req", "cosine_critic",
-    "covariance_spectrum", "dv_bound", "fit_logistic", "gaussian_mi", "infonce_bound", "knn",
-    "label_mi_lower_bound", "lidar", "linear_probe", "mutual_information", "nwj_bound", "rankme",
-    "smile_bound", "train_critic", "uniformity", "view_cosine",
-]
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING
+
+_LAZY = {
+    "SeparableCritic": "information", "cosine_critic": "information", "dv_bound": "information",
+    "gaussian_mi": "information", "infonce_bound": "information", "mutual_information": "information",
+    "nwj_bound": "information", "smile_bound": "information", "train_critic": "information",
+    "KnnResult": "knn", "knn": "knn",
+    "label_mi_lower_bound": "label_mi",
+    "LinearProbeResult": "linear", "linear_probe": "linear",
+    "fit_logistic": "logistic",
+    "alignment": "spectrum", "alpha_req": "spectrum", "covariance_spectrum": "spectrum", "lidar": "spectrum",
+    "rankme": "spectrum", "uniformity": "spectrum", "view_cosine": "spectrum",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from headprobe.probes.information import (  # noqa: F401
+        SeparableCritic,
+        cosine_critic,
+        dv_bound,
+        gaussian_mi,
+        infonce_bound,
+        mutual_information,
+        nwj_bound,
+        smile_bound,
+        train_critic,
+    )
+    from headprobe.probes.knn import KnnResult, knn  # noqa: F401
+    from headprobe.probes.label_mi import label_mi_lower_bound  # noqa: F401
+    from headprobe.probes.linear import LinearProbeResult, linear_probe  # noqa: F401
+    from headprobe.probes.logistic import fit_logistic  # noqa: F401
+    from headprobe.probes.spectrum import (  # noqa: F401
+        alignment,
+        alpha_req,
+        covariance_spectrum,
+        lidar,
+        rankme,
+        uniformity,
+        view_cosine,
+    )
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
+
+class _Package(types.ModuleType):
+    """Importing the sub-module `probes.knn` would bind the package's `knn` to that module (the import system sets
+    a package's attribute to each sub-module it loads); the public name stays the function."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+__all__ = sorted(_LAZY)

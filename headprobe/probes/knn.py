@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from headprobe.checks import as_tensor, check_labelled_split
+from headprobe.probes.knn_counts import DEFAULT_KS, neighbour_counts
 from headprobe.probes.knn_prefilter import (
     Bf16Prefilter,
     Float32TopK,
@@ -44,19 +45,6 @@ PREFILTER_SPEEDUP = 0.8
 _CALIBRATION_ROWS, _CALIBRATION_COLUMNS, _CALIBRATION_MAX_DIM = 256, 4096, 1024
 
 
-def neighbour_counts(ks: Sequence[int], name: str = "ks") -> list[int]:
-    """`ks` as a list of ints; ValueError naming `name` (e.g. "probes.knn.ks" in a recipe) when it is empty, holds a
-    count below 1 or a count twice. The one check of the neighbour counts: `knn`, `sharded_knn` and the recipe's."""
-    ks = [int(k) for k in ks]
-    if not ks:
-        raise ValueError(f"{name} is empty; give at least one neighbour count, e.g. {name}=[10, 20].")
-    if min(ks) <= 0:
-        raise ValueError(f"{name} = {ks}: neighbour counts must be positive, e.g. {name}=[10, 20].")
-    if len(set(ks)) != len(ks):
-        raise ValueError(f"{name} = {ks} lists a k twice (duplicates); list each neighbour count once.")
-    return ks
-
-
 @dataclass
 class KnnResult:
     """What `knn` returns.
@@ -69,10 +57,6 @@ class KnnResult:
     metrics: dict[str, float]
     predictions: dict[int, torch.Tensor]
     protocol: dict
-
-# The neighbour counts of DINO's k-NN evaluation (eval_knn.py's nb_knn): the default of `knn`, of `sharded_knn` and
-# of the recipe's probes.knn.ks, written here once.
-DEFAULT_KS = (10, 20, 100, 200)
 
 
 @torch.no_grad()

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # a declaration imports this module; torch loads only when a probe runs
+    import torch
 
-from headprobe.stats.bootstrap import PerUnit, SpreadRatio
+    from headprobe.stats.bootstrap import PerUnit, SpreadRatio
 
 
 @dataclass
@@ -41,6 +43,8 @@ class TapData:
     def to(self, device: torch.device | str) -> TapData:
         """The same tap with every tensor on `device` (the run's accelerator, where the probes then run); a new
         TapData, this one is left as it is. Labels and parameters move too, so no probe mixes devices."""
+        import torch
+
         moved = {name: value.to(device) for name, value in vars(self).items() if isinstance(value, torch.Tensor)}
         if self.orbits is not None:
             moved["orbits"] = {sweep: traj.to(device) for sweep, traj in self.orbits.items()}

@@ -57,6 +57,22 @@ def _what_it_computes(recipe: dict | None) -> dict | None:
     return {k: v for k, v in recipe.items() if k != "runtime"} if isinstance(recipe, dict) else recipe
 
 
+def differing_keys(recorded, given, prefix: str = "") -> list[str]:
+    """The dotted keys where two recipes (as dicts) differ, "train.epochs (recorded 5, now 2)", depth first."""
+    if isinstance(recorded, dict) and isinstance(given, dict):
+        out = []
+        for key in [*recorded, *(k for k in given if k not in recorded)]:
+            path = f"{prefix}{key}"
+            if key not in given:
+                out.append(f"{path} (recorded {recorded[key]!r}, now absent)")
+            elif key not in recorded:
+                out.append(f"{path} (absent from the record, now {given[key]!r})")
+            else:
+                out += differing_keys(recorded[key], given[key], f"{path}.")
+        return out
+    return [] if recorded == given else [f"{prefix.rstrip('.')} (recorded {recorded!r}, now {given!r})"]
+
+
 class RecordWriter:
     """The record of one run (`record`, a `RunRecord`) and the only code that changes or writes it. `run_dir` is
     read-only on every process but the main one, so the others keep the same record in memory and write nothing.
@@ -99,9 +115,12 @@ class RecordWriter:
         except ValueError as err:
             raise RecipeError(f"--resume: {err}") from None
         if _what_it_computes(previous.get("recipe")) != _what_it_computes(recipe):
+            keys = differing_keys(_what_it_computes(previous.get("recipe")), _what_it_computes(recipe))
+            shown = "; ".join(keys[:5]) + (f"; and {len(keys) - 5} more" if len(keys) > 5 else "")
             raise RecipeError(
-                f"--resume: the recipe differs from the one recorded in {path}/results.json; "
-                "resume with the same recipe and overrides, or start a new run with another --out."
+                f"--resume: the recipe differs from the one recorded in {path}/results.json at {shown}; resume "
+                f"with the same recipe and overrides (`headprobe run --resume --out {path}` reads the recorded "
+                "one), or start a new run with another --out."
             )
         if previous.get("status") == "complete":
             return results, invocation, previous

@@ -76,13 +76,30 @@ def _interval(metric: str, record: Mapping) -> str:
 
 
 def _secondary(secondary: Mapping) -> tuple[list[dict], list[dict]]:
-    """(rows, folded): the secondary measures' changes, the per-parameter aug_r2.* rows folded under aug_r2.mean."""
+    """(rows, folded): the secondary measures' changes, the per-parameter aug_r2.* rows folded under aug_r2.mean.
+    Each row in one unit: an accuracy and its change in percent and points, any other measure in its own."""
+    from ..stats.claims import in_units, units_of
+
+    def number(metric: str, value, signed: bool = False) -> str:
+        return in_units(metric, value, signed) if isinstance(value, (int, float)) else fmt(value)
+
     rows, folded = [], []
     for metric, record in secondary.items():
-        row = {"metric": metric, "backbone": record.get("backbone"), "head": record.get("head"),
-               "change": record.get("change"), "ci": _interval(metric, record), "interval": record.get("interval", "")}
+        row = {"metric": metric, "units": units_of(metric), "backbone": number(metric, record.get("backbone")),
+               "head": number(metric, record.get("head")), "change": number(metric, record.get("change"), True),
+               "ci": _interval(metric, record), "interval": record.get("interval", "")}
         (folded if metric.startswith("aug_r2.") and metric != "aug_r2.mean" else rows).append(row)
     return rows, folded
+
+
+def _margin(claim: Mapping) -> str:
+    """The question's margin in its primary's units, as its answer lines write it ("2.0 points" for 0.02 accuracy)."""
+    from ..stats.claims import in_units
+
+    primary, margin = claim.get("primary") or "", claim.get("margin")
+    if not isinstance(margin, (int, float)):
+        return fmt(margin)
+    return in_units(primary, margin) + (" points" if primary.endswith(".acc") else "")
 
 
 def answers_section(results: Mapping, history: Mapping[str, Sequence[dict]]) -> Markup:
@@ -98,5 +115,5 @@ def answers_section(results: Mapping, history: Mapping[str, Sequence[dict]]) -> 
             answered.append({"answer": answer, "badge": BADGE.get(answer, ""), "line": record.get("line", head),
                              "how": record.get("how", ""), "p": record.get("p"), "p_holm": record.get("p_holm"),
                              "secondary": rows, "folded": folded})
-        questions.append({"key": key, "claim": claim, "heads": answered})
+        questions.append({"key": key, "claim": claim, "heads": answered, "margin": _margin(claim)})
     return render("sections/answers.html.j2", questions=questions, trained=trained)

@@ -4,7 +4,10 @@ the backbone and at the head, the change and its 95% interval, n = seeds × imag
 their changes in points, as the paper writes them; other measures in their own units.
 
 Markdown and LaTeX (booktabs) are for pasting into a paper; CSV keeps every number unrounded (as results.json
-holds it), with the interval rule and the Holm-adjusted p-value.
+holds it), with the interval rule and the Holm-adjusted p-value. None drops a row: a question the run could not
+answer for a head is a "not measured" row, and every row says how its head trained (`trained`: the loss-curve
+verdict of the "Did each head train?" card, `report.claims.trained_line`: "trained", "barely trained", "still
+falling", "not trained", "trained?" where too few steps were logged); Markdown and LaTeX end on a footnote saying so.
 
 >>> row = {"measure": "rotation.acc", "backbone": 0.5227, "head_value": 0.3755, "change": -0.1472,
 ...        "ci95": [-0.19, -0.10], "n_seeds": 3, "n_units": 200}
@@ -17,17 +20,38 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Mapping
+from pathlib import Path
 
 __all__ = ["ACROSS_HEADER", "FORMATS", "claims_rows", "cross_run_rows", "format_claims", "paper_cell"]
 
 FORMATS = ("md", "latex", "csv")
 CSV_COLUMNS = ("run", "question", "measure", "role", "head", "tap", "backbone", "head_value", "change", "ci_low",
-               "ci_high", "n_seeds", "n_units", "unit", "interval", "answer", "p", "p_holm")
+               "ci_high", "n_seeds", "n_units", "unit", "interval", "answer", "p", "p_holm", "trained", "training")
+NOT_MEASURED = "not measured"
+FOOTNOTE = ("trained: each head's loss curve (converged = trained; barely trained, still falling, not trained: "
+            "read its answer with care; trained?: too few logged steps to tell). not measured: the run did not "
+            "measure the question's primary measure at that head.")
 
 
-def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False) -> list[dict]:
+def training_lines(run_dirs: Mapping[str, str | Path]) -> dict[str, dict[str, str]]:
+    """run label → head → how it trained (`report.claims.trained_line` of its metrics.jsonl and results.json)."""
+    from headprobe.record.directory import read_results
+
+    from .claims import trained_line
+    from .plots import read_records, train_history
+
+    lines = {}
+    for label, path in run_dirs.items():
+        history, heads = train_history(read_records(path)), read_results(path).get("heads") or {}
+        lines[label] = {h: trained_line(history.get(h, []), (heads.get(h) or {}).get("train")) for h in heads}
+    return lines
+
+
+def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False,
+                training: Mapping[str, Mapping[str, str]] | None = None) -> list[dict]:
     """One row per run, question and head (and with `secondary` one per secondary measure after it), from each
-    run's results["claims"]; ValueError naming the run when it has none."""
+    run's results["claims"]; a head or question without the primary measure a "not measured" row; training:
+    `training_lines` of the runs, for the "trained" flag. ValueError naming the run when it has no answers."""
     rows = []
     for label, results in runs.items():
         claims = results.get("claims") or {}
@@ -36,13 +60,19 @@ def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False) -> list[di
                              "stopped before probing them, or was made by a headprobe older than the questions; "
                              "rerun it with this headprobe.")
         _check_shape(label, claims)
+        trained = (training or {}).get(label, {})
         for question, claim in claims.items():
+            if not claim.get("heads"):  # no head had any of the question's measures
+                rows.append({"run": label, "question": question, "head": "—", "measure": claim["primary"],
+                             "role": "primary", "answer": NOT_MEASURED, "trained": None, "training": None})
             for head, record in (claim.get("heads") or {}).items():
-                base = {"run": label, "question": question, "head": head, "tap": record.get("tap")}
-                if "change" in record:  # else the primary was not measured: the secondary measures alone
-                    rows.append(base | _numbers(record) | {"measure": claim["primary"], "role": "primary",
-                                                           "answer": record.get("answer"), "p": record.get("p"),
-                                                           "p_holm": record.get("p_holm")})
+                line = trained.get(head)
+                base = {"run": label, "question": question, "head": head, "tap": record.get("tap"),
+                        "trained": line.split(":", 1)[0] if line else None, "training": line}
+                numbers = _numbers(record) if "change" in record else {}
+                rows.append(base | numbers | {"measure": claim["primary"], "role": "primary",
+                                              "answer": record.get("answer") if numbers else NOT_MEASURED,
+                                              "p": record.get("p"), "p_holm": record.get("p_holm")})
                 if secondary:
                     rows += [base | _numbers(change) | {"measure": metric, "role": "secondary", "answer": None,
                                                         "p": None, "p_holm": None}
@@ -75,28 +105,28 @@ def _numbers(record: Mapping) -> dict:
         "head_value": record.get("head")}
 
 
-def _value(measure: str, value: float) -> str:
-    return (f"{100 * value:.1f}" if measure.endswith(".acc") else f"{value:.3g}").replace("-", "−")
-
-
 def paper_cell(row: Mapping) -> str:
-    """``z / h(z) (Δ [95% CI], n)`` of one row; accuracies in percent, changes in points."""
+    """``z / h(z) (Δ [95% CI], n)`` of one row; accuracies in percent, changes in points; "—" for a measure the
+    run did not measure."""
     from ..stats.claims import in_units
 
+    if row.get("change") is None:
+        return "—"
     measure = row["measure"]
     ci = row.get("ci95")
     interval = f" [{in_units(measure, ci[0])}, {in_units(measure, ci[1])}]" if ci else " [no interval]"
     seeds = row.get("n_seeds")
     n = f"{seeds}×{row['n_units']}" if row.get("n_units") else f"{seeds} seed{'' if seeds == 1 else 's'}"
-    return (f"{_value(measure, row['backbone'])} / {_value(measure, row['head_value'])} "
+    return (f"{in_units(measure, row['backbone'])} / {in_units(measure, row['head_value'])} "
             f"({in_units(measure, row['change'], signed=True)}{interval}, {n})")
 
 
-HEADER = ("question", "measure", "run", "head", "z / h(z) (Δ [95% CI], n)", "answer")
+HEADER = ("question", "measure", "run", "head", "z / h(z) (Δ [95% CI], n)", "answer", "trained")
 
 
 def _cells(row: Mapping) -> list[str]:
-    return [row["question"], row["measure"], row["run"], row["head"], paper_cell(row), row.get("answer") or "—"]
+    return [row["question"], row["measure"], row["run"], row["head"], paper_cell(row), row.get("answer") or "—",
+            row.get("trained") or "—"]
 
 
 LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
@@ -110,7 +140,8 @@ def _latex(text: str) -> str:
 
 def format_claims(rows: list[dict], fmt: str, header: tuple[str, ...] = HEADER) -> str:
     """The rows as a Markdown table, a LaTeX booktabs tabular, or CSV (every number as results.json holds it);
-    header: the table's column names (md, LaTeX)."""
+    header: the table's column names (md, LaTeX; a row's cells are cut to them: rows across runs have no "trained"),
+    with the footnote under a table that has the "trained" column."""
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
@@ -123,13 +154,16 @@ def format_claims(rows: list[dict], fmt: str, header: tuple[str, ...] = HEADER) 
         return out.getvalue()
     if fmt == "md":
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in _cells(row)) + " |" for row in rows]
-        return "\n".join(lines) + "\n"
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in _cells(row)[:len(header)]) + " |"
+                  for row in rows]
+        return "\n".join(lines + (["", FOOTNOTE] if "trained" in header else [])) + "\n"
     if fmt == "latex":
-        lines = [r"\begin{tabular}{llllll}", r"\toprule", " & ".join(_latex(h) for h in header) + r" \\",
-                 r"\midrule"]
-        lines += [" & ".join(_latex(cell) for cell in _cells(row)) + r" \\" for row in rows]
-        return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+        lines = [r"% headprobe claims: needs \usepackage{booktabs} (\toprule, \midrule, \bottomrule)",
+                 r"\begin{tabular}{" + "l" * len(header) + "}", r"\toprule",
+                 " & ".join(_latex(h) for h in header) + r" \\", r"\midrule"]
+        lines += [" & ".join(_latex(cell) for cell in _cells(row)[:len(header)]) + r" \\" for row in rows]
+        note = rf"\multicolumn{{{len(header)}}}{{p{{0.95\linewidth}}}}{{\footnotesize {_latex(FOOTNOTE)}}} \\"
+        return "\n".join(lines + [r"\bottomrule", *([note] if "trained" in header else []), r"\end{tabular}"]) + "\n"
     raise ValueError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}.")
 
 

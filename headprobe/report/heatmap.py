@@ -1,14 +1,16 @@
-"""The report's heat-map: every metric at every tap, coloured by the change from the backbone in the direction the
-buffer claim predicts, measured against the change's own 95% interval.
+"""The report's heat-map: every metric at every tap, coloured by the direction of its change from the backbone
+(`direction_change`: rise or fall, measured against the change's own 95% interval), each cell marked ✓ where the
+change goes the way the buffer claim predicts by more than that interval and ✗ where it goes against it
+(`claim_change`). Colour and mark are apart so that a k-NN accuracy that rose reads as a rise, whatever the claim.
 
 A percentage of the backbone's value swings wildly for a metric near zero (0.0093 → 0.00045 reads −95%), so the
-colour is `claim_change`: the head-tap − backbone difference, signed by `stats.verdict.predicted_change` (positive
-= the way the claim predicts: green; against it: red) and divided by the half-width of its 95% interval: the buffer
-evidence's interval of the margin where the verdict recorded one (the head's output tap, paired bootstrap), else
+colour is the head-tap − backbone difference divided by the half-width of its 95% interval: the buffer evidence's
+interval of the margin where the verdict recorded one (the head's output tap, paired bootstrap), else
 √(h_tap² + h_backbone²) from each tap's own interval (taps[T]["uncertainty"][M]["ci95"]). Without any interval the
-colour is the difference itself in the metric's units. Metrics the claim makes no prediction for (descriptions such
-as raw `align`, protocol values) are grey: their numbers are shown, their change has no good or bad side; so is
-`mi.infonce` wherever either tap's bound is ≤ 0 (the critic is uninformative there, as the verdict treats it).
+colour is the difference itself in the metric's units (and the cell has no mark). The mark reads the same change
+signed by `stats.verdict.predicted_change`; metrics the claim makes no prediction for (descriptions such as raw
+`align`) have none, and protocol values (`linear.C`) are left out. `mi.infonce` is grey wherever either tap's bound
+is ≤ 0 (the critic is uninformative there, as the verdict treats it).
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ def claim_change(results: dict) -> tuple[list[str], list[str], np.ndarray, np.nd
     signed difference predicted·(v − v_backbone), positive where it goes the claim's way (NaN for the backbone column
     and for metrics the claim makes no prediction for); scaled (M, T) True where change was divided by the
     half-width of its 95% interval, False where it is in the metric's own units."""
+    return _changes(results, by_claim=True)
+
+
+def direction_change(results: dict) -> tuple[list[str], list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """As `claim_change`, with change (M, T) = (v − v_backbone) for every metric, the claim's prediction or none:
+    positive where the value rose."""
+    return _changes(results, by_claim=False)
+
+
+def _changes(results: dict, by_claim: bool) -> tuple[list[str], list[str], np.ndarray, np.ndarray, np.ndarray]:
     taps = results["taps"]
     names, metrics = list(taps), heatmap_metrics(taps)
     values = np.array([[_number(taps[t].get("metrics", {}).get(m)) for t in names] for m in metrics],
@@ -70,7 +82,7 @@ def claim_change(results: dict) -> tuple[list[str], list[str], np.ndarray, np.nd
     base_tap = taps["backbone"]
     buffer = results.get("buffer") or {}
     for i, metric in enumerate(metrics):
-        sign = _predicted(metric)
+        sign = _predicted(metric) if by_claim else 1
         if sign is None:
             continue
         base = values[i, names.index("backbone")]
@@ -108,16 +120,28 @@ def plot_tap_heatmap(results: dict, path: Path) -> Path:
     return save(tap_heatmap(results), path)
 
 
+def claim_marks(results: dict) -> np.ndarray:
+    """(M, T) "✓" where `claim_change` is at least one 95% half-interval the way the claim predicts, "✗" at least
+    one against it, "" otherwise (no prediction, no interval, or within the interval)."""
+    _, _, _, change, scaled = claim_change(results)
+    marks = np.full(change.shape, "", dtype=object)
+    marks[scaled & (change >= 1)] = "✓"
+    marks[scaled & (change <= -1)] = "✗"
+    return marks
+
+
 def tap_heatmap(results: dict):
-    """Metric × tap: the number is the measured value, the colour `claim_change` (green: the way the buffer claim
-    predicts, red: against it, grey: no prediction); rows coloured in the metric's units are marked "(Δ units)".
-    The title and the colour bar's label are wrapped to the figure's size (constrained layout keeps them inside)."""
+    """Metric × tap: the number is the measured value, the colour `direction_change` (orange: higher than at the
+    backbone, purple: lower, grey: the backbone itself or not measured), the mark `claim_marks` (✓ as the buffer
+    claim predicts, ✗ against it); rows coloured in the metric's units are marked "(Δ units)". The title and the
+    colour bar's label are wrapped to the figure's size (constrained layout keeps them inside)."""
     from matplotlib import colormaps
 
-    metrics, names, values, change, scaled = claim_change(results)
+    metrics, names, values, change, scaled = direction_change(results)
     if not metrics:
         raise ValueError("no metrics to plot")
-    cmap = colormaps["RdYlGn"].with_extremes(bad="#e6e6e6")
+    marks = claim_marks(results)
+    cmap = colormaps["PuOr_r"].with_extremes(bad="#e6e6e6")
     width, height = max(5.0, 1.1 * len(names) + 3.0), max(3.2, 0.42 * len(metrics) + 1.8)
     fig = new_figure(width, height)
     ax = fig.add_subplot()
@@ -133,10 +157,11 @@ def tap_heatmap(results: dict):
         for j in range(len(names)):
             if math.isfinite(values[i, j]):
                 strong = math.isfinite(change[i, j]) and abs(change[i, j]) > 0.7 * SATURATION
-                ax.text(j, i, _short(values[i, j]), ha="center", va="center", fontsize=8,
-                        color="white" if strong else "black")
-    label = (f"change vs backbone ÷ its 95% half-interval, + = as the claim predicts (±{SATURATION:g} "
+                text = _short(values[i, j]) + (f" {marks[i, j]}" if marks[i, j] else "")
+                ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if strong else "black")
+    label = (f"change vs backbone ÷ its 95% half-interval: orange higher, purple lower (±{SATURATION:g} "
              "saturates)")
     fig.colorbar(image, ax=ax, shrink=0.9, label=wrap_to(label, height - 1.0, 10))
-    fig.suptitle(wrap_to("Every metric at every tap (numbers: measured value; grey: no prediction)", 0.9 * width, 12))
+    fig.suptitle(wrap_to("Every metric at every tap (numbers: measured value; ✓ / ✗: beyond its 95% interval "
+                         "for / against the buffer claim)", 0.9 * width, 12))
     return fig

@@ -36,7 +36,9 @@ def tap_columns(taps: dict) -> tuple[list[dict], list[dict]]:
     groups: dict[str, list[str]] = {}
     for name, tap in taps.items():
         groups.setdefault(tap.get("head") or "backbone", []).append(name)
-    top = [{"label": "before the head" if g == "backbone" else f"head {g}", "span": len(names),
+    from headprobe.stats.claims import head_phrase
+
+    top = [{"label": "before the head" if g == "backbone" else head_phrase(g), "span": len(names),
             "cls": "bb" if g == "backbone" else ""} for g, names in groups.items()]
     columns = [{"name": t, "kind": tap_kind(t, taps[t]), "label": tap_label(t, taps[t])}
                for names in groups.values() for t in names]

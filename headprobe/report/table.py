@@ -1,4 +1,7 @@
-"""Rich terminal tables for one run (`summary_table`) and several runs (`compare_table`)."""
+"""Rich terminal tables for one run (`summary_table`) and several runs (`compare_table`, `print_compare`).
+
+Where stdout is not a terminal (a log file, a pipe) a table is printed as wide as it needs, never wrapped at 80
+columns with cut labels; `width` sets the width outright (`headprobe compare --width`)."""
 
 from __future__ import annotations
 
@@ -26,9 +29,12 @@ def half_width(tap: dict, metric: str) -> float | None:
 
 
 def with_interval(tap: dict, metric: str) -> str:
-    """`0.9620 ±0.0090` where the metric has an interval, else the value alone."""
+    """`0.9620 ±0.0090` where the metric has an interval, else the value alone; a protocol value (`linear.C`, chosen
+    on validation data) never has one: it is a setting, and a spread over seeds would read as a negative C."""
+    from .glossary import is_protocol_value
+
     text = _fmt(tap.get("metrics", {}).get(metric))
-    half = half_width(tap, metric)
+    half = None if is_protocol_value(metric) else half_width(tap, metric)
     return text if half is None else f"{text} ±{_fmt(float(half))}"
 
 
@@ -55,13 +61,48 @@ def summary_table(results: dict) -> Table:
     return table
 
 
-def compare_table(runs: dict[str, dict]) -> Table:
-    """runs: label → results; one row per (tap, metric), one column per run."""
+# Run labels longer than this become R1, R2, ... in the terminal's columns, with a legend under the table.
+SHORT_LABEL = 16
+
+
+def short_labels(labels: list[str]) -> dict[str, str]:
+    """label → its column's name: the label itself when every one is at most SHORT_LABEL characters, else R1, R2, ...
+    (a sweep's labels such as "heads.0.type=identity,seed=0" would make the table too wide to read)."""
+    if all(len(label) <= SHORT_LABEL for label in labels):
+        return {label: label for label in labels}
+    return {label: f"R{i}" for i, label in enumerate(labels, 1)}
+
+
+def fit_width(console: Console, table: Table, width: int | None = None) -> None:
+    """`width` columns for the console, or where it is not a terminal as many as `table` needs."""
+    if width is not None:
+        console.width = width
+    elif not console.is_terminal:
+        from rich.measure import Measurement
+
+        needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        console.width = max(console.width, needed)
+
+
+def print_compare(runs: dict[str, dict], console: Console, width: int | None = None) -> None:
+    """`compare_table` with short run labels (`short_labels`) and, where they were shortened, their legend."""
+    names = short_labels(list(runs))
+    table = compare_table(runs, names)
+    fit_width(console, table, width)
+    console.print(table)
+    for label, name in names.items():
+        if name != label:
+            console.print(f"  {name} = {label}", markup=False, soft_wrap=True)
+
+
+def compare_table(runs: dict[str, dict], names: dict[str, str] | None = None) -> Table:
+    """runs: label → results; one row per (tap, metric), one column per run, headed by names[label] (default
+    the label)."""
     table = Table(title="headprobe compare", title_justify="left")
-    table.add_column("tap")
-    table.add_column("metric")
+    table.add_column("tap", no_wrap=True)
+    table.add_column("metric", no_wrap=True)
     for label in runs:
-        table.add_column(label, justify="right")
+        table.add_column((names or {}).get(label, label), justify="right")
     from .compare import compare_rows
 
     for row in compare_rows(runs)[1]:
@@ -73,12 +114,7 @@ def compare_table(runs: dict[str, dict]) -> Table:
 def print_summary(results: dict, run_dir: Path | None = None, console: Console | None = None) -> None:
     console = console or Console()
     table = summary_table(results)
-    if not console.is_terminal:
-        # Logs and pipes have no width to respect: print the whole table rather than ellipses.
-        from rich.measure import Measurement
-
-        needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
-        console.width = max(console.width, needed)
+    fit_width(console, table)  # logs and pipes have no width to respect: the whole table rather than ellipses
     answers = answer_lines(results)
     if answers:  # the answers open the summary; the table and the older one-vote verdicts follow
         console.print("answers to the paper's questions (head − backbone, 95% interval; docs/claims.md):",

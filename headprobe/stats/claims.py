@@ -326,11 +326,31 @@ def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict
 
 
 def in_units(metric: str, value: float, signed: bool = False) -> str:
-    """An accuracy change in points (0.074 → "7.4"), any other change as a number; a true minus, and with
-    `signed` a plus on a positive value."""
+    """An accuracy (or its change) in percent or points (0.074 → "7.4"), any other value or change as a number; a
+    true minus, and with `signed` a plus on a positive value."""
     sign = "+" if signed else ""
     text = f"{100 * value:{sign}.1f}" if metric.endswith(".acc") else f"{value:{sign}.3g}"
     return text.replace("-", "−")
+
+
+def units_of(metric: str) -> str:
+    """The units `in_units` writes `metric`'s values and changes in (an accuracy of 0.8867 as 88.7 percent, its
+    change in points: a row never mixes fractions and points)."""
+    return "percent; change in points" if metric.endswith(".acc") else "the measure's own; change likewise"
+
+
+def head_phrase(head: str) -> str:
+    """"mlp head", but "head" (not "head head") for a head whose name already ends in "head"."""
+    return head if head.lower().endswith("head") else f"{head} head"
+
+
+def _holm_note(record: dict) -> str:
+    """Why an answer is "undecided" when its interval alone would decide it: the p-values before and after Holm's
+    correction across the question's heads (the answer is read from the second)."""
+    p, p_holm = record.get("p"), record.get("p_holm")
+    if record.get("answer") != "undecided" or p is None or p_holm is None:
+        return ""
+    return f" (p {p:.2g}; Holm-adjusted across the question's heads {p_holm:.2g}, resolved only below α = 0.05)"
 
 
 def answer_line(question: Question, head: str, record: dict) -> str:
@@ -338,7 +358,7 @@ def answer_line(question: Question, head: str, record: dict) -> str:
     test images — yes"; a one-seed interval says it covers the test images only."""
     metric = question.primary
     if "change" not in record:
-        return f"{question.key}: {head} head: {metric} was not measured — {record['answer']}"
+        return f"{question.key}: {head_phrase(head)}: {metric} was not measured — {record['answer']}"
     points = " points" if metric.endswith(".acc") else ""
     margin = (f", margin ±{in_units(metric, question.margin)}{points}" if question.kind == EQUIVALENCE else
               f", margin {in_units(metric, question.margin)}{points}" if question.margin else "")
@@ -350,9 +370,9 @@ def answer_line(question: Question, head: str, record: dict) -> str:
         size += f" × {record['n_units']} {record.get('unit') or 'units'}"
     if record.get("interval") == "test images only":
         size += " (interval over the test images only)"
-    return (f"{question.key}: {head} head {question.finding} ({metric}{margin}): "
+    return (f"{question.key}: {head_phrase(head)} {question.finding} ({metric}{margin}): "
             f"{in_units(metric, record['change'], signed=True)}{points}{interval}{_null_clause(metric, record)}, "
-            f"{size} — {record['answer']}")
+            f"{size} — {record['answer']}{_holm_note(record)}")
 
 
 def _null_clause(metric: str, record: dict) -> str:

@@ -27,8 +27,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from headprobe.stats.clustered import cluster_bootstrap, difference_interval, proportion_interval
-
 # Where most collapsed states are strict saddles: a head type "is a saddle at collapse".
 MAJORITY = 0.5
 DIFFERENCE = "smooth − piecewise-linear"
@@ -91,6 +89,8 @@ class SplitMeasure:
 
 
 def _mean_interval(by_seed: dict[int, list[float]], seed: int) -> dict:
+    from headprobe.stats.clustered import cluster_bootstrap  # torch: on use, not when `list` reads the questions
+
     clusters = [values for values in by_seed.values() if values]
     values = [v for c in clusters for v in c]
     return {"value": statistics.fmean(values), "ci95": list(cluster_bootstrap(clusters, seed=seed)),
@@ -158,6 +158,8 @@ def _saddle_record(states, head: str, threshold: float, seed: int) -> dict | Non
     clusters = _collapsed_by_seed(states, head)
     if not clusters:
         return None
+    from headprobe.stats.clustered import proportion_interval
+
     own = [s for s in states if s.head == head]
     collapsed = [s for s in own if s.collapsed]
     record = proportion_interval(clusters, seed=seed)
@@ -177,6 +179,8 @@ def _difference(states, margin: float, seed: int) -> dict | None:
     smooth, linear = (_collapsed_by_seed(states, group) for group in (("swish", "gelu"), ("linear", "relu")))
     if not smooth or not linear or len(smooth) != len(linear):
         return None
+    from headprobe.stats.clustered import difference_interval
+
     record = difference_interval(smooth, linear, seed=seed)
     low, high = record["ci95"]
     record |= {"answer": "yes" if low > margin else "no" if high < margin else "undecided",

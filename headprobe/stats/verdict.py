@@ -30,18 +30,14 @@ per-unit values or seeds stay "unresolved" and say why (`why_unresolved`).
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from headprobe.probes.declaration import INFORMATION, INVARIANCE, metric_declaration
-from headprobe.stats.bootstrap import (
-    ALPHA,
-    PerUnit,
-    Resamples,
-    bootstrap_p_value,
-    holm,
-    percentile_interval,
-    resampled_means,
-)
+
+if TYPE_CHECKING:  # torch loads when a verdict is computed, not when the report reads `predicted_change`
+    import torch
+
+    from headprobe.stats.bootstrap import PerUnit, Resamples
 
 # The verdict's piece for InfoNCE: the bound relative to its ceiling log B (declared by the view_mi probe; it is
 # left out of the verdict where either tap's InfoNCE is ≤ 0, see `buffer_verdict`).
@@ -94,6 +90,8 @@ ROUNDOFF = 16 * 2.0**-23
 
 
 def _paired_difference(backbone: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    import torch
+
     b, h = backbone.detach().double().cpu(), head.detach().double().cpu()
     difference = b - h
     return torch.where(difference.abs() <= ROUNDOFF * (b.abs() + h.abs()), 0.0, difference)
@@ -115,6 +113,7 @@ def _seed_margins(backbone: dict, seeds: dict[str, dict], metric: str) -> list[f
 
 def _seed_test(margins: list[float]) -> dict:
     """A one-sample t test of "mean margin = 0" over seeds, with its 95% t interval."""
+    import torch
     from scipy import stats
 
     values = torch.tensor(margins, dtype=torch.float64)
@@ -141,6 +140,15 @@ def buffer_verdict(taps: dict, head: str, samples: dict[str, dict[str, PerUnit]]
     verdict: "buffer" (≥ 1 resolved for, none against), "no-buffer" (≥ 1 against, none for), "mixed" (both),
     "inconclusive" (nothing resolved, or no shared metric).
     """
+    from headprobe.stats.bootstrap import (
+        ALPHA,
+        PerUnit,
+        bootstrap_p_value,
+        holm,
+        percentile_interval,
+        resampled_means,
+    )
+
     before, after = taps["backbone"]["metrics"], taps[head]["metrics"]
     samples, resamples = samples or {}, resamples or {}
     evidence: dict[str, dict] = {}

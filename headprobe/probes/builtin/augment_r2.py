@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from headprobe.registry import FRACTION, POSITIVE, at_least
 
 from ..declaration import DESCRIPTION, INFORMATION, Metric, Probe, TrainImages
@@ -84,6 +82,7 @@ def measure_augment_r2(tap: TapData, *, alphas: list[float] | None, test_fractio
     (A fixed alpha = 1, as before, gave R² down to −4 on the quickstart's views.)
     """
     import numpy as np
+    import torch
     from sklearn.metrics import r2_score
     from sklearn.preprocessing import StandardScaler
 

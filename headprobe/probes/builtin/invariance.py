@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from headprobe.registry import POSITIVE
-from headprobe.stats.bootstrap import VIEW_IMAGES, Linearised, PerUnit, SpreadRatio, Uniformity
 
 from ..declaration import INVARIANCE, Metric, Probe
 from ..tap_data import ProbeOutput, TapData, need_views
@@ -22,6 +21,8 @@ def measure_invariance(tap: TapData, *, uniformity_t: float) -> ProbeOutput:
     scale-free `view_spread_rel` (`spectrum.view_spread`): the views' spread relative to random pairs of views of
     different images, in the tap's own space. Raw alignment and view cosine depend on how bunched the whole cloud
     is, so only `view_spread_rel` is invariance evidence for the buffer verdict; the others describe."""
+    from headprobe.stats.bootstrap import VIEW_IMAGES, Linearised, PerUnit, SpreadRatio, Uniformity
+
     from ..lidar_influence import lidar_pseudo_values
     from ..spectrum import alignment_per_pair, sphere_points, uniformity, view_cosine_per_pair, view_spread
 

@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from headprobe.registry import POSITIVE, at_least
-from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
 
 from ..declaration import CLASS_CHANCE, INFORMATION, Metric, Probe, TrainImages
-from ..knn import DEFAULT_KS, neighbour_counts
+from ..knn_counts import DEFAULT_KS, neighbour_counts
 from ..tap_data import ProbeOutput, TapData
 
 
@@ -43,6 +42,8 @@ def measure_knn(tap: TapData, *, shard_bank: bool | None, processes: tuple[int, 
     """The k-NN probe. processes=(rank, world), given by the run when W > 1 processes call it together (which the
     run decides from `shard_bank`: `probe_sharing.shard_knn_bank`): each searches its 1/W of the training bank and
     they merge their partial top-k (`sharded_knn`)."""
+    from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
+
     from ..knn import knn as knn_probe
 
     if processes is not None and processes[1] > 1:

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from headprobe.registry import POSITIVE, at_least
-from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
 
 from ..declaration import CLASS_CHANCE, INFORMATION, PROTOCOL, Metric, Probe, TrainImages
 from ..tap_data import ProbeOutput, TapData
@@ -47,6 +44,10 @@ def check_linear(options: LinearProbeSpec, train: TrainImages) -> None:
 def measure_linear(tap: TapData, *, standardize: bool, standardized_probe: bool, **options) -> ProbeOutput:
     """Linear probe on the whitened features (class accuracy), the label-MI lower bound I(Z;Y) ≥ H(Y) − CE of that
     probe, in nats, and (with `standardized_probe`) the probe on standardised features as a description."""
+    import torch
+
+    from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
+
     from ..label_mi import label_mi_lower_bound
     from ..linear import linear_probe
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from headprobe.registry import ORBIT_SWEEPS, at_least, registered
 
 from ..declaration import INVARIANCE, Metric, Probe, TrainImages
@@ -35,6 +33,8 @@ def measure_orbits(tap: TapData, *, sweeps: list[str], n_images: int, pca_images
     they are absent when the tap has no orbit labels or the orbit images hold fewer than 2 classes, and the
     protocol's "centroids" sentence says so. `.d_inter_image` and `.d_ratio_image` compare image-orbit centroids
     and are always there."""
+    import torch
+
     from ..orbit_intervals import orbit_statistics
     from ..orbits import orbit_measures, orbit_pca, sweep_values
 

@@ -12,14 +12,15 @@ intervals resample, by image: rotated copies of one image are near-duplicates (`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from headprobe.registry import POSITIVE, at_least
-from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
 
 from ..declaration import INFORMATION, Metric, Probe, TrainImages
 from ..tap_data import MissingInputError, ProbeOutput, TapData
+
+if TYPE_CHECKING:  # torch loads when the probe runs, not when `list` or `validate` reads its declaration
+    import torch
 
 
 @dataclass
@@ -44,6 +45,8 @@ ANGLES = 4
 def rotated_image_index(labels: torch.Tensor) -> torch.Tensor:
     """The source image (0..N−1) of each row of rotated features whose rotation labels are `labels` (4N,), laid
     out angle by angle as `stages.extract_features` makes them: (4N,) int64."""
+    import torch
+
     labels = torch.as_tensor(labels).cpu().long()
     n, rest = divmod(len(labels), ANGLES)
     expected = torch.arange(ANGLES).repeat_interleave(n)
@@ -57,6 +60,8 @@ def rotated_image_index(labels: torch.Tensor) -> torch.Tensor:
 def per_image_accuracy(correct: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """correct: (4N,) whether each rotated row was predicted right -> (N,) float64, each image's mean over its 4
     rotations; their mean is the accuracy over all 4N rows."""
+    import torch
+
     image = rotated_image_index(labels)
     n = len(image) // ANGLES
     return torch.zeros(n, dtype=torch.float64).index_add_(0, image, correct.detach().cpu().double()) / ANGLES
@@ -67,6 +72,8 @@ def measure_rotation(tap: TapData, *, C_grid: list[float] | None, mlp_hidden: in
     """4-way rotation prediction (0/90/180/270°, chance 0.25) from each tap: a linear (logistic) probe on the
     whitened features with C chosen on validation (and, with `standardized_probe`, the same on standardised
     features), and a one-hidden-layer MLP probe — the paper's "guillotine" measurement."""
+    from headprobe.stats.bootstrap import TEST_IMAGES, PerUnit
+
     from ..linear import linear_probe
 
     if tap.rotated_train_x is None:
@@ -110,6 +117,8 @@ def measure_rotation(tap: TapData, *, C_grid: list[float] | None, mlp_hidden: in
 def _mlp_probe(tap: TapData, hidden: int, epochs: int) -> torch.Tensor:
     """The MLP probe's predicted rotations of the rotated test rows: (4M,) int64 on the CPU (fixed epochs, no
     validation split to group)."""
+    import torch
+
     x, y = tap.rotated_train_x.float(), tap.rotated_train_y
     mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
     g = torch.Generator().manual_seed(tap.seed)

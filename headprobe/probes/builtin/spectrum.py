@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from headprobe.checks import check_features
 from headprobe.registry import at_least
-from headprobe.stats.bootstrap import TRAIN_IMAGES, Linearised
 
 from ..declaration import Metric, Probe
 from ..tap_data import ProbeOutput, TapData
@@ -21,6 +19,9 @@ class SpectrumSpec:
 
 def measure_spectrum(tap: TapData, *, top_k: int | None) -> ProbeOutput:
     """RankMe, α-ReQ and the covariance spectrum of the clean training features (honest conditioning)."""
+    from headprobe.checks import check_features
+    from headprobe.stats.bootstrap import TRAIN_IMAGES, Linearised
+
     from ..influence import rankme_per_row
     from ..spectrum import alpha_req, alpha_req_fit_range, covariance_eigenvalues, covariance_spectrum, rankme
 

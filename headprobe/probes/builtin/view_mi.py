@@ -6,10 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-
 from headprobe.registry import POSITIVE, at_least
-from headprobe.stats.bootstrap import VIEW_IMAGES, Linearised
 
 from ..declaration import INVARIANCE, PROTOCOL, Metric, Probe
 from ..tap_data import ProbeOutput, TapData, need_views
@@ -35,6 +32,10 @@ def measure_view_mi(tap: TapData, *, batch_size: int, temperature: float, pca_di
     small-sample bias for Gaussian data, without shrinkage (`gaussian_mi`): k ≤ N/10 keeps the joint 2k×2k
     correlation matrix invertible, and shrinking it would erase the cross-view correlation that is the MI."""
     import math
+
+    import torch
+
+    from headprobe.stats.bootstrap import VIEW_IMAGES, Linearised
 
     from ..influence import gaussian_mi_per_pair
     from ..information import gaussian_mi, mutual_information
