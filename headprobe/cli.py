@@ -265,8 +265,9 @@ def cmd_claims(args: argparse.Namespace) -> int:
             answers = cross_run_answers(list(labels.values()))
     except (FileNotFoundError, ValueError) as err:
         return _error(str(err), EXIT_USAGE)
-    within, across = ([], []) if answers is None else (cross_run_rows(answers, part, args.secondary)
-                                                       for part in ("within", "across"))
+    within, across = ([], []) if answers is None else (
+        cross_run_rows(answers, "within", args.secondary),
+        cross_run_rows(answers, "across", args.secondary) + cross_run_rows(answers, "against_null", args.secondary))
     if args.format == "csv":
         text = format_claims(rows + within + across, "csv")
     else:

@@ -299,3 +299,26 @@ def test_the_heads_answered_within_an_arm_are_its_trained_heads(tmp_path):
                                                            "head": {"tap": "head@2"}, "z": {"tap": "z"},
                                                            "head.init": {"tap": "head.init@2", "is_null": True}}}}}))
     assert head_taps(tmp_path) == {"head": "head@2"}
+
+
+def test_a_null_arm_is_a_second_reference_for_every_other_arm(tmp_path):
+    """The backbone trained through a fixed random map (type: random): each arm against it, seed by seed."""
+    arms = _ablation(tmp_path)
+    for s, path in list(arms["linear"].items()):  # the linear arm's values, relabelled as the null arm's runs
+        null = tmp_path / f"random{s}"
+        null.mkdir()
+        results = json.loads((path / "results.json").read_text())
+        results["recipe"]["heads"] = [{"name": "head", "type": "random", "depth": 1, "width": 16}]
+        (null / "results.json").write_text(json.dumps(results))
+        (null / "per_unit").symlink_to(path / "per_unit")
+    runs = [p for arm in arms.values() for p in arm.values()] + [tmp_path / f"random{s}" for s in range(3)]
+    out = cross_run_answers(runs, n_boot=500)
+    assert out["null_arm"] == "random d1"
+    against = out["against_null"]["Q-aug"]["arms"]
+    assert set(against) == {"mlp d2 relu bn", "linear d2"}  # not the null arm against itself
+    across = out["across"]["Q-aug"]["arms"]
+    # The null arm holds the linear arm's (= the no-head arm's) backbones: the same change and interval as vs no head.
+    assert against["mlp d2 relu bn"]["change"] == pytest.approx(across["mlp d2 relu bn"]["change"])
+    assert against["linear d2"]["change"] == 0.0
+    assert "against the null arm's" in against["mlp d2 relu bn"]["line"]
+    assert any("null arm (random d1" in line for line in answer_lines(out))

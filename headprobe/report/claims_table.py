@@ -168,9 +168,10 @@ def format_claims(rows: list[dict], fmt: str, header: tuple[str, ...] = HEADER) 
 
 
 # The columns of the rows across runs (`cross_run_rows`, part "across"): the no-head backbone, then the arm's.
-ACROSS_HEADER = ("question", "measure", "runs", "arm", "z no head / z with the head (Δ [95% CI], n)", "answer")
-# The "run" of a row pooled over runs: within an arm (z → h), or across runs (the arm's backbone vs no head's).
-POOLED = {"within": "pooled runs", "across": "across runs"}
+ACROSS_HEADER = ("question", "measure", "runs", "arm", "z reference arm / z with the head (Δ [95% CI], n)", "answer")
+# The "run" of a row pooled over runs: within an arm (z → h), across runs (the arm's backbone vs no head's), or
+# against the null arm (vs the backbone trained through a fixed random map).
+POOLED = {"within": "pooled runs", "across": "across runs", "against_null": "across runs, vs the null arm"}
 
 
 def cross_run_rows(answers: Mapping, part: str, secondary: bool = False) -> list[dict]:
@@ -178,7 +179,7 @@ def cross_run_rows(answers: Mapping, part: str, secondary: bool = False) -> list
     gives a run's: run "pooled runs" (z → h within an arm, pooled over its runs) or "across runs" (the arm's
     backbone minus the no-head backbone of the same seed), head the arm; with `secondary` the descriptions too."""
     rows = []
-    for question, claim in answers[part].items():
+    for question, claim in (answers.get(part) or {}).items():
         for arm, record in claim["arms"].items():
             base = {"run": POOLED[part], "question": question, "head": arm, "tap": record.get("tap")}
             if "change" in record:

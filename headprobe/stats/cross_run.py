@@ -274,10 +274,27 @@ def cross_run_answers(run_dirs: Sequence[str | Path], reference: str = REFERENCE
                 n_boot, seed, compared="each run's head against its own backbone"))
         described[label] = {"seeds": seeds, "runs": {s: str(runs[s]) for s in sorted(runs)}}
     within_questions = [dataclasses.replace(q, family="arms") for q in questions(overrides)]
-    return {"reference": reference, "tap": tap, "arms": described,
-            "within": _answers(within_questions, within, WITHIN_RULE, overrides),
-            "across": _answers(across_questions(overrides), across, ACROSS_RULE, overrides,
-                               subject="backbone trained with the {}")}
+    out = {"reference": reference, "tap": tap, "arms": described,
+           "within": _answers(within_questions, within, WITHIN_RULE, overrides),
+           "across": _answers(across_questions(overrides), across, ACROSS_RULE, overrides,
+                              subject="backbone trained with the {}")}
+    # The null arm (the backbone trained through a fixed random injective map, `type: random`): every other arm's
+    # backbone against it, seed by seed, by the same rule — what a trained head does beyond a map that loses nothing.
+    null = next((label for label in others if label.startswith("random d")), None)
+    if null is not None:
+        against = {}
+        for label, runs in others.items():
+            seeds = sorted(set(runs) & set(arms[null])) if label != null else []
+            if seeds:
+                against[label] = (tap, seeds, paired_changes(
+                    [(s, tap_record(runs[s], tap, s), tap_record(arms[null][s], tap, s)) for s in seeds], n_boot, seed))
+        out["null_arm"] = null
+        rule = ("change = the backbone of the run trained with the head − the backbone trained through the fixed "
+                "random map (the null arm) of the same seed, on the same test images, averaged over the seeds both "
+                "ran; " + _INTERVAL)
+        out["against_null"] = _answers(across_questions(overrides), against, rule,
+                                       overrides, subject="backbone trained with the {}, against the null arm's,")
+    return out
 
 
 def answer_lines(answers: Mapping) -> list[str]:
@@ -285,7 +302,11 @@ def answer_lines(answers: Mapping) -> list[str]:
     lines = []
     for part, heading in (("within", "within each arm, pooled over its runs (z → h):"),
                           ("across", f"across runs, each arm's {answers['tap']} against the {answers['tap']} of the "
-                                     f"{answers['reference']} arm of the same seed:")):
-        found = [record["line"] for claim in answers[part].values() for record in claim["arms"].values()]
+                                     f"{answers['reference']} arm of the same seed:"),
+                          ("against_null", f"across runs, each arm's {answers['tap']} against the {answers['tap']} "
+                                           f"of the null arm ({answers.get('null_arm')}, a fixed random map) of the "
+                                           "same seed:")):
+        found = [record["line"] for claim in (answers.get(part) or {}).values()
+                 for record in claim["arms"].values() if "line" in record]
         lines += [heading, *found] if found else []
     return lines
