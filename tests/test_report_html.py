@@ -72,7 +72,7 @@ def test_report_tables_hold_every_metric_at_every_tap_and_the_evidence(report):
         assert len(cells) == len(taps)
         for cell, tap in zip(cells, taps, strict=True):
             assert cell.split()[0] == fmt(results["taps"][tap]["metrics"][metric])
-    assert page.row("linear.acc")[3].split() == ["0.8100", "-0.1400"]  # mlp output, and its drop from backbone
+    assert page.row("linear.acc")[3].split() == ["0.8100", "-0.1400", "✓"]  # mlp output, its drop, the claim's way
     assert page.row("rankme")[1:3] == ["180.00", "120.00 -60.00"]
     assert page.row("evidence") == ["evidence", "backbone", "head", "margin", "claim"]
     assert ["align", "0.4000", "0.4300", "-0.0300", "head more invariant"] in page.rows

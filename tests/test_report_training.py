@@ -51,19 +51,20 @@ def test_render_report_with_records_puts_a_trained_line_next_to_each_verdict():
     assert "Trained? Read from each head&#39;s logged loss" in page  # the rule, stated in the report
 
 
-def test_deltas_are_coloured_by_the_claims_direction_and_a_negative_infonce_is_flagged():
+def test_deltas_are_coloured_by_their_direction_marked_by_the_claim_and_a_negative_infonce_is_flagged():
     results = results_dict()
     results["taps"]["lin"]["metrics"]["mi.infonce"] = -0.087
     page = Page(render_report(results, []))
     text = render_report(results, [])
-    # linear.acc fell at the mlp head: the way the claim predicts (green, class "up") although the number fell
-    assert "<span class='delta up'>-0.1400</span>" in text
-    # raw align fell at lin (0.40 → 0.33): a description, no colour
-    assert "<span class='delta'>-0.0700</span>" in text
+    # linear.acc fell at the mlp head: coloured as a fall, marked ✓ as the (older verdict's) claim predicts a fall
+    assert "<span class='delta fall' title='the way the buffer claim predicts'>-0.1400 ✓</span>" in text
+    # raw align fell at lin (0.40 → 0.33): a description, coloured as a fall, no mark
+    assert "<span class='delta fall'>-0.0700</span>" in text
     # the rule is the buffer's: a fall of view_spread_rel is as predicted, a rise of it against
     results["taps"]["backbone"]["metrics"]["view_spread_rel"] = 0.3
     results["taps"]["lin"]["metrics"]["view_spread_rel"] = 0.4
-    assert "<span class='delta down'>+0.1000</span>" in render_report(results, [])
+    rose = render_report(results, [])
+    assert "<span class='delta rise' title='against the buffer claim&#39;s prediction'>+0.1000 ✗</span>" in rose
     assert page.row("mi.infonce")[4].endswith("critic uninformative")
-    assert "<span class='delta'>-3.0320</span>" in text  # 0.94·3.1 → −0.087 at lin: uncoloured
+    assert "<span class='delta fall'>-3.0320</span>" in text  # 0.94·3.1 → −0.087 at lin: no mark
     assert not page.row("mi.infonce")[1].endswith("critic uninformative")

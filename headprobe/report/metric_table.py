@@ -1,5 +1,6 @@
 """The report's "Metrics at every tap" section: every metric at every tap, grouped by head, with each value's 95%
-half-interval and its difference from the backbone, green/red by the direction the buffer claim predicts.
+half-interval and its difference from the backbone, coloured by its direction (higher / lower) with ✓ / ✗ where
+the buffer claim predicts a direction (for / against it).
 
 Protocol values (`linear.C`, ...) go to a table of their own, the per-parameter `aug_r2.*` rows fold under
 `aug_r2.mean`, and the whole table folds under a summary line: the page opens with the answers, not 45 rows.
@@ -58,21 +59,25 @@ def metric_label(metric: str, results: dict) -> dict:
 
 
 def delta(metric: str, value, base) -> dict | None:
-    """The difference from the backbone {"text", "cls"}: cls "up"/"down" by the direction the buffer claim predicts
-    for `metric` (`headprobe.stats.verdict.predicted_change`), "" where it predicts nothing; None without both."""
+    """The difference from the backbone {"text", "cls", "mark", "title"}: cls "rise"/"fall", the direction of the
+    change itself (as the heat-map colours it); mark "✓"/"✗" where the buffer claim predicts a direction for `metric`
+    (`headprobe.stats.verdict.predicted_change`) and the change goes that way / the other way, "" where it predicts
+    nothing; None without both numbers."""
     numbers = [v for v in (value, base) if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if len(numbers) < 2:
         return None
     diff = value - base
     if diff == 0:
-        return {"text": "±0", "cls": ""}
+        return {"text": "±0", "cls": "", "mark": "", "title": ""}
     from headprobe.stats.verdict import predicted_change
 
     sign = predicted_change(metric)
     if metric == "mi.infonce" and min(value, base) <= 0:
         sign = None  # a bound ≤ 0 at either tap: the critic is uninformative, the change is not evidence
-    cls = "" if sign is None else "up" if sign * diff > 0 else "down"
-    return {"text": f"{'+' if diff > 0 else ''}{fmt(float(diff))}", "cls": cls}
+    mark = "" if sign is None else "✓" if sign * diff > 0 else "✗"
+    title = {"✓": "the way the buffer claim predicts", "✗": "against the buffer claim's prediction", "": ""}[mark]
+    return {"text": f"{'+' if diff > 0 else ''}{fmt(float(diff))}", "cls": "rise" if diff > 0 else "fall",
+            "mark": mark, "title": title}
 
 
 def _cell(metric: str, value, tap: dict, kind: str, base) -> dict:
