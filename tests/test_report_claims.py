@@ -89,3 +89,17 @@ def test_a_question_the_run_could_not_answer_is_one_line_and_its_measures_still_
     assert sum(line.startswith("Q-aug") for line in lines) == 1
     section = answers_section(results, {})
     assert ">aug_r2.mean<" in section and "aug_r2 per augmentation parameter (2)" in section
+
+
+def test_an_answer_about_a_head_not_shown_to_have_trained_says_so_first():
+    null = {"status": "untrained: good at its initialisation (null)", "steps": 0}
+    results = {"heads": {"flat": {"train": {"status": "complete", "steps": 100}},
+                         "good": {"train": {"status": "complete", "steps": 100}}, "good.init": {"train": null}},
+               "claims": {"Q-inv": {"heads": {h: {"line": f"Q-inv: {h} line"} for h in ("flat", "good", "good.init")}}}}
+    flat = [{"step": s, "loss": 6.0 - 0.001 * s} for s in range(10, 101, 10)]  # 1.5% lower, still sloping
+    good = [{"step": s, "loss": 6.0 * 0.5 ** min(s, 60) / 6 + 1.0} for s in range(10, 101, 10)]  # fell, then flat
+    lines = answer_lines(results, {"flat": flat, "good": good})
+    assert lines[0].startswith("[flat: ") and lines[0].endswith("] Q-inv: flat line")
+    assert "still falling" in lines[0] and "fell from" in lines[0]
+    assert lines[1:] == ["Q-inv: good line", "Q-inv: good.init line"]  # a null head is untrained by design
+    assert answer_lines(results) == ["Q-inv: flat line", "Q-inv: good line", "Q-inv: good.init line"]  # no losses

@@ -20,9 +20,20 @@ __all__ = ["answer_lines", "answers_section", "trained_line"]
 BADGE = {"yes": "buffer", "equivalent": "buffer", "no": "no-buffer", "lost": "no-buffer", "gained": "mixed"}
 
 
-def answer_lines(results: Mapping) -> list[str]:
+def answer_lines(results: Mapping, history: Mapping[str, Sequence[dict]] | None = None) -> list[str]:
     """One line per question and head, in the order recorded ("Q-aug: d2 head discards ... — yes"); one line for
-    a question whose primary measure the run did not measure."""
+    a question whose primary measure the run did not measure. With the heads' logged losses (`history`), the line
+    of a trained head that cannot be shown to have trained (barely trained, still falling, too few logged steps)
+    says so first: its answer is about a head that may not have learned what the loss asks."""
+    heads = results.get("heads") or {}
+    doubt = {}
+    for head, entry in heads.items():
+        train = (entry or {}).get("train") or {}
+        if history is not None and not str(train.get("status") or "").startswith("untrained") \
+                and train.get("steps"):
+            line = trained_line(history.get(head, []), train)
+            if not line.startswith("trained:"):
+                doubt[head] = line
     lines = []
     for key, claim in (results.get("claims") or {}).items():
         if not isinstance(claim, dict):
@@ -30,8 +41,9 @@ def answer_lines(results: Mapping) -> list[str]:
         if claim.get("not_measured"):
             lines.append(f"{key}: not answered — {claim['not_measured']}")
             continue
-        lines += [record["line"] for record in (claim.get("heads") or {}).values()
-                  if isinstance(record, dict) and "line" in record]
+        for head, record in (claim.get("heads") or {}).items():
+            if isinstance(record, dict) and "line" in record:
+                lines.append(f"[{head}: {doubt[head]}] {record['line']}" if head in doubt else record["line"])
     return lines
 
 

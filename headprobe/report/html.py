@@ -81,7 +81,8 @@ def _summary(report: Report) -> Markup:
                "answer": r.get("answer") or "—", "badge": BADGE.get(r.get("answer"), "")} for r in rows]
     verdicts = [f"{head} → {v.get('verdict')} ({v.get('support', 0)} for, {v.get('against', 0)} against, "
                 f"{v.get('unresolved', 0)} unresolved)" for head, v in (results.get("buffer") or {}).items()]
-    return render("sections/summary.html.j2", lines=answer_lines(results), claims=claims, verdicts=verdicts)
+    return render("sections/summary.html.j2", lines=answer_lines(results, report.history), claims=claims,
+                  verdicts=verdicts)
 
 
 def _setup(report: Report) -> Markup:

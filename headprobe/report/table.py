@@ -115,7 +115,12 @@ def print_summary(results: dict, run_dir: Path | None = None, console: Console |
     console = console or Console()
     table = summary_table(results)
     fit_width(console, table)  # logs and pipes have no width to respect: the whole table rather than ellipses
-    answers = answer_lines(results)
+    history = None
+    if run_dir is not None:
+        from .plots import read_records, train_history
+
+        history = train_history(read_records(run_dir))
+    answers = answer_lines(results, history)
     if answers:  # the answers open the summary; the table and the older one-vote verdicts follow
         console.print("answers to the paper's questions (head − backbone, 95% interval; docs/claims.md):",
                       markup=False, soft_wrap=True)
