@@ -97,7 +97,7 @@ def test_an_answer_about_a_head_not_shown_to_have_trained_says_so_first():
                          "good": {"train": {"status": "complete", "steps": 100}}, "good.init": {"train": null}},
                "claims": {"Q-inv": {"heads": {h: {"line": f"Q-inv: {h} line"} for h in ("flat", "good", "good.init")}}}}
     flat = [{"step": s, "loss": 6.0 - 0.001 * s} for s in range(10, 101, 10)]  # 1.5% lower, still sloping
-    good = [{"step": s, "loss": 6.0 * 0.5 ** min(s, 60) / 6 + 1.0} for s in range(10, 101, 10)]  # fell, then flat
+    good = [{"step": s, "loss": 1.0 + 6.0 * 0.9 ** s} for s in range(0, 101, 10)]  # 7 → 1, flat at the end
     lines = answer_lines(results, {"flat": flat, "good": good})
     assert lines[0].startswith("[flat: ") and lines[0].endswith("] Q-inv: flat line")
     assert "still falling" in lines[0] and "fell from" in lines[0]
