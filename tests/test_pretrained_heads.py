@@ -41,13 +41,16 @@ def test_the_checkpoints_own_head_is_probed_next_to_a_retrained_one(dino_checkpo
     assert head["checkpoint"]["part"] == "teacher" and len(head["checkpoint"]["sha256"]) == 64
     assert results["heads"]["mlp"]["train"]["steps"] > 0  # the fresh head trained as usual
     assert results["backbone"]["checkpoint"]["sha256"] == head["checkpoint"]["sha256"]
-    # The checkpoint is freshly initialised, never trained: its head (and the fresh head, after one epoch) loses
-    # class information the backbone has (linear.acc −23 / −17 points, resolved), and nothing is resolved against.
+    # The checkpoint is freshly initialised, never trained: its head loses class information the backbone has
+    # (linear.acc −22 points [−35, −10], resolved past the −2-point margin after Holm). The fresh head, after one
+    # epoch, reads −15 [−28, −2] on the whitened probe: p 0.036 at the margin, 0.072 after Holm over the two heads,
+    # so undecided (the standardised probe read −17 points, "lost").
     answers = {h: r["answer"] for h, r in results["claims"]["Q-class"]["heads"].items()}
-    assert answers == {"dino": "lost", "mlp": "lost"}
+    assert answers == {"dino": "lost", "mlp": "undecided"}
     assert {h: (v["verdict"], v["against"]) for h, v in results["buffer"].items()} == {"dino": ("buffer", 0),
                                                                                        "mlp": ("buffer", 0)}
-    assert all(v["evidence"]["linear.acc"]["resolved"] == "for" for v in results["buffer"].values())
+    evidence = {h: v["evidence"]["linear.acc"]["resolved"] for h, v in results["buffer"].items()}
+    assert evidence["dino"] == "for" and evidence["mlp"] != "against"  # the fresh head's loss: not past its interval
 
 
 def test_a_pretrained_head_needs_an_ssl_backbone(dino_checkpoint):

@@ -68,7 +68,7 @@ def test_every_numeric_field_rejects_nan_and_infinities(key, kind, bad):
 @pytest.mark.parametrize("override, words", [
     ("train.lr=.nan", "train.lr = nan is not a finite number"),
     ("train.lr=.inf", "train.lr = inf is not a finite number"),
-    ("heads.0.out_dim=-5", "heads[0].out_dim = -5 is out of range; it must be >= 1"),
+    ("heads.0.out_dim=-5", "heads[0].out_dim = -5 is out of range; it must be in [1, 1048576]"),
     ("data.test_fraction=.nan", "data.test_fraction = nan is not a finite number"),
     ("data.val_fraction=.nan", "data.val_fraction = nan is not a finite number"),
     ("data.val_fraction=0", "data.val_fraction = 0.0 is out of range; it must be in (0, 1)"),
@@ -80,7 +80,7 @@ def test_every_numeric_field_rejects_nan_and_infinities(key, kind, bad):
     ("probes.augment_r2.folds=0", "probes.augment_r2.folds = 0 is out of range; it must be >= 2"),
     ("probes.spectrum.top_k=-1", "probes.spectrum.top_k = -1 is out of range; it must be >= 1"),
     ("probes.rotation.mlp_epochs=0", "probes.rotation.mlp_epochs = 0 is out of range; it must be >= 1"),
-    ("heads.0.predictor=0", "heads[0].predictor = 0 is out of range; it must be >= 1"),
+    ("heads.0.predictor=0", "heads[0].predictor = 0 is out of range; it must be in [1, 1048576]"),
     ("probes.linear.tol=-1", "probes.linear.tol = -1.0 is out of range; it must be > 0"),
     ("probes.knn.ks=[5,5]", "lists a k twice"),
     ("backbone.layer=999", "backbone.layer names block 999, but offline:dinov2-vits14 has 12 blocks; use -12..11"),
@@ -88,7 +88,7 @@ def test_every_numeric_field_rejects_nan_and_infinities(key, kind, bad):
     (f"train.epochs={10**24}", f"train.epochs = {10**24} is out of range; it must be in [1, 100000]"),
     (f"train.steps={10**12}", "train.steps = 1000000000000 is out of range; it must be in [1, 10000000]"),
     ("train.momentum=-1", "train.momentum = -1.0 is out of range; it must be in [0, 1)"),
-    ("objective.options.sim_weight=.nan", "objective.options.sim_weight = nan is not a finite number"),
+    ("objective.options.temperature=.nan", "objective.options.temperature = nan is not a finite number"),
 ])
 def test_validate_exits_2_on_values_run_would_refuse(override, words, capsys):
     assert main(["validate", QUICKSTART, "--set", "heads=[{name: a}]", "--set", override]) == 2
