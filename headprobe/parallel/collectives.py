@@ -64,3 +64,17 @@ def all_objects(obj, world: int) -> list:
     parts: list = [None] * world
     dist.all_gather_object(parts, obj)
     return parts
+
+
+def broadcast_buffers(modules, world: int) -> None:
+    """Every rank takes rank 0's buffers (BatchNorm running statistics) of `modules`, in place. Under DDP each rank
+    updates its BatchNorm running statistics from its own share of the batch and DDP re-broadcasts them only at the
+    start of the next forward, so after the last step the ranks' copies differ: a tap scored on rank 1 would not be
+    the tap rank 0 checkpoints, and which rank scores it depends on timing (the probe executor's load balancing)."""
+    if world <= 1:
+        return
+    import torch.distributed as dist
+
+    for module in modules:
+        for buffer in module.buffers():
+            dist.broadcast(buffer.data, src=0)

@@ -39,7 +39,7 @@ from torch import nn
 
 from headprobe.geometry.pullback import BATCHNORMS
 from headprobe.parallel.atomic import replace_atomically
-from headprobe.parallel.collectives import all_rows
+from headprobe.parallel.collectives import all_rows, broadcast_buffers
 from headprobe.train.checkpoint import trainable_state
 from headprobe.train.engine import (
     HeadState,
@@ -265,5 +265,7 @@ def train_tuned(
         per_epoch=per_epoch, label=f"train backbone ({backbone.tuning['policy']}) + {len(states)} heads",
         checkpoint_dir=checkpoint_dir if main else None, resume_from=resume_from, log=log if main else None,
         progress=progress, track=track, backbone=backbone)
+    # One set of modules on every rank: rank 0's BatchNorm running statistics (what it checkpoints) everywhere.
+    broadcast_buffers([backbone, *(m for s in states.values() for m in (s.head, s.predictor) if m is not None)], world)
     return states, {**summary, "processes": world, "batch_per_process": train.batch_size // world,
                     "precision": precision, "optimizer_groups": [g["name"] for g in optimizer.param_groups]}
