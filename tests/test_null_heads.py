@@ -10,6 +10,7 @@ from headprobe.recipe.loading import dump_recipe
 from headprobe.recipe.null_heads import null_of, with_null_heads
 from headprobe.recipe.schema import HeadSpec
 from headprobe.record.saved_heads import load_heads
+from headprobe.report.claims_table import claims_rows, format_claims, paper_cell
 from headprobe.stats.against_null import Difference, change_against
 from headprobe.stats.bootstrap import PerUnit, bootstrap_resamples
 from headprobe.train.engine import build_head
@@ -144,6 +145,14 @@ def test_a_run_with_null_heads_reads_every_answer_against_them(tiny_dinov2, tmp_
         if key != "Q-class":
             assert relu["answer"] in ("yes", "no", "undecided")
             assert relu["answer"] == "undecided" or relu["p_holm"] < 0.05
+    # The paper's table (`headprobe claims`) carries the change against the null next to the one against the backbone.
+    rows = {(r["question"], r["head"]): r for r in claims_rows({"run": results.data})}
+    aug = rows[("Q-aug", "relu")]
+    assert aug["null"] == "relu.init" and aug["change_vs_null"] == pytest.approx(
+        results["claims"]["Q-aug"]["heads"]["relu"]["vs_null"]["change"])
+    assert "; vs relu.init: " in paper_cell(aug) and paper_cell(aug).endswith(", decides)")
+    assert "decides" not in paper_cell(rows[("Q-class", "relu")]) and "null" not in rows[("Q-aug", "relu.init")]
+    assert "relu.init" in format_claims(list(rows.values()), "csv")
 
 
 @pytest.mark.slow

@@ -26,7 +26,8 @@ __all__ = ["ACROSS_HEADER", "FORMATS", "claims_rows", "cross_run_rows", "format_
 
 FORMATS = ("md", "latex", "csv")
 CSV_COLUMNS = ("run", "question", "measure", "role", "head", "tap", "backbone", "head_value", "change", "ci_low",
-               "ci_high", "n_seeds", "n_units", "unit", "interval", "answer", "p", "p_holm", "trained", "training")
+               "ci_high", "n_seeds", "n_units", "unit", "interval", "answer", "p", "p_holm", "trained", "training",
+               "null", "null_value", "change_vs_null", "ci_low_vs_null", "ci_high_vs_null", "decided_on")
 NOT_MEASURED = "not measured"
 FOOTNOTE = ("trained: each head's loss curve (converged = trained; barely trained, still falling, not trained: "
             "read its answer with care; trained?: too few logged steps to tell). not measured: the run did not "
@@ -68,11 +69,16 @@ def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False,
             for head, record in (claim.get("heads") or {}).items():
                 line = trained.get(head)
                 base = {"run": label, "question": question, "head": head, "tap": record.get("tap"),
-                        "trained": line.split(":", 1)[0] if line else None, "training": line}
+                        "trained": ("null, never trained" if line and "(null)" in line else
+                                    line.split(":", 1)[0] if line else None), "training": line}
                 numbers = _numbers(record) if "change" in record else {}
-                rows.append(base | numbers | {"measure": claim["primary"], "role": "primary",
-                                              "answer": record.get("answer") if numbers else NOT_MEASURED,
-                                              "p": record.get("p"), "p_holm": record.get("p_holm")})
+                vs = record.get("vs_null") or {}
+                against = {"null": vs.get("null"), "null_value": vs.get("null_value"),
+                           "change_vs_null": vs.get("change"), "ci95_vs_null": vs.get("ci95"),
+                           "decided_on": record.get("decided_on")} if "change" in vs else {}
+                rows.append(base | numbers | against | {"measure": claim["primary"], "role": "primary",
+                                                        "answer": record.get("answer") if numbers else NOT_MEASURED,
+                                                        "p": record.get("p"), "p_holm": record.get("p_holm")})
                 if secondary:
                     rows += [base | _numbers(change) | {"measure": metric, "role": "secondary", "answer": None,
                                                         "p": None, "p_holm": None}
@@ -117,8 +123,14 @@ def paper_cell(row: Mapping) -> str:
     interval = f" [{in_units(measure, ci[0])}, {in_units(measure, ci[1])}]" if ci else " [no interval]"
     seeds = row.get("n_seeds")
     n = f"{seeds}×{row['n_units']}" if row.get("n_units") else f"{seeds} seed{'' if seeds == 1 else 's'}"
+    against = ""
+    if row.get("change_vs_null") is not None:  # the change against the head's null (`null_heads`)
+        nci = row.get("ci95_vs_null")
+        ninterval = f" [{in_units(measure, nci[0])}, {in_units(measure, nci[1])}]" if nci else ""
+        decides = ", decides" if row.get("decided_on") == "head − null" else ""
+        against = f"; vs {row['null']}: {in_units(measure, row['change_vs_null'], signed=True)}{ninterval}{decides}"
     return (f"{in_units(measure, row['backbone'])} / {in_units(measure, row['head_value'])} "
-            f"({in_units(measure, row['change'], signed=True)}{interval}, {n})")
+            f"({in_units(measure, row['change'], signed=True)}{interval}, {n}{against})")
 
 
 HEADER = ("question", "measure", "run", "head", "z / h(z) (Δ [95% CI], n)", "answer", "trained")
@@ -148,7 +160,8 @@ def format_claims(rows: list[dict], fmt: str, header: tuple[str, ...] = HEADER) 
         writer.writerow(CSV_COLUMNS)
         for row in rows:
             ci = row.get("ci95") or [None, None]
-            values = row | {"ci_low": ci[0], "ci_high": ci[1]}
+            nci = row.get("ci95_vs_null") or [None, None]
+            values = row | {"ci_low": ci[0], "ci_high": ci[1], "ci_low_vs_null": nci[0], "ci_high_vs_null": nci[1]}
             writer.writerow(["" if values.get(c) is None else repr(values[c]) if isinstance(values[c], float)
                              else values[c] for c in CSV_COLUMNS])
         return out.getvalue()

@@ -58,9 +58,14 @@ def _context(results: dict) -> str:
     objective = (recipe.get("objective") or {}).get("name")
     parts = [f"{fmt(data.get('n_train'))} train / {fmt(data.get('n_test'))} test images, "
              f"{fmt(data.get('n_classes'))} classes", f"pooling {recipe.get('backbone', {}).get('pooling', '?')}"]
+    configs = {h.get("name"): h for h in recipe.get("heads") or [] if isinstance(h, dict)}
+    nulls = [h for h in heads if (configs.get(h) or {}).get("init_of") is not None]
+    heads = [h for h in heads if h not in nulls]
     if heads:
         parts.append(f"{len(heads)} head{'s' if len(heads) > 1 else ''} ({', '.join(heads)})"
                      + (f" trained with {objective}" if objective else ""))
+    if nulls:
+        parts.append(f"{len(nulls)} null head{'s' if len(nulls) > 1 else ''}, never trained ({', '.join(nulls)})")
     return " · ".join(parts)
 
 
