@@ -47,7 +47,7 @@ lint: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
-# Benchmarks (benchmarks/README.md): every script, then the Markdown table of the README's Performance section.
+# Benchmarks (benchmarks/README.md): every script, then the Markdown table of benchmarks/README.md (Results).
 # One thread by default: on a machine whose cores are shared, a thread pool that waits for a busy core measures the
 # other jobs, not the code. `make bench BENCH_ARGS=` keeps the libraries' own thread counts (a dedicated machine, a
 # GPU); `make bench BENCH_ARGS="--quick --threads 1"` is the one-minute-per-script check.

@@ -1,4 +1,4 @@
-"""The README's performance table, from the JSON files the benchmark scripts wrote.
+"""The performance table of benchmarks/README.md, from the JSON files the benchmark scripts wrote.
 
     python benchmarks/summary.py [--quick]   # Markdown on stdout
 """
