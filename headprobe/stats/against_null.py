@@ -5,7 +5,8 @@ Both taps are scored on the same test images; with several seeds each seed's nul
 is the head at the weights that seed started from), so the per-seed difference head_s − null_s is the unit that is
 retrained. The interval is `change_interval`'s — the hierarchical bootstrap (seeds drawn with replacement, one
 image resample shared by every seed) or the t interval over the per-seed differences, the wider — applied to those
-differences against zero: the same rule, and the same code, as head − backbone.
+null of the same seed as the reference: the same rule, and the same code, as head − backbone (or head − a backbone
+tuned per seed).
 
 >>> import torch
 >>> from headprobe.stats.bootstrap import PerUnit
@@ -20,8 +21,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-from headprobe.stats.bootstrap import PerUnit, n_units
 
 
 class Difference:
@@ -70,20 +69,14 @@ def change_against(taps: dict, per_unit: dict, resamples: dict, tap: str, null_t
                                                                               *null_values.values()]):
         return None
     seeds = list(head_values)
-    differences = [head_values[s] - null_values[s] for s in seeds]
-    stats = None
-    if all(head_stats[s] is not None and null_stats[s] is not None for s in seeds):
-        try:
-            stats = [Difference(head_stats[s], null_stats[s]) for s in seeds]
-        except ValueError:
-            stats = None
-    zero = None
-    if stats is not None:
-        zero = PerUnit(torch.zeros(n_units(head_stats[seeds[0]]), dtype=torch.float64), stats[0].unit)
-    change = change_interval(0.0, differences, zero, stats, resamples, seed)
-    change.backbone = sum(null_values.values()) / len(seeds)  # the reference the change is read from: the null
-    change.head = sum(head_values.values()) / len(seeds)
-    return change
+    stats = [head_stats[s] for s in seeds], [null_stats[s] for s in seeds]
+    paired = all(x is not None for x in stats[0] + stats[1]) and len({x.unit for x in stats[0] + stats[1]}) == 1
+    # One reference per seed: `change_interval` pairs each seed's head with that seed's null (as it pairs a tuned
+    # backbone's heads with it), on the image resamples every tap shares.
+    return change_interval([null_values[s] for s in seeds] if len(seeds) > 1 else null_values[seeds[0]],
+                           [head_values[s] for s in seeds],
+                           (stats[1] if len(seeds) > 1 else stats[1][0]) if paired else None,
+                           stats[0] if paired else None, resamples, seed, reference="its null of the same seed")
 
 
 def null_record(change, null: str, null_tap: str) -> dict:
