@@ -4,8 +4,8 @@ image, with the interval that includes retraining (`stats.retraining.change_inte
 Both taps are scored on the same test images; with several seeds each seed's null is that seed's own (an init copy
 is the head at the weights that seed started from), so the per-seed difference head_s − null_s is the unit that is
 retrained. The interval is `change_interval`'s — the hierarchical bootstrap (seeds drawn with replacement, one
-image resample shared by every seed) or the t interval over the per-seed differences, the wider — applied to those
-null of the same seed as the reference: the same rule, and the same code, as head − backbone (or head − a backbone
+image resample shared by every seed) or the t interval over the per-seed differences, the wider — with each
+seed's null as that seed's reference: the same rule, and the same code, as head − backbone (or head − a backbone
 tuned per seed).
 
 >>> import torch
