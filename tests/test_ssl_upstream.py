@@ -18,7 +18,7 @@ from headprobe.ssl import load_pretrained_head
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
-# float32 rounding of the same operations in another order (measured: README's "Probing a pretrained model's own
+# float32 rounding of the same operations in another order (measured: docs/models.md's "Probing a pretrained model's own
 # head" table)
 TOLERANCE = 1e-5
 
