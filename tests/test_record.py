@@ -1,4 +1,4 @@
-"""The typed run record (headprobe/record/results.py) against docs/DESIGN.md's results.json example, and its checks."""
+"""The typed run record (headprobe/record/results.py) against docs/reference.md's results.json example, and its checks."""
 
 import json
 import re
@@ -21,11 +21,11 @@ from headprobe.record.results import (
     fields,
 )
 
-DESIGN = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 
 
 def design_example() -> tuple[dict, str]:
-    text = DESIGN.read_text()
+    text = REFERENCE.read_text()
     return json.loads(re.search(r"`results.json`\n```json\n(.*?)\n```", text, re.S).group(1)), text
 
 

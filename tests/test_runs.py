@@ -1,5 +1,5 @@
 """The run directory (headprobe/record/directory.py): atomic writes, what a read-only handle does, the checks on a
-results.json read back, and that what a run writes is what docs/DESIGN.md documents."""
+results.json read back, and that what a run writes is what docs/reference.md documents."""
 
 import json
 import math
@@ -21,12 +21,12 @@ from headprobe.record.directory import (
     read_results,
 )
 
-DESIGN = Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md"
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 
 
 def documented() -> tuple[dict, set[str]]:
-    """The results.json example of DESIGN.md, parsed, and the optional top-level keys it lists in backquotes."""
-    text = DESIGN.read_text()
+    """The results.json example of docs/reference.md, parsed, and the optional top-level keys it lists in backquotes."""
+    text = REFERENCE.read_text()
     block = re.search(r"`results.json`\n```json\n(.*?)\n```", text, re.S).group(1)
     optional = text[text.index("Written by some runs only:"):].split("\n\n")[0]
     return json.loads(block), set(re.findall(r"`([a-z_]+)`", optional))

@@ -3,7 +3,7 @@
 `results.json` stays plain JSON (a researcher reads it with `json.load`), so the record is a set of
 `TypedDict`s rather than objects: `runs.new_results` builds a `RunRecord`, `runs.read_results` checks a file
 against it (`check_record`), and the report, `headprobe compare` and the tests read the same names. The
-example in docs/DESIGN.md ("results.json") is checked against these classes by `tests/test_record.py`, and
+example in docs/reference.md ("results.json") is checked against these classes by `tests/test_record.py`, and
 every key a real run writes must be one of them (`tests/test_runs.py`).
 """
 
@@ -126,7 +126,7 @@ class Claim(TypedDict, total=False):
 
 
 class RunRecord(TypedDict, total=False):
-    """results.json. The first twelve keys exist in every run; the rest only where DESIGN.md says."""
+    """results.json. The first twelve keys exist in every run; the rest only where docs/reference.md says."""
 
     headprobe_version: str
     schema_version: int
