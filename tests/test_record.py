@@ -1,4 +1,4 @@
-"""The typed run record (headprobe/record/results.py) against docs/reference.md's results.json example, and its checks."""
+"""The typed run record (headprobe/record/results.py) against docs/reference.md's results.json example; its checks."""
 
 import json
 import re

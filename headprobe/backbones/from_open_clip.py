@@ -159,3 +159,24 @@ def load_open_clip(
                     "own validation transform",
         options={"pooling": pooling, "resolution": resolution, "layer": layer, "layers": layers},
     )
+
+
+def open_clip_image_projection(visual: nn.Module, id: str) -> tuple[torch.Tensor, str]:
+    """(the image projection `visual.proj`, (width, embed_dim), the `pooling` whose features are its input) of an
+    open_clip ViT tower: `pooled @ proj` is the tower's image embedding, `pooled` the ln_post-normed class token
+    (`pool_type` 'tok': pooling cls) or the mean of the normed patch tokens ('avg': pooling mean). Towers whose
+    pooled input headprobe's poolings do not reproduce (attention pooling, the norm after an average) are refused."""
+    from open_clip.transformer import VisionTransformer
+
+    proj = getattr(visual, "proj", None)
+    if not isinstance(visual, VisionTransformer) or proj is None:
+        raise ValueError(f"{id}: its visual tower ({type(visual).__name__}) has no `proj` image projection, so a "
+                         "`type: pretrained` head cannot be read from it; use another head type.")
+    tok = visual.pool_type == "tok" and getattr(visual, "class_embedding", None) is not None
+    if visual.attn_pool is not None or not (tok or (visual.pool_type == "avg" and not visual.final_ln_after_pool)):
+        how = "attention" if visual.attn_pool is not None else repr(visual.pool_type)
+        raise ValueError(f"{id}: its visual tower pools with {how}"
+                         f"{' and normalises after pooling' if visual.final_ln_after_pool else ''}, which no "
+                         "headprobe pooling reproduces, so its projection's input cannot be tapped; use another "
+                         "head type.")
+    return proj.detach(), "cls" if tok else "mean"

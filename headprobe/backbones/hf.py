@@ -268,3 +268,35 @@ def load_hf(
         layers=layers,
         has_pooler=_has_pooler(model) and not random_head,
     )
+
+
+# The transformers families whose checkpoints hold an image projection (`visual_projection`) after the vision tower.
+PROJECTION_MODEL_TYPES = ("clip", "clip_vision_model")
+
+
+def load_hf_image_projection(ref: str, revision: str | None = None) -> nn.Linear:
+    """CLIP's image projection of `hf:<ref>`: `visual_projection` of transformers' `CLIPVisionModelWithProjection`,
+    read by transformers itself from a full CLIP checkpoint (`CLIPModel.save_pretrained`) or a
+    `CLIPVisionModelWithProjection` one. Its input is the post-layernormed class token (`pooler_output`), which
+    `pooling: cls` (or `pooler`) gives on the final layer. A checkpoint without the projection's weights (a bare
+    `CLIPVisionModel`, or another family) is refused rather than given a random projection."""
+    from transformers import AutoConfig, CLIPVisionModelWithProjection
+
+    config = _from_pretrained(AutoConfig.from_pretrained, ref, revision)
+    if config.model_type not in PROJECTION_MODEL_TYPES:
+        raise ValueError(f"hf:{ref} is a {config.model_type!r} model, which has no image projection; a `type: "
+                         "pretrained` head on an hf: backbone is CLIP's visual_projection (model types "
+                         f"{', '.join(PROJECTION_MODEL_TYPES)}), so use another head type here.")
+    vision = config
+    if config.model_type == "clip":  # a full CLIP checkpoint: the projection's width is the joint space's
+        vision = config.vision_config
+        vision.projection_dim = config.projection_dim
+    model, info = _from_pretrained(partial(CLIPVisionModelWithProjection.from_pretrained, config=vision,
+                                           output_loading_info=True), ref, revision)
+    unread = list(info.get("missing_keys") or []) + [k[0] if isinstance(k, tuple) else k
+                                                      for k in info.get("mismatched_keys") or []]
+    if any(str(k).startswith("visual_projection") for k in unread):
+        raise ValueError(f"hf:{ref} holds no visual_projection weights (saved as a bare CLIPVisionModel?), so it has "
+                         "no image projection to probe; save the full model (CLIPModel or "
+                         "CLIPVisionModelWithProjection .save_pretrained) or use another head type.")
+    return model.visual_projection

@@ -23,6 +23,7 @@ from ..registry import (
     UnavailablePluginError,
 )
 from .folder_names import folder_name_problem
+from .pretrained_heads import check_pretrained_heads
 from .schema import (
     NAME_PATTERN,
     BackboneSpec,
@@ -65,7 +66,7 @@ def check_recipe(recipe: Recipe) -> None:
                           f"({n_classes}): a class-stratified subset needs at least one image of every class; "
                           f"raise data.limit.train to at least {n_classes} (a few per class, e.g. "
                           f"{10 * n_classes}, for the probes' validation split).")
-    _check_ssl_checkpoint(recipe)
+    check_pretrained_heads(recipe)
     _check_claims(recipe)
     _check_trackers(recipe)
 
@@ -119,31 +120,6 @@ def _check_hub_options(data: DataSpec, prefix: str) -> None:
     if data.streaming and (data.limit.train is None or data.limit.test is None):
         raise RecipeError("data.streaming: true reads only the first data.limit.train and data.limit.test examples "
                           "of the dataset; set both (e.g. data.limit: {train: 5000, test: 1000}) or stream nothing.")
-
-
-def _check_ssl_checkpoint(recipe: Recipe) -> None:
-    """An ``ssl:<format>:<path>`` backbone's file exists and its keys and shapes are the format's (read with
-    weights_only, modules rebuilt on the meta device: no model is loaded). The one check that imports torch."""
-    spec = recipe.backbone
-    if not spec.id.startswith("ssl:"):
-        return
-    from ..ssl import inspect_checkpoint
-
-    pretrained = [h.name for h in recipe.heads if h.type == "pretrained"]
-    act = next((h.act for h in recipe.heads if h.type == "pretrained"), None)
-    try:
-        expects = inspect_checkpoint(spec.id, part=spec.part, num_heads=spec.num_heads, head=bool(pretrained), act=act)
-    except (ValueError, OSError) as err:
-        raise RecipeError(f"backbone.id = {spec.id!r}: {err}") from None
-    if pretrained and expects.get("pooling") not in (None, spec.pooling):
-        raise RecipeError(f"heads: {pretrained[0]!r} is {spec.id}'s own head, trained on {expects['pooling']!r} "
-                          f"features, but backbone.pooling = {spec.pooling!r}; set backbone.pooling: "
-                          f"{expects['pooling']}.")
-    if pretrained and expects.get("layer") == -1 and (spec.layer != -1 or spec.layers is not None):
-        chosen = f"backbone.layers = {spec.layers}" if spec.layers is not None else f"backbone.layer = {spec.layer}"
-        raise RecipeError(f"heads: {pretrained[0]!r} is {spec.id}'s own head, trained on the backbone's final "
-                          f"features, but {chosen}; remove it (layer -1) to probe the head on what it was trained "
-                          "on.")
 
 
 def _check_prefixed(path: str, value: str, registry: Registry) -> None:
@@ -322,10 +298,11 @@ def _check_heads(recipe: Recipe) -> None:
                               "files inside the run folder (per_unit/HEAD.safetensors), so use e.g. 'mlp_relu'.")
         if names.count(head.name) > 1:
             raise RecipeError(f"heads[{i}].name = {head.name!r} is used twice; each head needs its own name.")
-        if head.type == "pretrained" and not recipe.backbone.id.startswith("ssl:"):
+        if head.type == "pretrained" and not recipe.backbone.id.startswith(("ssl:", "hf:", "open_clip:")):
             raise RecipeError(f"heads[{i}] ({head.name}) is `type: pretrained`, the head stored in the backbone's "
-                              f"self-supervised checkpoint, but backbone.id = {recipe.backbone.id!r} is not one; "
-                              "use backbone.id: ssl:<format>:<path> (e.g. ssl:dino:ckpt.pth) or another head type.")
+                              f"self-supervised checkpoint or a CLIP model's image projection, but backbone.id = "
+                              f"{recipe.backbone.id!r} is neither; use backbone.id: ssl:<format>:<path> (e.g. "
+                              "ssl:dino:ckpt.pth), an hf: or open_clip: CLIP model, or another head type.")
         if head.taps is not None and head.type != "pretrained" and (not head.taps or max(head.taps) > head.depth):
             raise RecipeError(f"heads[{i}].taps = {head.taps} must name layers among 1..{head.depth} (the head's "
                               f"depth; {head.depth} is its output), or be null for every layer.")

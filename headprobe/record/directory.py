@@ -85,7 +85,7 @@ def _is_temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-# Version of the results.json layout (docs/reference.md, "results.json"; the typed layout is `headprobe.record.results`):
+# Version of the results.json layout (docs/reference.md, "results.json"; typed layout: `headprobe.record.results`):
 # 2 added uncertainty, seeds and the evidence-based verdict.
 SCHEMA_VERSION = record.SCHEMA_VERSION
 
