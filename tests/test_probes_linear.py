@@ -1,3 +1,5 @@
+import pathlib
+
 import numpy as np
 import pytest
 import torch
@@ -500,3 +502,22 @@ def test_the_linear_probe_reports_the_whitened_primary_the_standardised_descript
     alone = LINEAR(tap, C_grid=SMALL_GRID, standardized_probe=False)
     assert not any(name.startswith("linear.standardized") for name in alone.metrics | alone.per_unit)
     assert "standardized" not in alone.protocol and alone.metrics["linear.acc"] == out.metrics["linear.acc"]
+
+
+def test_features_with_dead_units_give_a_finite_probe():
+    """Mean-pooled features of the tiny VICReg ResNet (tests/fixtures/upstream, 64 digits at 32 px): 110 of 256
+    units never fire. float32 eigh of their second moments returned NaN eigenvalues without raising, the
+    preconditioner became NaN, and the standardised probe failed at C = 0.001 with "eigh failed to converge"."""
+    from headprobe.probes.logistic import feature_moments
+
+    data = np.load(pathlib.Path(__file__).parent / "fixtures" / "features" / "vicreg_tiny_dead_units.npz")
+    train_x, train_y, test_x, test_y = (torch.from_numpy(data[k]) for k in ("train_x", "train_y", "test_x", "test_y"))
+    assert (train_x.std(0) == 0).sum() == 110
+    moments = feature_moments(train_x)
+    assert torch.isfinite(moments.values).all() and (moments.basis is None or torch.isfinite(moments.basis).all())
+    for whiten in (False, True):
+        result = linear_probe(train_x, train_y, test_x, test_y, whiten=whiten, standardize=True, seed=0)
+        assert torch.isfinite(result.probabilities).all()
+    # Standardised, above chance (10 classes, 32 test images); whitened, 64 rows in 146 live dimensions are
+    # equidistant (see linear_probe), so only finiteness is asked of it.
+    assert linear_probe(train_x, train_y, test_x, test_y, whiten=False, seed=0).metrics["linear.acc"] > 0.2

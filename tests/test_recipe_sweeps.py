@@ -80,6 +80,17 @@ def test_validate_counts_the_runs(tmp_path, capsys):
     assert "sweep: 6 runs" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("sweep", [{"sweep": {"heads.0.act": ["relu", "swish"]}},
+                                   {"sweep_zip": {"heads.0.act": ["relu", "swish"]}}])
+def test_run_of_a_sweep_recipe_says_to_use_run_sweep(tiny_recipe, tmp_path, sweep):
+    """run() of a sweep recipe ran its base recipe alone and returned as if that were the sweep."""
+    from headprobe import run
+
+    with pytest.raises(RecipeError, match=r"is a sweep of 2 runs; run_sweep"):
+        run({**tiny_recipe, **HEADS, **sweep, "train": {"epochs": 1, "batch_size": 64}}, out=tmp_path / "r", quiet=True)
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.slow
 def test_the_backbone_is_probed_once_where_it_is_the_same(tiny_recipe, tmp_path):
     from headprobe import run

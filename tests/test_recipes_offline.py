@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from headprobe.pipeline.compose import run, run_sweep
+from headprobe.recipe.sweeps import sweep_size
 
 pytestmark = pytest.mark.slow
 
@@ -37,9 +38,9 @@ def test_offline_recipe_runs_reduced(path, tiny_dinov2, tmp_path):
     if "geometry" in recipe:
         reductions += ["geometry.rows=16", "geometry.track_rows=8", "geometry.track_max_iter=5",
                        "geometry.saddle_states=2"]
-    if recipe.get("sweep"):
+    if recipe.get("sweep") or recipe.get("sweep_zip"):
         results = run_sweep(path, out=tmp_path / "run", overrides=reductions, quiet=True)
-        assert len(results) == len(next(iter(recipe["sweep"].values())))
+        assert len(results) == sweep_size(recipe.get("sweep"), recipe.get("sweep_zip"))
         assert (tmp_path / "run" / "compare.csv").exists()
     else:
         results = [run(path, out=tmp_path / "run", overrides=reductions, quiet=True)]
@@ -47,9 +48,10 @@ def test_offline_recipe_runs_reduced(path, tiny_dinov2, tmp_path):
         data = json.loads((result.path / "results.json").read_text())
         assert data["status"] == "complete"
         assert set(data["taps"]) >= {"backbone"} | {h["name"] for h in recipe.get("heads", [])}
-        # Every trained head trained; a null head (null_heads: init) is untrained by design.
+        # Every trained head trained; a null head (null_heads: init) is untrained by design, and a checkpoint's
+        # own head (type: pretrained) is probed as it came.
         assert all(h["train"]["status"] == "complete" or h["config"].get("init_of") is not None
-                   for h in data["heads"].values())
+                   or h["config"].get("type") == "pretrained" for h in data["heads"].values())
         if "orbits" in recipe.get("probes", {}):  # the paper's class-centroid D_inter and the image-centroid one
             metrics = data["taps"]["backbone"]["metrics"]
             measured = [k.removesuffix(".orbit.d_ratio_image") for k in metrics if k.endswith(".orbit.d_ratio_image")]

@@ -23,6 +23,7 @@ from headprobe.pipeline.executors import executors_for
 from headprobe.pipeline.stages import RunContext, RunError
 from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
 from headprobe.recipe.folder_names import is_inside
+from headprobe.recipe.sweeps import sweep_size
 from headprobe.record.directory import RunDir, check_out_folder, default_run_dir
 from headprobe.record.lock import folder_lock
 from headprobe.record.writer import RecordWriter
@@ -183,6 +184,10 @@ def run(
         recipe = recipe_or_path
     else:
         recipe = load_recipe(recipe_or_path, overrides, _overrides_from_keywords(values))
+    if recipe.sweep or recipe.sweep_zip:  # run() of a sweep would run its base recipe alone, silently
+        raise RecipeError(f"recipe {recipe.name!r} is a sweep of {sweep_size(recipe.sweep, recipe.sweep_zip)} runs; "
+                          "run_sweep(...) runs them all (headprobe run does the same), or override sweep={} and "
+                          "sweep_zip={} to run its base recipe alone.")
     given = None
     if backbone is not None:
         given, recipe = _own_backbone(backbone, recipe, show=not quiet)

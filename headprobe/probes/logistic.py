@@ -289,9 +289,14 @@ def feature_moments(x: torch.Tensor, *, max_rows: int = 2048, max_dim: int = 102
     n, d = x.shape
     if d > max_dim:
         return FeatureMoments(torch.linalg.vector_norm(x, dim=0) ** 2 / n)
-    rows = x[:: max(1, n // max_rows)]
+    rows = x[:: max(1, n // max_rows)].double()
+    # float64: float32 eigh of a rank-deficient second-moment matrix with many zero columns (mean-pooled ReLU
+    # features with dead units) returned NaN eigenvalues without raising (LAPACK ssyevd), and the NaN
+    # preconditioner turned the whole C path into NaN. Should it still fail, the diagonal shapes the steps.
     eigenvalues, eigenvectors = torch.linalg.eigh(rows.T @ rows / rows.shape[0])
-    eigenvalues = eigenvalues.clamp_min(0)
+    if not (torch.isfinite(eigenvalues).all() and torch.isfinite(eigenvectors).all()):
+        return FeatureMoments(torch.linalg.vector_norm(x, dim=0) ** 2 / n)
+    eigenvalues, eigenvectors = eigenvalues.clamp_min(0).to(x.dtype), eigenvectors.to(x.dtype)
     ratio, level = d / rows.shape[0], eigenvalues.mean()
     inside = (eigenvalues >= level * (1 - ratio**0.5) ** 2) & (eigenvalues <= level * (1 + ratio**0.5) ** 2)
     bulk = eigenvalues[inside].mean().item() if inside.any() else 0.0
