@@ -129,3 +129,34 @@ def test_damaged_claims_are_refused_with_a_sentence(claims, words, tmp_path, cap
     assert main(["claims", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and words in " ".join(err.split())
+
+
+def test_geometry_answers_are_rows_with_their_value_interval_and_count():
+    """Q-split and Q-saddle (kind: value) were "not measured" rows: the table read only changes."""
+    from headprobe.geometry.saddle import SaddleState
+    from headprobe.stats.geometry_claims import SplitMeasure, answer_saddle, answer_split
+
+    def state(head, seed, index, negative):
+        return SaddleState(head, seed, index, True, 1e-4, 1e-2, -1.0 if negative else 1.0, 2.0, 1e-15, negative,
+                           -0.5 if negative else 0.0, True)
+
+    split = answer_split([SplitMeasure("relu_bn", {0: [0.2, 0.3], 1: [0.25, 0.3]}, {0: [0.0, 0.0], 1: [0.0, 0.0]},
+                                       False, True)])
+    states = [state(h, s, i, h == "swish" and i != 0) for h in ("relu", "swish") for s in range(3) for i in range(20)]
+    saddle = answer_saddle({"simsiam": states}, "sizes")
+    rows = claims_rows({"r": {"claims": split | saddle}}, secondary=True)
+    by = {(r["question"], r["head"], r["measure"]): r for r in rows}
+    share = by[("Q-split", "relu_bn", "m_share.batch")]
+    assert share["answer"] == "M > 0" and share["value"] == pytest.approx(0.2625)
+    low, high = split["Q-split"]["heads"]["relu_bn"]["ci95"]
+    assert paper_cell(share) == f"0.263 [{low:.3g}, {high:.3g}] (2×2)"
+    running = by[("Q-split", "relu_bn", "m_share.running")]
+    assert running["role"] == "secondary" and running["answer"] == "M = 0" and running["value"] == 0
+    swish = by[("Q-saddle", "swish", "negative_share.simsiam")]
+    assert swish["answer"] == "saddle" and paper_cell(swish).endswith("(57/60 collapsed states, 3×20)")
+    assert by[("Q-saddle", "relu", "negative_share.simsiam")]["answer"] == "not a saddle"
+    assert not any(r["answer"] == "not measured" for r in rows)
+    table = list(csv.DictReader(io.StringIO(format_claims(rows, "csv"))))
+    csv_share = next(r for r in table if r["question"] == "Q-split" and r["role"] == "primary")
+    assert float(csv_share["value"]) == share["value"] and float(csv_share["ci_low"]) == low
+    assert "57/60" in format_claims(rows, "md") and "57/60" in format_claims(rows, "latex")

@@ -1,7 +1,8 @@
 """`headprobe claims RUN [RUN ...]`: the answers of one or more runs (results.json["claims"]) as the paper lays
 them out, one row per run, question and head with the cell ``z / h(z) (Δ [95% CI], n)``: the primary measure at
 the backbone and at the head, the change and its 95% interval, n = seeds × images. Accuracies are in percent and
-their changes in points, as the paper writes them; other measures in their own units.
+their changes in points, as the paper writes them; other measures in their own units. The geometry questions
+(Q-split, Q-saddle: `kind: value`, a measure of the head itself) have the cell ``value [95% CI] (k/n states, n)``.
 
 Markdown and LaTeX (booktabs) are for pasting into a paper; CSV keeps every number unrounded (as results.json
 holds it), with the interval rule and the Holm-adjusted p-value. None drops a row: a question the run could not
@@ -25,13 +26,14 @@ from pathlib import Path
 __all__ = ["ACROSS_HEADER", "FORMATS", "claims_rows", "cross_run_rows", "format_claims", "paper_cell"]
 
 FORMATS = ("md", "latex", "csv")
-CSV_COLUMNS = ("run", "question", "measure", "role", "head", "tap", "backbone", "head_value", "change", "ci_low",
-               "ci_high", "n_seeds", "n_units", "unit", "interval", "answer", "p", "p_holm", "trained", "training",
+CSV_COLUMNS = ("run", "question", "measure", "role", "head", "tap", "backbone", "head_value", "change", "value",
+               "count", "ci_low", "ci_high", "n_seeds", "n_units", "unit", "interval", "answer", "p", "p_holm", "trained", "training",
                "null", "null_value", "change_vs_null", "ci_low_vs_null", "ci_high_vs_null", "decided_on")
 NOT_MEASURED = "not measured"
 FOOTNOTE = ("trained: each head's loss curve (converged = trained; barely trained, still falling, not trained: "
             "read its answer with care; trained?: too few logged steps to tell). not measured: the run did not "
-            "measure the question's primary measure at that head.")
+            "measure the question's primary measure at that head. Geometry questions (Q-split, Q-saddle) give the "
+            "head's own value [95% CI], with the count of states where there is one.")
 
 
 def training_lines(run_dirs: Mapping[str, str | Path]) -> dict[str, dict[str, str]]:
@@ -71,7 +73,7 @@ def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False,
                 base = {"run": label, "question": question, "head": head, "tap": record.get("tap"),
                         "trained": ("null, never trained" if line and "(null)" in line else
                                     line.split(":", 1)[0] if line else None), "training": line}
-                numbers = _numbers(record) if "change" in record else {}
+                numbers = _numbers(record) if "change" in record else _values(record) if _is_value(record) else {}
                 vs = record.get("vs_null") or {}
                 against = {"null": vs.get("null"), "null_value": vs.get("null_value"),
                            "change_vs_null": vs.get("change"), "ci95_vs_null": vs.get("ci95"),
@@ -80,10 +82,24 @@ def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False,
                                                         "answer": record.get("answer") if numbers else NOT_MEASURED,
                                                         "p": record.get("p"), "p_holm": record.get("p_holm")})
                 if secondary:
-                    rows += [base | _numbers(change) | {"measure": metric, "role": "secondary", "answer": None,
-                                                        "p": None, "p_holm": None}
+                    rows += [base | (_values(change) if _is_value(change) else _numbers(change))
+                             | {"measure": metric, "role": "secondary", "p": None, "p_holm": None,
+                                "answer": change.get("answer") if _is_value(change) else None}
                              for metric, change in (record.get("secondary") or {}).items()]
     return rows
+
+
+def _is_value(record) -> bool:
+    """A value answer (the geometry questions, `kind: value`: a measure of the head itself with its interval,
+    no backbone to compare with), not a change."""
+    return isinstance(record, Mapping) and "change" not in record and _is_number(record.get("value"))
+
+
+def _values(record: Mapping) -> dict:
+    """A value answer's numbers; a count of states (Q-saddle) as "count"."""
+    count = (f"{record['n_negative']}/{record['n_collapsed']}" if _is_number(record.get("n_negative"))
+             and _is_number(record.get("n_collapsed")) else None)
+    return {k: record.get(k) for k in ("value", "ci95", "n_seeds", "n_units", "unit", "interval")} | {"count": count}
 
 
 def _is_number(value) -> bool:
@@ -116,6 +132,13 @@ def paper_cell(row: Mapping) -> str:
     run did not measure."""
     from ..stats.claims import in_units
 
+    if row.get("change") is None and row.get("value") is not None:  # a value answer: value [95% CI], n
+        ci = row.get("ci95")
+        interval = f" [{_short(ci[0])}, {_short(ci[1])}]" if ci else " [no interval]"
+        count = f"{row['count']} {row.get('unit') or ''}, " if row.get("count") else ""
+        seeds = row.get("n_seeds")
+        n = f"{seeds}×{row['n_units']}" if row.get("n_units") else f"{seeds} seed{'' if seeds == 1 else 's'}"
+        return f"{_short(row['value'])}{interval} ({count}{n})"
     if row.get("change") is None:
         return "—"
     measure = row["measure"]
@@ -131,6 +154,10 @@ def paper_cell(row: Mapping) -> str:
         against = f"; vs {row['null']}: {in_units(measure, row['change_vs_null'], signed=True)}{ninterval}{decides}"
     return (f"{in_units(measure, row['backbone'])} / {in_units(measure, row['head_value'])} "
             f"({in_units(measure, row['change'], signed=True)}{interval}, {n}{against})")
+
+
+def _short(value: float) -> str:
+    return f"{value:.3g}".replace("-", "−")
 
 
 HEADER = ("question", "measure", "run", "head", "z / h(z) (Δ [95% CI], n)", "answer", "trained")
