@@ -75,3 +75,32 @@ def test_a_results_json_carrying_the_old_html_collapse_table_renders_the_table_f
     geometry = page.split("<section id='geometry'>")[1].split("</section>")[0]
     assert "<script>" not in page and "stale" not in page and "&lt;script&gt;" not in page
     assert "<td>relu</td><td>2/4</td>" in geometry
+
+
+def _tracked(step: int, lambda_min: float, collapsed: bool) -> dict:
+    return _point("swish", "head" if lambda_min < 0 else "none", step, collapsed) | {
+        "lambda_min": lambda_min, "lambda_max": 2.0}
+
+
+def test_escape_drive_is_lr_times_negative_curvature_times_steps_to_the_next_point():
+    """Σ lr·|λ_min|·Δsteps over the collapsed points, with the schedule's lr of the last training record before each
+    point: whether the curvature can explain an escape (scratch_collapse's 3e-7 · 0.05 · 32 cannot)."""
+    records = [_tracked(0, -0.5, True), _tracked(10, 0.25, True), _tracked(20, -1.0, True),
+               _tracked(30, -4.0, False), {"stage": "train", "head": "swish", "step": 1, "lr": 0.1},
+               {"stage": "train", "head": "swish", "step": 15, "lr": 0.01},
+               {"stage": "train", "head": "swish", "step": 40, "lr": 0.01, "out_std": 0.2}]
+    scratch = RESULTS | {"recipe": {"backbone": {"id": "scratch:resnet18"}, "train": {"lr": 0.5}}}
+    swish = summarise_collapse(scratch, records)["swish"]
+    # step 0: no record before it, the recipe's 0.5 · 0.5 · 10; step 20: 0.01 · 1.0 · 10; step 10 positive
+    assert swish["escape_drive_sum"] == 0.5 * 0.5 * 10 + 0.01 * 1.0 * 10
+    assert swish["escape_drive_max"] == 2.5 and swish["escape_step"] == 30
+    assert swish["lambda_ratio_median"] == -0.25  # of −0.25, 0.125, −0.5
+    assert swish["curvature_explains_escape"] == "yes (drive ≥ 1)"
+    weak = [r | {"lambda_min": r["lambda_min"] * 1e-6} if "lambda_min" in r else r for r in records]
+    assert summarise_collapse(scratch, weak)["swish"]["curvature_explains_escape"] == "no (drive ≪ 1)"
+    frozen = RESULTS | {"recipe": {"backbone": {"id": "offline:dinov2-vits14", "tune": "frozen"}, "train": {}}}
+    assert summarise_collapse(frozen, records)["swish"]["curvature_explains_escape"].startswith("no (frozen")
+    stays = [r for r in records if r.get("step") != 30]
+    assert summarise_collapse(scratch, stays)["swish"]["curvature_explains_escape"] is None
+    header, rows = collapse_rows(summarise_collapse(scratch, records))
+    assert rows[0][header.index("curvature explains escape")] == "yes (drive ≥ 1)"
