@@ -103,3 +103,8 @@ def test_an_answer_about_a_head_not_shown_to_have_trained_says_so_first():
     assert "still falling" in lines[0] and "fell from" in lines[0]
     assert lines[1:] == ["Q-inv: good line", "Q-inv: good.init line"]  # a null head is untrained by design
     assert answer_lines(results) == ["Q-inv: flat line", "Q-inv: good line", "Q-inv: good.init line"]  # no losses
+
+
+def test_a_checkpoints_own_head_reads_pretrained_not_cannot_tell():
+    line = trained_line([], {"steps": 0, "status": "pretrained (not trained)", "final_loss": None})
+    assert line.startswith("pretrained: the checkpoint's own head")

@@ -60,6 +60,8 @@ def trained_line(records: Sequence[dict], train: Mapping | None = None) -> str:
     status = str(train.get("status") or "")
     if status.startswith("untrained"):
         return f"not trained: {status}"
+    if status.startswith("pretrained"):  # a checkpoint's own head (type: pretrained): probed as it came
+        return "pretrained: the checkpoint's own head, probed as it came (not retrained here)"
     points = _losses(records)
     seed = next((r["seed"] for r in records if "seed" in r), None)
     which = "" if seed is None else f" (seed {seed})"
