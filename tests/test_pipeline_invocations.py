@@ -35,7 +35,7 @@ def test_a_resume_keeps_the_earlier_invocations_timing(tiny_recipe, tmp_path):
     assert resumed["timing"]["extract_s"] == now["timing"]["extract_s"]  # `timing` is the run's own clock
 
 
-def test_resume_accepts_other_threads_and_a_run_recorded_before_runtime_existed(tiny_recipe, tmp_path,
+def test_resume_keeps_the_recorded_threads_and_accepts_a_run_recorded_before_runtime_existed(tiny_recipe, tmp_path,
                                                                                monkeypatch):
     monkeypatch.delenv("HEADPROBE_THREADS", raising=False)
     out, threads = tmp_path / "run", torch.get_num_threads()
@@ -49,6 +49,9 @@ def test_resume_accepts_other_threads_and_a_run_recorded_before_runtime_existed(
         resumed = run({**tiny_recipe, "runtime": {"threads": 2}}, out=out, resume=True, quiet=True)
     finally:
         torch.set_num_threads(threads)
-    assert resumed["status"] == "complete" and resumed["environment"]["threads"]["count"] == 2
+    # The recipe now asks for 2, but the run recorded 1: a resumed run sums in the order its first part did.
+    recorded_threads = resumed["environment"]["threads"]
+    assert resumed["status"] == "complete" and (recorded_threads["count"], recorded_threads["source"]) == \
+        (1, "resumed run")
     with pytest.raises(RecipeError, match="the recipe differs"):  # what it computes still has to match
         run({**tiny_recipe, "seed": 1}, out=out, resume=True, quiet=True)

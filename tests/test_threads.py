@@ -1,5 +1,6 @@
-"""The thread count: affinity and cgroup quota (v2 and v1, fake files), the overrides in their order, the load rule,
-and what a run records in results.json["environment"]["threads"]."""
+"""The thread count: affinity and cgroup quota (v2 and v1, fake files), the overrides in their order, a count that
+does not follow the load (only a warning does), a resume that keeps the recorded count, and what a run records in
+results.json["environment"]["threads"]."""
 
 import json
 import os
@@ -13,7 +14,9 @@ from headprobe.parallel.threads import (
     busy_elsewhere,
     cgroup_cpu_quota,
     choose_threads,
+    load_warning,
     prefer_passive_waiting,
+    resumed_threads,
     usable_cpus,
 )
 
@@ -61,7 +64,7 @@ def test_usable_cpus_is_the_affinity_capped_by_the_quota_rounded_down():
 
 
 def test_the_overrides_in_order_environment_recipe_omp_then_auto():
-    machine = {"affinity": 8, "quota": None, "busy": 0.0, "machine_cpus": 8}
+    machine = {"affinity": 8, "quota": None}
     both = {"HEADPROBE_THREADS": "3", "OMP_NUM_THREADS": "5"}
     assert (choose_threads(2, both, **machine).count, choose_threads(2, both, **machine).source) == \
         (3, "HEADPROBE_THREADS")
@@ -71,21 +74,28 @@ def test_the_overrides_in_order_environment_recipe_omp_then_auto():
     assert (auto.count, auto.source) == (8, "auto") and "8 usable CPUs" in auto.rule
 
 
-@pytest.mark.parametrize(("busy", "expected"), [(0.0, 4), (1.2, 3), (2.6, 1), (15.0, 1)])
-def test_auto_takes_no_more_threads_than_other_work_leaves_idle(busy, expected):
-    assert choose_threads(None, {}, affinity=4, quota=None, busy=busy, machine_cpus=4).count == expected
+@pytest.mark.parametrize("busy", [0.0, 1.2, 2.6, 15.0])
+def test_the_automatic_count_does_not_follow_the_load_only_the_warning_does(busy):
+    choice = choose_threads(None, {}, affinity=4, quota=None)
+    assert (choice.count, choice.source) == (4, "auto") and "busy" not in choice.rule
+    line = load_warning(choice, busy, machine_cpus=4)
+    if busy < 0.5:
+        assert line is None
+    else:
+        assert f"leaving {max(1, round(4 - busy))} for headprobe's 4 threads" in line
+        assert f"HEADPROBE_THREADS={max(1, round(4 - busy))}" in line
+    assert load_warning(choose_threads(2, {}, affinity=4, quota=None), busy, 4) is None  # a count asked for: no line
 
 
 def test_auto_shares_the_cpus_among_the_local_processes_and_the_quota():
-    assert choose_threads(None, {"LOCAL_WORLD_SIZE": "2"}, affinity=8, quota=None, busy=0.0,
-                          machine_cpus=8).count == 4
-    assert choose_threads(None, {}, affinity=64, quota=6.0, busy=0.0, machine_cpus=64).count == 6
+    assert choose_threads(None, {"LOCAL_WORLD_SIZE": "2"}, affinity=8, quota=None).count == 4
+    assert choose_threads(None, {}, affinity=64, quota=6.0).count == 6
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])
 def test_a_bad_thread_variable_is_refused_with_the_fix(value):
     with pytest.raises(ValueError, match=f"HEADPROBE_THREADS='{value}' is not a thread count.*whole number"):
-        choose_threads(None, {"HEADPROBE_THREADS": value}, affinity=2, quota=None, busy=0.0, machine_cpus=2)
+        choose_threads(None, {"HEADPROBE_THREADS": value}, affinity=2, quota=None)
 
 
 def test_busy_elsewhere_reads_the_runnable_threads_less_its_own(tmp_path):
@@ -116,27 +126,55 @@ def test_busy_elsewhere_counts_busy_processes_that_are_running_now():
     assert loaded >= 3
 
 
-def test_an_automatic_count_is_chosen_once_per_process_so_a_sweeps_runs_compute_alike(monkeypatch):
+def test_a_busy_machine_gives_the_same_count_and_rule_with_one_warning(monkeypatch):
     import torch
 
     from headprobe.parallel import threads
 
-    for name in ("HEADPROBE_THREADS", "OMP_NUM_THREADS"):
+    for name in ("HEADPROBE_THREADS", "OMP_NUM_THREADS", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(threads, "_first_auto", None)
     monkeypatch.setattr(threads, "usable_cpus", lambda *a: (2, "affinity 2 CPUs, cgroup quota none"))
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
     before = torch.get_num_threads()
     try:
         monkeypatch.setattr(threads, "busy_elsewhere", lambda: (0.0, "now"))
-        first = threads.configure_threads(None)
-        monkeypatch.setattr(threads, "busy_elsewhere", lambda: (2.0, "now"))  # another job came in between runs
-        second = threads.configure_threads(None)
-        assert (first["count"], second["count"], torch.get_num_threads()) == (2, 2, 2)
-        assert second["rule"].endswith("(chosen at this process's first run and kept, so its runs compute alike)")
+        quiet = threads.configure_threads(None)
+        monkeypatch.setattr(threads, "busy_elsewhere", lambda: (3.0, "now"))  # another job came in
+        with pytest.warns(UserWarning, match="leaving 1 for headprobe's 2 threads.*HEADPROBE_THREADS=1"):
+            busy = threads.configure_threads(None)
+        assert busy == quiet and (busy["count"], torch.get_num_threads()) == (2, 2)
         assert threads.configure_threads(1)["count"] == 1  # an explicit count still wins
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux's /proc/stat")
+def test_real_spinning_processes_do_not_change_the_automatic_count():
+    quiet = choose_threads(None, {})
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        import time
+
+        time.sleep(0.3)
+        loaded = choose_threads(None, {})
+    finally:
+        for job in spinners:
+            job.kill()
+            job.wait()
+    assert loaded == quiet
+
+
+def test_resume_reuses_the_recorded_count_and_warns_when_headprobe_threads_differs(tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps({"environment": {"threads": {"count": 3, "source": "auto"}}}))
+    assert resumed_threads(tmp_path, environ={}) == 3
+    choice = choose_threads(1, {"OMP_NUM_THREADS": "5"}, affinity=8, quota=None, recorded=3)
+    assert (choice.count, choice.source) == (3, "resumed run")  # over the recipe's and OMP_NUM_THREADS
+    with pytest.warns(UserWarning, match="HEADPROBE_THREADS=2 overrides the 3 threads the resumed run"):
+        assert resumed_threads(tmp_path, environ={"HEADPROBE_THREADS": "2"}) == 3
+    assert choose_threads(None, {"HEADPROBE_THREADS": "2"}, recorded=3).count == 2
+    assert resumed_threads(tmp_path / "none", environ={}) is None  # nothing recorded: chosen as a new run
+    (tmp_path / "results.json").write_text(json.dumps({"environment": {}}))
+    assert resumed_threads(tmp_path, environ={}) is None
 
 
 def test_passive_waiting_is_set_only_before_torch_and_never_over_the_users_choice():

@@ -2,34 +2,34 @@
 
 `os.cpu_count()` counts the machine, not the job: a SLURM job or a container gets a CPU affinity mask (cpuset) and
 a cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), and torch's default
-of one thread per machine core then spins threads against other jobs. On a 2-core machine shared with other jobs,
-torch's default two threads made 10 head-training steps and a linear probe 2.8x slower than one thread at load 11
-(`benchmarks/results/threads_load11.json`) and 1.4x slower with four busy processes on an otherwise quiet machine;
-there this module's choice was the fastest setting, and on the quiet machine within 6% of the best
-(`benchmarks/bench_threads.py`, `benchmarks/results/threads.json`).
+of one thread per machine core then spins threads against other jobs. Where other work shares the job's CPUs,
+fewer threads can be faster (`benchmarks/bench_threads.py`, `benchmarks/results/threads.json`: 1 thread beat 2 with
+busy processes on a 2-core machine); that is the one-line warning's ``HEADPROBE_THREADS`` fix, never a silent change
+of count.
 
 The count, first of:
 
 1. ``HEADPROBE_THREADS`` (the environment: the machine's owner knows the machine);
-2. the recipe's ``runtime.threads``;
-3. an explicit ``OMP_NUM_THREADS``;
-4. automatic: the usable CPUs (affinity ∩ cgroup quota, rounded down) shared among the node's local processes
-   (``LOCAL_WORLD_SIZE``), and no more than the CPUs that other work leaves idle (at least one): a thread that has
-   to wait for a busy core stalls every parallel region it takes part in. Other work is counted now, not over the
-   last minute: the median of ten samples of the runnable threads in ``/proc/stat`` (``procs_running``), less this
-   process's own (`busy_elsewhere`). The 1-minute load average, the fallback where /proc/stat is missing, still
-   counts jobs that have just finished: on a quiet machine, a run started right after another took one thread
-   where two were faster. Measured: `benchmarks/bench_threads.py`, `benchmarks/results/threads.json`.
+2. on ``--resume``, the count the run recorded (``results.json["environment"]["threads"]["count"]``), so a resumed
+   run sums in the order its first part did; ``HEADPROBE_THREADS`` still overrides it, with a warning that the
+   numbers may then differ in their last digits (`resumed_threads`);
+3. the recipe's ``runtime.threads``;
+4. an explicit ``OMP_NUM_THREADS``;
+5. automatic: the usable CPUs (affinity ∩ cgroup quota, rounded down) shared among the node's local processes
+   (``LOCAL_WORLD_SIZE``). These are facts of the job; the load of the moment is not, and a count that followed
+   it gave the same seed different numbers (LiDAR 1.9e-12 and mi.label 2.8e-5 apart between 1 and 2 threads).
+   Where other work keeps the CPUs busy (`busy_elsewhere`), the run says so in one warning line naming the
+   ``HEADPROBE_THREADS`` fix, and computes with the same count as on a quiet machine (`load_warning`).
 
 `prefer_passive_waiting` makes OpenMP threads sleep rather than spin between parallel regions (``OMP_WAIT_POLICY``
 is read once, when torch loads its OpenMP runtime, so the CLI sets it before importing torch).
 
 >>> usable_cpus(affinity=8, quota=2.5)
 (2, 'affinity 8 CPUs, cgroup quota 2.5 CPUs')
->>> choose_threads(None, environ={}, affinity=4, quota=None, busy=0.0, machine_cpus=4).count
+>>> choose_threads(None, environ={}, affinity=4, quota=None).count
 4
->>> choose_threads(None, environ={}, affinity=4, quota=None, busy=3.2, machine_cpus=4).count
-1
+>>> choose_threads(None, environ={"LOCAL_WORLD_SIZE": "2"}, affinity=4, quota=None).count
+2
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = ["ThreadChoice", "apply_threads", "busy_elsewhere", "cgroup_cpu_quota", "choose_threads",
-           "configure_threads", "prefer_passive_waiting", "usable_cpus"]
+           "configure_threads", "load_warning", "prefer_passive_waiting", "resumed_threads", "usable_cpus"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
@@ -52,7 +52,7 @@ _UNSET = object()
 @dataclass(frozen=True)
 class ThreadChoice:
     """count: intra-op threads; source: which setting decided it ("HEADPROBE_THREADS", "recipe runtime.threads",
-    "OMP_NUM_THREADS" or "auto"); rule: the sentence `results.json["environment"]["threads"]` records."""
+    "resumed run", "OMP_NUM_THREADS" or "auto"); rule: the sentence `results.json["environment"]["threads"]` records."""
 
     count: int
     source: str
@@ -167,16 +167,18 @@ def thread_count(text: str, name: str) -> int:
 
 
 def choose_threads(requested: int | None, environ: Mapping[str, str] | None = None, *,
-                   affinity: int | None = None, quota: float | None | object = _UNSET, busy: float | None = None,
-                   machine_cpus: int | None = None, local_processes: int | None = None) -> ThreadChoice:
-    """The intra-op thread count (module docstring: HEADPROBE_THREADS, then `requested` (the recipe's
-    runtime.threads), then OMP_NUM_THREADS, then automatic). The keyword arguments stand in for the machine in
-    tests: affinity and cgroup quota (`usable_cpus`), the CPUs busy with other work (`busy_elsewhere`), the
-    machine's CPU count and the local processes (default ``LOCAL_WORLD_SIZE``)."""
+                   affinity: int | None = None, quota: float | None | object = _UNSET,
+                   local_processes: int | None = None, recorded: int | None = None) -> ThreadChoice:
+    """The intra-op thread count (module docstring: HEADPROBE_THREADS, then `recorded` (the count a resumed run
+    recorded), then `requested` (the recipe's runtime.threads), then OMP_NUM_THREADS, then automatic from the usable
+    CPUs alone). The keyword arguments stand in for the machine in tests: affinity and cgroup quota
+    (`usable_cpus`) and the local processes (default ``LOCAL_WORLD_SIZE``)."""
     environ = os.environ if environ is None else environ
     if environ.get("HEADPROBE_THREADS", "").strip():
         count = thread_count(environ["HEADPROBE_THREADS"].strip(), "HEADPROBE_THREADS")
         return ThreadChoice(count, "HEADPROBE_THREADS", f"HEADPROBE_THREADS={count}")
+    if recorded is not None:
+        return ThreadChoice(recorded, "resumed run", f"{recorded} as the resumed run recorded")
     if requested is not None:
         return ThreadChoice(requested, "recipe runtime.threads", f"runtime.threads: {requested} in the recipe")
     if environ.get("OMP_NUM_THREADS", "").strip():
@@ -185,15 +187,44 @@ def choose_threads(requested: int | None, environ: Mapping[str, str] | None = No
     cpus, where = usable_cpus(affinity, quota)
     if local_processes is None:
         local_processes = int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    per_process = max(1, cpus // max(1, local_processes))
-    busy, measured = busy_elsewhere() if busy is None else (busy, "given")
-    machine_cpus = machine_cpus or os.cpu_count() or cpus
-    idle = round(machine_cpus - busy)
-    count = min(per_process, max(1, idle))
+    count = max(1, cpus // max(1, local_processes))
     rule = (f"auto: {cpus} usable CPUs ({where}) / {local_processes} local process"
-            f"{'es' if local_processes > 1 else ''} = {per_process}; {busy:g} CPUs busy elsewhere ({measured}) of "
-            f"the machine's {machine_cpus} leave {max(0, idle)} idle; {count} thread{'s' if count > 1 else ''}")
+            f"{'es' if local_processes > 1 else ''} = {count} thread{'s' if count > 1 else ''}")
     return ThreadChoice(count, "auto", rule)
+
+
+def load_warning(choice: ThreadChoice, busy: float, machine_cpus: int) -> str | None:
+    """The one line saying that other work (`busy` CPUs of the machine's `machine_cpus`) leaves fewer idle CPUs
+    than an automatic count's threads, so the run may be slow, and the fix; None otherwise. The count itself is
+    kept: numbers must not depend on the load."""
+    idle = max(1, round(machine_cpus - busy))
+    if choice.source != "auto" or idle >= choice.count:
+        return None
+    return (f"{busy:g} of this machine's {machine_cpus} CPUs are busy with other work, leaving {idle} for headprobe's "
+            f"{choice.count} threads, so this run may be slow; set HEADPROBE_THREADS={idle} to use fewer (the numbers "
+            "may then differ from a quiet machine's in their last digits).")
+
+
+def resumed_threads(run_dir: Path, environ: Mapping[str, str] | None = None) -> int | None:
+    """The thread count a run in `run_dir` recorded (``results.json["environment"]["threads"]["count"]``), for
+    `--resume` to reuse; None where there is none (no run yet, or one written before the count was recorded).
+    Warns where HEADPROBE_THREADS asks for another count."""
+    import json
+    import warnings
+
+    environ = os.environ if environ is None else environ
+    try:
+        count = json.loads((Path(run_dir) / "results.json").read_text())["environment"]["threads"]["count"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(count, int) or count < 1:
+        return None
+    asked = environ.get("HEADPROBE_THREADS", "").strip()
+    if asked and asked != str(count):
+        warnings.warn(f"HEADPROBE_THREADS={asked} overrides the {count} threads the resumed run in {run_dir} "
+                      "recorded; its numbers may differ in the last digits from a run that kept one count (unset "
+                      "HEADPROBE_THREADS to resume with the recorded count).", stacklevel=2)
+    return count
 
 
 def apply_threads(choice: ThreadChoice) -> None:
@@ -206,25 +237,19 @@ def apply_threads(choice: ThreadChoice) -> None:
     threadpool_limits(limits=choice.count)
 
 
-# The first automatic choice of this process, which its later runs keep (`configure_threads`).
-_first_auto: ThreadChoice | None = None
-
-
-def configure_threads(requested: int | None) -> dict:
+def configure_threads(requested: int | None, recorded: int | None = None) -> dict:
     """Choose (`choose_threads`) and apply (`apply_threads`) the run's threads; returns what
     `results.json["environment"]["threads"]` records: count, source, rule and the OpenMP wait policy.
+    `recorded`: the count of the run being resumed (`resumed_threads`). An automatic count that other work would
+    slow down is kept, with one warning line (`load_warning`)."""
+    import warnings
 
-    An automatic count is chosen once per process: the runs of a sweep (or of a pipeline that calls `run` several
-    times) then sum in the same order and give the same numbers for the same seed, whatever other work came and
-    went between them (a count chosen afresh moved one arm's untouched backbone by ~1e-13 against the other's)."""
-    global _first_auto
-    choice = choose_threads(requested)
+    choice = choose_threads(requested, recorded=recorded)
     if choice.source == "auto":
-        if _first_auto is None:
-            _first_auto = choice
-        else:
-            choice = ThreadChoice(_first_auto.count, "auto", f"{_first_auto.rule} (chosen at this process's first "
-                                  "run and kept, so its runs compute alike)")
+        busy, _ = busy_elsewhere()
+        line = load_warning(choice, busy, os.cpu_count() or choice.count)
+        if line is not None:
+            warnings.warn(line, stacklevel=2)
     apply_threads(choice)
     return choice.to_dict() | {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 

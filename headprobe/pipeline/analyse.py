@@ -26,7 +26,7 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
 
 def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -> dict:
     from headprobe.features.cache import UnchangedCache
-    from headprobe.parallel.threads import configure_threads
+    from headprobe.parallel.threads import configure_threads, resumed_threads
     from headprobe.pipeline import stages
     from headprobe.pipeline.geometry_claims import answer_geometry_questions
     from headprobe.recipe import load_recipe
@@ -64,7 +64,8 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
 
         print(geometry_estimate(results, sum(1 for spec in recipe.heads if spec.name in saved), recipe.geometry.rows),
               file=sys.stderr, flush=True)
-    configure_threads(recipe.runtime.threads)  # chosen as `headprobe run` chooses them (`parallel.threads`)
+    # The run's own count, so the analysis sums as the run did (`parallel.threads`)
+    configure_threads(recipe.runtime.threads, resumed_threads(run.path))
     # This analysis's own loading and extraction are not the run's: clocked apart (geometry_timing), so
     # results["timing"] keeps what the run measured. No invocation: a failure leaves the run's status alone.
     record = RecordWriter(run, results, invocation=None, timing={})

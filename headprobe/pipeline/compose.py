@@ -67,16 +67,16 @@ def _environment(state) -> dict:
     }
 
 
-def _threads(recipe: Recipe) -> dict:
-    """Set torch's intra-op threads (`parallel.threads.choose_threads`: HEADPROBE_THREADS, the recipe's
-    runtime.threads, OMP_NUM_THREADS, else from the usable CPUs and the load); returns what results.json records.
-    The environment's other settings are checked here too, before anything is written."""
-    from headprobe.parallel.threads import configure_threads
+def _threads(recipe: Recipe, path: Path, resume: bool) -> dict:
+    """Set torch's intra-op threads (`parallel.threads.choose_threads`: HEADPROBE_THREADS, on `resume` the count the
+    run in `path` recorded, the recipe's runtime.threads, OMP_NUM_THREADS, else from the usable CPUs); returns what
+    results.json records. The environment's other settings are checked here too, before anything is written."""
+    from headprobe.parallel.threads import configure_threads, resumed_threads
     from headprobe.report.progress import progress_interval
 
     try:
         progress_interval()  # a bad HEADPROBE_PROGRESS_INTERVAL stops the run here, before anything is written
-        return configure_threads(recipe.runtime.threads)
+        return configure_threads(recipe.runtime.threads, resumed_threads(path) if resume else None)
     except ValueError as err:
         raise RecipeError(str(err)) from None
 
@@ -193,8 +193,8 @@ def run(
         given, recipe = _own_backbone(backbone, recipe, show=not quiet)
 
     state = process_state()
-    threads = _threads(recipe)
     path = Path(out) if out is not None else default_run_dir(recipe.name)
+    threads = _threads(recipe, path, resume)
     _check_out(path)
     call = Invocation(path, resume, quiet, refuse_existing=out is not None,
                       reuse_backbone=Path(reuse_backbone) if reuse_backbone is not None else None, threads=threads)
