@@ -409,6 +409,7 @@ ORBIT_SWEEPS.add("blur", "headprobe.data.orbits:BLUR", "Gaussian blur sigma 0-3 
 # The paper's questions answered by the geometry stage, each declared where it is answered (name, claim, primary
 # measure, margin, regime in its `help`).
 QUESTIONS = Registry("question")
+QUESTIONS.declare("Q-whiten", "headprobe.stats.whiten_claim:Q_WHITEN")
 QUESTIONS.declare("Q-split", "headprobe.stats.geometry_claims:Q_SPLIT")
 QUESTIONS.declare("Q-saddle", "headprobe.stats.geometry_claims:Q_SADDLE")
 

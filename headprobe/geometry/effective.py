@@ -50,22 +50,16 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
     return float(num / den) if den > 0 else float("nan")
 
 
-def whitening(h_eff: torch.Tensor, r: int, rtol: float | None = None) -> dict:
-    """How close the symmetric h_eff: (N, N) is to c·P on its top-r eigenspace (by |λ|), P that space's projector.
+def isotropy(values: torch.Tensor, r: int, rtol: float) -> dict:
+    """How close a symmetric operator with eigenvalues `values` is to c·P on its top-r eigenspace (by |λ|), P that
+    space's projector: what `whitening` returns, from the eigenvalues alone (all of them, or, matrix-free, the top r
+    and any others known: `geometry.whiten`; the ones left out count as 0).
 
-    Returns {"rank": r, "eigenvalues": the top r, by decreasing |λ|; "scale": their mean c; "spread":
-    max|λ|/min|λ| over them (1 when isotropic; inf when one is numerically 0, |λ| ≤ rtol·max|λ|, rtol = N·eps by
-    default: H_eff then has rank < r); "relative_std": std/|mean|; "n_negative";
-    "outside": ‖λ outside the top r‖ / ‖λ‖; "isotropy_error": ‖h_eff − c·P‖_F / ‖h_eff‖_F}.
-
-    >>> whitening(torch.diag(torch.tensor([2.0, 2.0, 0.0], dtype=torch.float64)), 2)["isotropy_error"]
+    >>> isotropy(torch.tensor([2.0, 2.0, 0.0], dtype=torch.float64), 2, 1e-12)["isotropy_error"]
     0.0
     """
-    n = h_eff.shape[0]
-    rtol = n * torch.finfo(h_eff.dtype).eps if rtol is None else rtol
-    if not 1 <= r <= n:
-        raise ValueError(f"the subspace dimension r must lie in 1..{n}, got {r}.")
-    values = _sym_eigvalsh(h_eff)
+    if not 1 <= r <= len(values):
+        raise ValueError(f"the subspace dimension r must lie in 1..{len(values)}, got {r}.")
     values = values[values.abs().argsort(descending=True)]
     top, rest = values[:r], values[r:]
     total = values.norm()
@@ -81,6 +75,24 @@ def whitening(h_eff: torch.Tensor, r: int, rtol: float | None = None) -> dict:
         "outside": _ratio(rest.norm(), total),
         "isotropy_error": _ratio(torch.cat([top - scale, rest]).norm(), total),
     }
+
+
+def whitening(h_eff: torch.Tensor, r: int, rtol: float | None = None) -> dict:
+    """How close the symmetric h_eff: (N, N) is to c·P on its top-r eigenspace (by |λ|), P that space's projector.
+
+    Returns {"rank": r, "eigenvalues": the top r, by decreasing |λ|; "scale": their mean c; "spread":
+    max|λ|/min|λ| over them (1 when isotropic; inf when one is numerically 0, |λ| ≤ rtol·max|λ|, rtol = N·eps by
+    default: H_eff then has rank < r); "relative_std": std/|mean|; "n_negative";
+    "outside": ‖λ outside the top r‖ / ‖λ‖; "isotropy_error": ‖h_eff − c·P‖_F / ‖h_eff‖_F} (`isotropy`).
+
+    >>> whitening(torch.diag(torch.tensor([2.0, 2.0, 0.0], dtype=torch.float64)), 2)["isotropy_error"]
+    0.0
+    """
+    n = h_eff.shape[0]
+    rtol = n * torch.finfo(h_eff.dtype).eps if rtol is None else rtol
+    if not 1 <= r <= n:
+        raise ValueError(f"the subspace dimension r must lie in 1..{n}, got {r}.")
+    return isotropy(_sym_eigvalsh(h_eff), r, rtol)
 
 
 def effective_hessian(head: nn.Module, z: torch.Tensor, loss_fn: LossFn, batchnorm: str = "running",

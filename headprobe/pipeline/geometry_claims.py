@@ -1,5 +1,6 @@
-"""The geometry stage's questions (`stats.geometry_claims`): Q-split from the run's trained heads of every seed,
-Q-saddle from constructed collapsed states (`geometry.saddle`), both into results.json["claims"]."""
+"""The geometry stage's questions (`stats.geometry_claims`, `stats.whiten_claim`): Q-whiten and Q-split from the
+run's trained heads of every seed, Q-saddle from constructed collapsed states (`geometry.saddle`), all into
+results.json["claims"]."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from headprobe.geometry.effective import scalar_loss
 from headprobe.geometry.pullback import batchnorm_mode
 from headprobe.geometry.saddle import LOSSES, SaddleSpec, collapsed_states
 from headprobe.geometry.split_share import batch_shares, predicts_zero_m
-from headprobe.stats.geometry_claims import SplitMeasure, answer_saddle, answer_split
+from headprobe.geometry.whiten import batch_isotropy
+from headprobe.stats.geometry_claims import SplitMeasure, answer_saddle, answer_split, with_override
+from headprobe.stats.whiten_claim import Q_WHITEN, WhitenMeasure, answer_whiten
 from headprobe.train.heads import ProjectionHead
 
 # Q-split's evaluation: batches of images (two views each), Gaussian probes per batch (`split_share.m_share`).
@@ -46,6 +49,62 @@ def split_measures(by_seed: dict[int, dict], objective, options: dict, views: to
                          predicts_zero_m(e["head"], "running")) for name, e in found.items()]
 
 
+# Q-whiten's evaluation: disjoint batches of up to the training batch size (two views each), rows sampled per batch.
+WHITEN_BATCHES, WHITEN_ROWS = 4, 4
+
+
+def whiten_batches(n: int, batch_size: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(image indices (b,), rows of the stacked [z1; z2] (WHITEN_ROWS,)) of each Q-whiten evaluation batch:
+    WHITEN_BATCHES disjoint batches of b = min(batch_size, n // WHITEN_BATCHES) images (fewer when n < 2 images per
+    batch), drawn from `seed`, the same for every head, seed and state."""
+    b = min(batch_size, n // WHITEN_BATCHES) if n >= 2 * WHITEN_BATCHES else n
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n, generator=gen)
+    count = min(WHITEN_BATCHES, n // b) if b >= 2 else 0
+    return [(order[i * b:(i + 1) * b], torch.randperm(2 * b, generator=gen)[:WHITEN_ROWS]) for i in range(count)]
+
+
+def _is_linear(head) -> bool:
+    return getattr(head, "kind", None) == "linear" and any(True for _ in head.parameters())
+
+
+def whiten_measures(by_seed: dict[int, dict], specs, objective, options: dict, views: torch.Tensor,
+                    batch_size: int, seed: int = 0) -> list[WhitenMeasure]:
+    """Each trained linear head's `WhitenMeasure` over the seeds of by_seed ({seed: {name: state with .head and
+    .predictor}}), against the head (and predictor) at its initial weights, rebuilt from (seed, name) as the
+    training built them (`train.engine.build_head`: the `null_heads: [init]` copy's weights); views: (N, K ≥ 2, D).
+    Both in float64 and eval mode."""
+    from headprobe.recipe.null_heads import trainable_specs
+    from headprobe.train.engine import build_head
+
+    batches = whiten_batches(views.shape[0], batch_size, seed)
+    out = []
+    for spec in trainable_specs(specs):
+        found: dict = {"trained": {}, "init": {}, "premise": [], "ranks": set(), "captured": True}
+        for s, heads in by_seed.items():
+            state = heads.get(spec.name)
+            if state is None or not _is_linear(state.head):
+                continue
+            initial = build_head(spec, views.shape[-1], s)
+            for name, (head, predictor) in (("trained", (state.head, state.predictor)), ("init", initial)):
+                head = copy.deepcopy(head).double().eval()
+                predictor = copy.deepcopy(predictor).double().eval() if predictor is not None else None
+                fn = objective_closure(objective, options, predictor)
+                found[name][s] = []
+                for j, (idx, rows) in enumerate(batches):
+                    b = len(idx)
+                    rec = batch_isotropy(head, lambda h, fn=fn, b=b: scalar_loss(fn(h[:b], h[b:])),
+                                         views[idx, 0].double(), views[idx, 1].double(), rows, seed + j)
+                    found[name][s].append(rec["isotropy_error"])
+                    found["premise"].append(rec["premise"] | {"seed": s, "state": name, "batch": j})
+                    found["ranks"] |= {r["rank"] for r in rec["rows"]}
+                    found["captured"] &= all(r.get("captured", True) for r in rec["rows"])
+        if found["trained"]:
+            out.append(WhitenMeasure(spec.name, found["trained"], found["init"], found["premise"],
+                                     tuple(sorted(found["ranks"])), found["captured"]))
+    return out
+
+
 SADDLE_SEEDS = 3
 
 
@@ -59,21 +118,37 @@ def saddle_spec(geometry, seed: int) -> SaddleSpec | None:
 
 
 def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict:
-    """{"Q-split": ..., "Q-saddle": ...} for results.json["claims"]: Q-split on the run's cached views, Q-saddle on
-    the recipe's constructed states (`saddle_spec`) under the SimSiam and the target loss."""
+    """{"Q-whiten": ..., "Q-split": ..., "Q-saddle": ...} for results.json["claims"]: Q-whiten and Q-split on the
+    run's cached views, Q-saddle on the recipe's constructed states (`saddle_spec`) under the SimSiam and the target
+    loss; each question with the recipe's `claims:` margin where it sets one."""
     from headprobe.registry import OBJECTIVES
+    from headprobe.stats.geometry_claims import Q_SADDLE, Q_SPLIT
 
     recipe = ctx.recipe
-    claims = answer_split(split_measures(by_seed, OBJECTIVES.get(recipe.objective.name), recipe.objective.options,
-                                         features.views.features, recipe.seed), seed=recipe.seed)
+    objective, options = OBJECTIVES.get(recipe.objective.name), recipe.objective.options
+    views = features.views.features
+    (whiten, split, saddle), overrides = zip(*(with_override(q, recipe.claims) for q in (Q_WHITEN, Q_SPLIT, Q_SADDLE)),
+                                             strict=True)
+    claims = answer_whiten(whiten_measures(by_seed, recipe.heads, objective, options, views,
+                                           recipe.train.batch_size, recipe.seed), whiten, seed=recipe.seed)
+    claims |= answer_split(split_measures(by_seed, objective, options, views, recipe.seed), split, seed=recipe.seed)
     spec = saddle_spec(recipe.geometry, recipe.seed)
     if spec is None:
-        return claims
+        return _recorded(claims, overrides)
     if ctx.show:  # said before the work starts: its time depends on these sizes
         print(f"Q-saddle: {spec.sizes()}; under the {' and the '.join(LOSSES)} losses", file=sys.stderr,
               flush=True)
     start = time.perf_counter()
     states = {loss: collapsed_states(dataclasses.replace(spec, loss=loss), ProjectionHead) for loss in LOSSES}
-    claims |= answer_saddle(states, spec.sizes(), seed=recipe.seed)
+    claims |= answer_saddle(states, spec.sizes(), saddle, seed=recipe.seed)
     claims["Q-saddle"]["time_s"] = time.perf_counter() - start
+    return _recorded(claims, overrides)
+
+
+def _recorded(claims: dict, overrides) -> dict:
+    """claims with each question's recipe override recorded (`claims[Q]["override"]`), as probing's questions do;
+    overrides: (key, {"margin": m}) pairs, an empty dict where the recipe sets none."""
+    for key, override in overrides:
+        if override and key in claims:
+            claims[key]["override"] = override
     return claims

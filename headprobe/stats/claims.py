@@ -109,25 +109,35 @@ def check_claims_section(section) -> None:
     if not isinstance(section, dict):
         raise ValueError(f"claims must map questions ({', '.join(QUESTIONS)}) to overrides, e.g. "
                          f"claims: {{Q-class: {{margin: 0.03}}}}; got {section!r}.")
+    from headprobe.registry import QUESTIONS as GEOMETRY_QUESTIONS  # the geometry stage's (Q-whiten, Q-split, ...)
+    from headprobe.stats.geometry_claims import GEOMETRY_OVERRIDABLE
+
     for key, override in section.items():
-        if key not in QUESTIONS:
-            raise ValueError(f"claims.{key} is not a question; the questions are {', '.join(QUESTIONS)}.")
+        if key not in QUESTIONS and key not in GEOMETRY_QUESTIONS:
+            raise ValueError(f"claims.{key} is not a question; the questions are "
+                             f"{', '.join([*QUESTIONS, *GEOMETRY_QUESTIONS.names()])}.")
+        allowed = OVERRIDABLE if key in QUESTIONS else GEOMETRY_OVERRIDABLE
         if not isinstance(override, dict):
-            raise ValueError(f"claims.{key} must map {' and/or '.join(OVERRIDABLE)} to a value, got {override!r}.")
-        unknown = [k for k in override if k not in OVERRIDABLE]
+            raise ValueError(f"claims.{key} must map {' and/or '.join(allowed)} to a value, got {override!r}.")
+        unknown = [k for k in override if k not in allowed]
         if unknown:
-            raise ValueError(f"claims.{key}.{unknown[0]} cannot be set; a recipe may set {', '.join(OVERRIDABLE)}.")
+            raise ValueError(f"claims.{key}.{unknown[0]} cannot be set; a recipe may set {', '.join(allowed)}.")
+        if key not in QUESTIONS:
+            _check_margin(key, override.get("margin", 0.0))
+            continue
         question = QUESTIONS[key]
         if "primary" in override and not (isinstance(override["primary"], str) and any(
                 re.fullmatch(p, override["primary"]) for p in question.primaries)):
             allowed = ", ".join(m.name for m in question.candidates)
             raise ValueError(f"claims.{key}.primary = {override['primary']!r} does not answer {key}; choose among "
                              f"{allowed}.")
-        margin = override.get("margin", 0.0)
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) \
-                or margin < 0:
-            raise ValueError(f"claims.{key}.margin = {margin!r} is out of range; it must be a number >= 0 (in the "
-                             "primary measure's units, e.g. 0.02 accuracy).")
+        _check_margin(key, override.get("margin", 0.0))
+
+
+def _check_margin(key: str, margin) -> None:
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
+        raise ValueError(f"claims.{key}.margin = {margin!r} is out of range; it must be a number >= 0 (in the "
+                         "primary measure's units, e.g. 0.02 accuracy).")
 
 
 def questions(overrides: dict | None = None) -> list[Question]:

@@ -23,6 +23,7 @@ buffer questions of `stats.claims`).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,6 +75,16 @@ Q_SADDLE = GeometryQuestion(
     "share of collapsed states with λ_min < −bound, SimSiam loss", 0.25,
     "constructed collapsed states of tiny heads without BatchNorm, 50 per seed × 3 seeds per head type "
     "(geometry.saddle)")
+
+
+# What a recipe's `claims:` may set for a geometry question (`stats.claims.check_claims_section` checks it).
+GEOMETRY_OVERRIDABLE = ("margin",)
+
+
+def with_override(question: GeometryQuestion, section: dict | None) -> tuple[GeometryQuestion, tuple[str, dict]]:
+    """The question with the recipe's `claims: {KEY: {margin: m}}` applied, and (key, that override) to record."""
+    override = dict((section or {}).get(question.key) or {})
+    return (dataclasses.replace(question, **override) if override else question), (question.key, override)
 
 
 @dataclass(frozen=True)
