@@ -28,7 +28,8 @@ __all__ = ["ACROSS_HEADER", "FORMATS", "claims_rows", "cross_run_rows", "format_
 FORMATS = ("md", "latex", "csv")
 CSV_COLUMNS = ("run", "question", "measure", "role", "head", "tap", "backbone", "head_value", "change", "value",
                "count", "ci_low", "ci_high", "n_seeds", "n_units", "unit", "interval", "answer", "p", "p_holm",
-               "trained", "training", "null", "null_value", "change_vs_null", "ci_low_vs_null", "ci_high_vs_null", "decided_on")
+               "trained", "training", "null", "null_value", "change_vs_null", "ci_low_vs_null", "ci_high_vs_null",
+               "decided_on")
 NOT_MEASURED = "not measured"
 FOOTNOTE = ("trained: each head's loss curve (converged = trained; barely trained, still falling, not trained: "
             "read its answer with care; trained?: too few logged steps to tell). not measured: the run did not "
