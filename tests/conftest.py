@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# pytest-xdist runs one worker per CPU; headprobe's automatic thread count (the job's usable CPUs, never the load)
+# would give every worker all of them, oversubscribing the cores. Each worker takes its share instead, unless the
+# caller chose a count; tests of the rule itself set or remove the variable themselves.
+if (workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    os.environ.setdefault("HEADPROBE_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
 
 
 @pytest.fixture(autouse=True)
