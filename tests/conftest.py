@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Before torch loads MKL: reproducible matrix products, as `import headprobe` sets for the CLI (headprobe/__init__.py).
+os.environ.setdefault("MKL_CBWR", "AUTO")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # pytest-xdist runs one worker per CPU; headprobe's automatic thread count (the job's usable CPUs, never the load)
 # would give every worker all of them, oversubscribing the cores. Each worker takes its share instead, unless the
