@@ -406,9 +406,12 @@ ORBIT_SWEEPS.add("saturation", "headprobe.data.orbits:SATURATION",
                  "saturation factor 0 (grey) to 2, 11 steps; 1 is the image")
 ORBIT_SWEEPS.add("blur", "headprobe.data.orbits:BLUR", "Gaussian blur sigma 0-3 px, 7 steps")
 
-# The paper's questions answered by the geometry stage, each declared where it is answered (name, claim, primary
-# measure, margin, regime in its `help`).
+# The paper's questions, each declared where it is answered (name, claim, primary measure, margin, regime in its
+# `help`): claim 5's by the probe stage (`stats.claims`), claims 1-4 by the geometry stage.
 QUESTIONS = Registry("question")
+QUESTIONS.declare("Q-aug", "headprobe.stats.claims:Q_AUG")
+QUESTIONS.declare("Q-inv", "headprobe.stats.claims:Q_INV")
+QUESTIONS.declare("Q-class", "headprobe.stats.claims:Q_CLASS")
 QUESTIONS.declare("Q-whiten", "headprobe.stats.whiten_claim:Q_WHITEN")
 QUESTIONS.declare("Q-split", "headprobe.stats.geometry_claims:Q_SPLIT")
 QUESTIONS.declare("Q-saddle", "headprobe.stats.geometry_claims:Q_SADDLE")

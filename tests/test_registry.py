@@ -16,14 +16,29 @@ def test_lazy_entries_resolve_and_unknown_names_suggest():
 def test_every_registered_target_imports():
     from headprobe.data.augment import AugmentSpec
     from headprobe.data.orbits import OrbitSweep
+    from headprobe.stats.claims import Question
     from headprobe.stats.geometry_claims import GeometryQuestion
 
     # these families register the definitions
-    definitions = {"augment": AugmentSpec, "sweeps": OrbitSweep, "questions": GeometryQuestion}
+    definitions = {"augment": AugmentSpec, "sweeps": OrbitSweep, "questions": (Question, GeometryQuestion)}
     for family, registry in FAMILIES.items():
         for entry in registry:
             loaded = entry.load()
             assert isinstance(loaded, definitions[family]) if family in definitions else callable(loaded), entry
+
+
+def test_questions_are_declared_once():
+    """claim 5's questions are the registry's first entries, the same objects `stats.claims` answers, and the keys
+    a metric may bear on (`probes.declaration.QUESTION_KEYS`)."""
+    from headprobe.probes.declaration import QUESTION_KEYS
+    from headprobe.stats.claims import QUESTIONS
+
+    declared = FAMILIES["questions"]
+    assert tuple(declared.names()[:3]) == tuple(QUESTIONS) == QUESTION_KEYS
+    assert all(declared.get(key) is QUESTIONS[key] for key in QUESTIONS)
+    assert declared.entry("Q-class").help.startswith("claim 5: Does the head keep the class information? primary "
+                                                     "linear.acc; equivalence: |head − backbone| < 0.02")
+    assert "direction: head − backbone < 0;" in declared.entry("Q-aug").help
 
 
 def test_split_prefixed():

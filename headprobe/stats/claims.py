@@ -47,7 +47,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from headprobe.probes.declaration import Metric, declared_metrics
+from headprobe.probes.declaration import QUESTION_KEYS, Metric, declared_metrics
 
 DIRECTION, EQUIVALENCE = "direction", "equivalence"
 # A head's answer where the question's primary measure was not measured (its secondary measures are still shown).
@@ -75,6 +75,27 @@ class Question:
     margin: float
     subject: str = "the head"
     family: str = "heads"
+    claim: int = 5
+
+    # What the QUESTIONS registry reads of a declaration (`headprobe list questions`), as of a probe's.
+    needs = ()
+    options = None
+
+    @property
+    def name(self) -> str:
+        return self.key
+
+    @property
+    def usage(self) -> str:
+        return self.key
+
+    @property
+    def help(self) -> str:
+        rule = (f"equivalence: |head − backbone| < {self.margin:g}" if self.kind == EQUIVALENCE else
+                f"direction: head − backbone {'<' if self.predicted < 0 else '>'} "
+                f"{'−' if self.predicted < 0 and self.margin else ''}{self.margin:g}")
+        return (f"claim {self.claim}: {self.asks} primary {self.primary}; {rule}; every probed head against its "
+                "backbone, over seeds (the probe stage)")
 
     @property
     def candidates(self) -> tuple[Metric, ...]:
@@ -92,14 +113,18 @@ class Question:
         return tuple(m.pattern for m in declared_metrics() if self.key in m.answers + m.shown_with)
 
 
-QUESTIONS: dict[str, Question] = {q.key: q for q in (
-    Question("Q-aug", "Does the head discard augmentation information the backbone keeps?",
-             "discards augmentation information", "rotation.acc", DIRECTION, -1, 0.0),
-    Question("Q-inv", "Is the head more invariant, scale-free?", "is more invariant", "view_spread_rel",
-             DIRECTION, -1, 0.0),
-    Question("Q-class", "Does the head keep the class information?", "keeps the class information", "linear.acc",
-             EQUIVALENCE, 0, 0.02),
-)}
+Q_AUG = Question("Q-aug", "Does the head discard augmentation information the backbone keeps?",
+                 "discards augmentation information", "rotation.acc", DIRECTION, -1, 0.0)
+Q_INV = Question("Q-inv", "Is the head more invariant, scale-free?", "is more invariant", "view_spread_rel",
+                 DIRECTION, -1, 0.0)
+Q_CLASS = Question("Q-class", "Does the head keep the class information?", "keeps the class information",
+                   "linear.acc", EQUIVALENCE, 0, 0.02)
+# Claim 5's questions (each declared in `registry.QUESTIONS` with the geometry stage's); the metrics' declarations
+# name them by key (`probes.declaration.QUESTION_KEYS`), which must be exactly these.
+QUESTIONS: dict[str, Question] = {q.key: q for q in (Q_AUG, Q_INV, Q_CLASS)}
+if tuple(QUESTIONS) != QUESTION_KEYS:
+    raise ImportError(f"stats.claims declares {tuple(QUESTIONS)} but probes.declaration.QUESTION_KEYS names "
+                      f"{QUESTION_KEYS}; keep the two the same.")
 OVERRIDABLE = ("primary", "margin")
 
 
@@ -109,13 +134,12 @@ def check_claims_section(section) -> None:
     if not isinstance(section, dict):
         raise ValueError(f"claims must map questions ({', '.join(QUESTIONS)}) to overrides, e.g. "
                          f"claims: {{Q-class: {{margin: 0.03}}}}; got {section!r}.")
-    from headprobe.registry import QUESTIONS as GEOMETRY_QUESTIONS  # the geometry stage's (Q-whiten, Q-split, ...)
+    from headprobe.registry import QUESTIONS as DECLARED  # claim 5's and the geometry stage's (Q-whiten, ...)
     from headprobe.stats.geometry_claims import GEOMETRY_OVERRIDABLE
 
     for key, override in section.items():
-        if key not in QUESTIONS and key not in GEOMETRY_QUESTIONS:
-            raise ValueError(f"claims.{key} is not a question; the questions are "
-                             f"{', '.join([*QUESTIONS, *GEOMETRY_QUESTIONS.names()])}.")
+        if key not in QUESTIONS and key not in DECLARED:
+            raise ValueError(f"claims.{key} is not a question; the questions are {', '.join(DECLARED.names())}.")
         allowed = OVERRIDABLE if key in QUESTIONS else GEOMETRY_OVERRIDABLE
         if not isinstance(override, dict):
             raise ValueError(f"claims.{key} must map {' and/or '.join(allowed)} to a value, got {override!r}.")

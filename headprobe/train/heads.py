@@ -16,9 +16,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from headprobe.registry import ACTIVATIONS
+from headprobe.registry import ACTIVATIONS, HEADS
 
-HEAD_TYPES = ("identity", "linear", "mlp")
+
+def built_in_kinds() -> list[str]:
+    """The head types `ProjectionHead` builds: those the HEADS registry (their one declaration) maps to
+    `projection_head`."""
+    return [name for name in HEADS.names() if HEADS.entry(name).target == f"{__name__}:projection_head"]
 
 
 def projection_head(in_dim: int, spec) -> ProjectionHead:
@@ -56,8 +60,8 @@ class ProjectionHead(nn.Module):
         init_scale: float = 1.0,
     ) -> None:
         super().__init__()
-        if kind not in HEAD_TYPES:
-            raise ValueError(f"head type {kind!r} is unknown; use one of {', '.join(HEAD_TYPES)}.")
+        if kind not in (kinds := built_in_kinds()):
+            raise ValueError(f"head type {kind!r} is unknown; use one of {', '.join(kinds)}.")
         if act not in ACTIVATIONS:
             raise ValueError(f"activation {act!r} is unknown; use one of {', '.join(ACTIVATIONS.names())}.")
         if kind != "identity" and depth < 1:

@@ -33,7 +33,6 @@ batch-mean loss.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -314,14 +313,6 @@ def simsiam(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tens
         F.cosine_similarity(p1, z2.detach(), dim=1).mean() + F.cosine_similarity(p2, z1.detach(), dim=1).mean()
     )
     return LossTerms(loss, {"simsiam": loss})
-
-
-OBJECTIVES: dict[str, Callable[..., LossTerms]] = {
-    "info_nce": info_nce,
-    "vicreg": vicreg,
-    "barlow_twins": barlow_twins,
-    "simsiam": simsiam,
-}
 
 
 def objective_protocol(name: str, options: dict) -> dict:
