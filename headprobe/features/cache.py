@@ -1,7 +1,13 @@
 """The on-disk feature cache's files: one safetensors file per key, a checksum of every tensor in its metadata
 (verified on every load, in fixed-size chunks), written under a temporary name and renamed; see `features` for what
 is cached. A hit is loaded whole, or memory-mapped (`mapped=True`: nothing is read until it is indexed, see
-`tensor_file`), so a view cache larger than memory can be used."""
+`tensor_file`), so a view cache larger than memory can be used.
+
+Store dtype (`features.store_dtype`): the features tensor is stored as float32, float16 or bfloat16 (half the bytes
+for the last two; the labels or view parameters stay as they are). A hit loaded whole comes back as float32; a
+mapped hit stays in the stored dtype, mapped, and its readers upcast the rows they take (`as_float32`): the probes'
+taps, the heads' batches and the geometry all compute in float32 or float64. A file whose features are not in the
+dtype asked for is a miss, never a hit, whatever its key."""
 
 from __future__ import annotations
 
@@ -18,10 +24,33 @@ import torch
 from headprobe.features.tensor_file import changed_mappings, checksum_hasher, map_tensors, read_header, write_streamed
 from headprobe.parallel.atomic import replace_atomically
 
-__all__ = ["FORMAT_VERSION", "CacheChangedError", "UnchangedCache", "checksum_algorithm", "load_cached",
-           "save_cached", "save_cached_streamed", "tensor_checksum"]
+__all__ = ["FORMAT_VERSION", "STORE_DTYPES", "CacheChangedError", "UnchangedCache", "as_float32", "as_stored",
+           "checksum_algorithm", "load_cached", "save_cached", "save_cached_streamed", "store_dtype_of",
+           "tensor_checksum"]
 
 FORMAT_VERSION = 2  # 2: per-tensor checksums in the metadata
+# features.store_dtype → the dtype the cache file holds the features in.
+STORE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def store_dtype_of(name: str) -> torch.dtype:
+    """The torch dtype of a `features.store_dtype` name; ValueError naming the allowed ones otherwise."""
+    if name not in STORE_DTYPES:
+        raise ValueError(f"features.store_dtype {name!r} is not a dtype the feature cache stores; use one of "
+                         f"{', '.join(STORE_DTYPES)}.")
+    return STORE_DTYPES[name]
+
+
+def as_stored(feats: torch.Tensor, store_dtype: str) -> torch.Tensor:
+    """`feats` rounded to the store dtype: what a cache file of that dtype will hold (float32 is returned as it is)."""
+    dtype = store_dtype_of(store_dtype)
+    return feats if feats.dtype == dtype else feats.to(dtype)
+
+
+def as_float32(feats: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
+    """`feats` as float32 (on `device`, when given): the upcast every reader of stored features applies; a float32
+    tensor already there is returned as it is (a mapped one stays mapped)."""
+    return feats.to(device=device, dtype=torch.float32)
 
 
 def checksum_algorithm() -> str:
@@ -42,12 +71,14 @@ def tensor_checksum(tensor: torch.Tensor, algorithm: str | None = None) -> str:
     return f"{algorithm}:{hasher.hexdigest()}"
 
 
-def load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None, mapped: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(features, labels-or-params) from a cache file whose key, row count and checksums match (and whose labels
-    equal `labels`, when given), else None; an unusable file is reported and deleted. The checksums are computed
-    over the file in chunks, so checking holds a few MiB whatever the file's size. mapped: the tensors are
-    memory-mapped from the file (`tensor_file.map_tensors`) instead of loaded."""
+def load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None, mapped: bool = False,
+                store_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(features, labels-or-params) from a cache file whose key, row count, features dtype (`store_dtype`) and
+    checksums match (and whose labels equal `labels`, when given), else None; an unusable file is reported and
+    deleted. The checksums are computed over the file in chunks, so checking holds a few MiB whatever the file's
+    size. mapped: the tensors are memory-mapped from the file (`tensor_file.map_tensors`) instead of loaded, the
+    features in their stored dtype; loaded whole, the features come back as float32."""
+    dtype = store_dtype_of(store_dtype)
     if not path.exists():
         return None
     try:
@@ -58,6 +89,9 @@ def load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None
         rows = entries["features"].shape[0] if entries["features"].shape else 0
         if meta.get("key") != key or rows != n or (entries[second].shape or (0,))[0] != n:
             raise ValueError(f"it holds {rows} rows for key {meta.get('key')!r}, expected {n} for {key!r}")
+        if entries["features"].dtype != dtype:
+            raise ValueError(f"it stores its features as {entries['features'].dtype}, expected {dtype} "
+                             f"(features.store_dtype: {store_dtype})")
         checksums = json.loads(meta.get("checksums", "null"))
         if not isinstance(checksums, dict):
             raise ValueError("it records no checksums of its tensors")
@@ -70,7 +104,8 @@ def load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None
                               {name: checksums[name] for name in ("features", second)})
         feats, stored = tensors["features"], tensors[second]
         if not mapped:
-            feats, stored = feats.clone(), stored.clone()
+            feats = feats.clone() if feats.dtype == torch.float32 else feats.float()
+            stored = stored.clone()
         if labels is not None and not torch.equal(stored, labels):
             wrong = int((stored != labels).sum()) if stored.shape == labels.shape else n
             raise ValueError(f"its labels differ from the dataset's at {wrong} of {n} images")
@@ -87,13 +122,15 @@ _UNWRITABLE: set[Path] = set()
 
 
 def save_cached(
-    path: Path, key: str, description: dict, feats: torch.Tensor, labels: torch.Tensor, second: str = "labels"
+    path: Path, key: str, description: dict, feats: torch.Tensor, labels: torch.Tensor, second: str = "labels",
+    store_dtype: str = "float32",
 ) -> bool:
-    """Write one cache file (temporary name, then rename); False, with one warning per cache folder, when it
-    cannot be written (read-only or full): the cache is an optimisation, the run goes on without it."""
+    """Write one cache file (temporary name, then rename), its features in `store_dtype`; False, with one warning
+    per cache folder, when it cannot be written (read-only or full): the cache is an optimisation, the run goes on
+    without it."""
     from safetensors.torch import save_file
 
-    tensors = {"features": feats.contiguous(), second: labels.contiguous()}
+    tensors = {"features": as_stored(feats, store_dtype).contiguous(), second: labels.contiguous()}
     checksums = {name: tensor_checksum(t) for name, t in tensors.items()}
     metadata = {"key": key, "second": second, "checksums": json.dumps(checksums),
                 "description": json.dumps(description, default=str)}

@@ -22,6 +22,12 @@ the CPU the returned tensor is that buffer, so extraction holds one (N, D) copy 
 the device and one on the CPU when extracting on a GPU). A cache hit is loaded whole, or with `mapped=True`
 memory-mapped from its file (`tensor_file`), read only where it is indexed.
 
+Store dtype (`store_dtype`, `features.store_dtype`): the cache holds the features as float32, float16 or bfloat16
+(`features.cache`), and the dtype is part of the key. Freshly extracted features are rounded to it in place before
+they are returned, so a run computes on the same numbers whether its features came from the cache or not (and
+with the cache off); they are returned as float32, except a mapped hit, which stays in the stored dtype
+(`cache.as_float32` is how its readers upcast).
+
 Input pipeline: `num_workers` (None: chosen from the machine), pinned memory and prefetching on CUDA are
 `data.loader.loader_options`; every item is a pure function of its index, so the results are the same for any
 worker count.
@@ -40,12 +46,13 @@ import torch
 
 from headprobe.data.cache_dir import cache_root
 from headprobe.data.loader import ImageDecodeError, loader_options
-from headprobe.features.cache import FORMAT_VERSION, load_cached, save_cached
+from headprobe.features.cache import FORMAT_VERSION, as_stored, load_cached, save_cached
 
 
 @dataclass
 class Features:
-    """features: (N, D) float32 on CPU; labels: (N,) int64; `cached` says whether it came from disk."""
+    """features: (N, D) on CPU, float32 (a mapped cache hit: the store dtype); labels: (N,) int64; `cached` says
+    whether it came from disk."""
 
     features: torch.Tensor
     labels: torch.Tensor
@@ -54,7 +61,10 @@ class Features:
     path: Path | None
 
 
-def feature_key(backbone, data_info: dict, split: str, precision: str) -> tuple[str, dict]:
+def feature_key(backbone, data_info: dict, split: str, precision: str, store_dtype: str = "float32"
+                ) -> tuple[str, dict]:
+    """(cache key, description): the key is a hash of everything that determines the cached bytes. The store dtype
+    enters only when it is not float32, so float32 caches keep the keys they had before the field existed."""
     description = {
         "format": FORMAT_VERSION,
         "backbone": backbone.id,
@@ -65,6 +75,8 @@ def feature_key(backbone, data_info: dict, split: str, precision: str) -> tuple[
         "data": {k: data_info[k] for k in ("source", "fingerprint", "test_split", "limit", "split_seed")},
         "split": split,
     }
+    if store_dtype != "float32":
+        description["store_dtype"] = store_dtype
     blob = json.dumps(description, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24], description
 
@@ -162,6 +174,7 @@ def extract(
     num_workers: int | None = 0,
     rotation: int = 0,
     mapped: bool = False,
+    store_dtype: str = "float32",
     state=None,
     progress=None,
 ) -> Features:
@@ -178,12 +191,12 @@ def extract(
     device = state.device
     precision = effective_precision(precision, device)
     key, description = feature_key(backbone, data_info, split + (f"-rot{rotation % 360}" if rotation % 360 else ""),
-                                   precision)
+                                   precision, store_dtype)
     path = cache_root() / "features" / f"{key}.safetensors"
     n = len(dataset)
     labels = torch.as_tensor(dataset["label"], dtype=torch.int64)
     if cache:
-        hit = load_cached(path, key, n, labels, mapped=mapped)
+        hit = load_cached(path, key, n, labels, mapped=mapped, store_dtype=store_dtype)
         if hit is not None:
             return Features(hit[0], hit[1], key, True, path)
 
@@ -192,8 +205,11 @@ def extract(
     local = _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation)
     # One process on the CPU: `local` is already the (N, D) result, and .cpu() returns it without a copy.
     feats = gather_shards(local, n, state).cpu()
-    if cache and state.is_main_process and not save_cached(path, key, description, feats, labels):
+    stored = as_stored(feats, store_dtype)
+    if cache and state.is_main_process and not save_cached(path, key, description, stored, labels,
+                                                              store_dtype=store_dtype):
         cache = False  # not written: there is no file to point at
+    feats.copy_(stored)  # what a cache hit will return: the same numbers, hit or miss
     return Features(feats, labels, key, False, path if cache else None)
 
 
@@ -295,6 +311,7 @@ def extract_views(
     cache: bool = True,
     num_workers: int | None = 0,
     mapped: bool = False,
+    store_dtype: str = "float32",
     state=None,
     progress=None,
 ) -> ViewFeatures:
@@ -313,13 +330,13 @@ def extract_views(
     precision = effective_precision(precision, device)
     crop = backbone.preprocess.crop
     spec, normalise = view_transforms(backbone.preprocess, augment)
-    key, description = feature_key(backbone, data_info, "train-views", precision)
+    key, description = feature_key(backbone, data_info, "train-views", precision, store_dtype)
     description |= {"augment": dataclasses.asdict(spec), "views": views, "seed": seed}
     key = hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:24]
     path = cache_root() / "views" / f"{key}.safetensors"
     n = len(dataset)
     if cache:
-        hit = load_cached(path, key, n, mapped=mapped)
+        hit = load_cached(path, key, n, mapped=mapped, store_dtype=store_dtype)
         if hit is not None:
             return ViewFeatures(hit[0], hit[1], key, True)
 
@@ -358,6 +375,8 @@ def extract_views(
     feats[start:], params[start:] = 0, 0
     feats = gather_shards(feats, total, state).cpu().view(n, views, feats.shape[-1])
     params = gather_shards(params, total, state).cpu().view(n, views, params.shape[-1])
+    stored = as_stored(feats, store_dtype)
     if cache and state.is_main_process:
-        save_cached(path, key, description, feats, params, second="params")
+        save_cached(path, key, description, stored, params, second="params", store_dtype=store_dtype)
+    feats.copy_(stored)  # the numbers a cache hit returns
     return ViewFeatures(feats, params, key, False)

@@ -24,7 +24,7 @@ import torch
 
 from headprobe.data.cache_dir import cache_root
 from headprobe.data.orbits import orbit_images, orbit_sweep, sweep_values
-from headprobe.features.cache import load_cached, save_cached
+from headprobe.features.cache import as_stored, load_cached, save_cached
 from headprobe.features.extract import (
     effective_precision,
     feature_key,
@@ -37,9 +37,10 @@ from headprobe.features.extract import (
 __all__ = ["extract_orbits", "orbit_key"]
 
 
-def orbit_key(backbone, data_info: dict, sweep: str, n_images: int, precision: str) -> tuple[str, dict]:
+def orbit_key(backbone, data_info: dict, sweep: str, n_images: int, precision: str, store_dtype: str = "float32"
+              ) -> tuple[str, dict]:
     """(cache key, description) of one sweep's features of the first `n_images` test images."""
-    _, description = feature_key(backbone, data_info, "test-orbits", precision)
+    _, description = feature_key(backbone, data_info, "test-orbits", precision, store_dtype)
     description |= {"sweep": sweep, "definition": dataclasses.asdict(orbit_sweep(sweep)),
                     "values": sweep_values(sweep), "n_images": n_images, "frames": "resize and crop, then sweep"}
     blob = json.dumps(description, sort_keys=True, default=str).encode()
@@ -69,13 +70,14 @@ def _forward_orbits(backbone, dataset, sweep: str, indices: range, rows: int, ba
 
 def extract_orbits(backbone, dataset, *, sweeps: list[str], n_images: int, data_info: dict | None = None,
                    batch_size: int = 64, precision: str = "fp32", cache: bool = True, state=None, progress=None,
-                   record: dict | None = None) -> dict[str, torch.Tensor]:
+                   record: dict | None = None, store_dtype: str = "float32") -> dict[str, torch.Tensor]:
     """Backbone features along each sweep's orbit of the first `n_images` images of `dataset` → {sweep: (N, T, D)}
     float32 on the CPU, N = min(n_images, len(dataset)), T the sweep's steps (`sweep_values`).
 
     `data_info` (the data's `info`: source, fingerprint, split, limits) keys the cache; without it nothing is
     cached. `record`, when given, gets {"orbits-<sweep>": {"key", "hit"}} for each sweep (results.json's
-    `protocol.features.cache`).
+    `protocol.features.cache`). `store_dtype`: the cache's dtype (`features.store_dtype`); the frames' features
+    are rounded to it and returned as float32, hit or miss.
     """
     from headprobe.parallel.distributed import process_state
 
@@ -90,9 +92,9 @@ def extract_orbits(backbone, dataset, *, sweeps: list[str], n_images: int, data_
     for sweep in sweeps:
         key = path = None
         if cache:
-            key, description = orbit_key(backbone, data_info, sweep, n, precision)
+            key, description = orbit_key(backbone, data_info, sweep, n, precision, store_dtype)
             path = cache_root() / "orbits" / f"{key}.safetensors"
-            hit = load_cached(path, key, n, labels)
+            hit = load_cached(path, key, n, labels, store_dtype=store_dtype)
             if hit is not None:
                 out[sweep] = hit[0]
                 if record is not None:
@@ -103,8 +105,10 @@ def extract_orbits(backbone, dataset, *, sweeps: list[str], n_images: int, data_
         local = _forward_orbits(backbone, dataset, sweep, range(state.process_index, n, world), rows, batch_size,
                                 autocast, device, progress, world)
         feats = gather_shards(local.flatten(1), n, state).cpu().view(n, *local.shape[1:])
+        stored = as_stored(feats, store_dtype)
         if cache and state.is_main_process:
-            save_cached(path, key, description, feats, labels)
+            save_cached(path, key, description, stored, labels, store_dtype=store_dtype)
+        feats.copy_(stored)
         out[sweep] = feats
         if record is not None:
             record[f"orbits-{sweep}"] = {"key": key, "hit": False}

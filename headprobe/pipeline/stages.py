@@ -141,7 +141,7 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
     recipe, backbone, data, t0 = ctx.recipe, inputs.backbone, inputs.data, time.perf_counter()
     f = recipe.features
     options = {"data_info": data.info, "batch_size": f.batch_size, "precision": f.precision, "cache": f.cache,
-               "num_workers": f.num_workers, "mapped": f.memory_map, "state": ctx.state}
+               "num_workers": f.num_workers, "mapped": f.memory_map, "store_dtype": f.store_dtype, "state": ctx.state}
     needs, cache, clean = probe_needs(recipe), {}, {}
     out = FeatureSet(None, None, data.n_classes,
                      inert_params=ctx.stage("reading the training images' colours", grey_params, data.train))
@@ -166,7 +166,7 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
             out.orbits = ctx.stage("extracting orbits", extract_orbits, backbone, data.test, sweeps=spec.sweeps,
                                    n_images=spec.n_images, data_info=data.info, batch_size=f.batch_size,
                                    precision=f.precision, cache=f.cache, state=ctx.state, progress=progress,
-                                   record=cache)
+                                   record=cache, store_dtype=f.store_dtype)
         out.seconds["extract_s"] = time.perf_counter() - t0
         # Training views feed frozen-path head training and the geometry of trained heads; the tuned path makes its
         # own views on the fly. The view probes measure held-out views (augment.probe_views: the test images') unless
@@ -210,7 +210,7 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
     out.protocol["features"] = {
         "pooling": recipe.backbone.pooling, "layer": recipe.backbone.layer, "layers": recipe.backbone.layers,
         "resolution": backbone.preprocess.crop, "precision": f.precision, "cache": cache,
-        "memory_map": f.memory_map, "input_pipeline": pipeline_record(f.num_workers, ctx.state.device)}
+        "store_dtype": f.store_dtype, "memory_map": f.memory_map, "input_pipeline": pipeline_record(f.num_workers, ctx.state.device)}
     return out
 
 

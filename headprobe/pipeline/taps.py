@@ -52,10 +52,11 @@ def tap_data(features, tap: Tap, recipe, device: torch.device | str | None = Non
     """The inputs of every probe at one tap (`probes.tap_data.TapData`), from a `stages.FeatureSet`. The view probes
     get `features.probe_views` (the held-out test images' views unless `augment.probe_views: train`). With
     `device`, the backbone features move there first, so a head tap's layers run on the device too."""
+    from headprobe.features.cache import as_float32
     from headprobe.probes.tap_data import TapData
 
     def at(x: torch.Tensor) -> torch.Tensor:
-        x = x if device is None else x.to(device)
+        x = as_float32(x, device)  # a mapped float16/bfloat16 cache (features.store_dtype) is upcast here
         return x if tap.transform is None else tap.transform(x)
 
     views = params = None

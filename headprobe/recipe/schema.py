@@ -162,6 +162,9 @@ class FeatureSpec:
     num_workers: int | None = field(default=None, metadata=at_least(0))
     # Cache hits are memory-mapped from their files rather than loaded whole (a view cache larger than memory trains).
     memory_map: bool = True
+    # The dtype the feature cache stores features in (half the bytes at float16/bfloat16); probes, heads and
+    # geometry get them back as float32 (upcast on read), and the dtype is part of the cache key.
+    store_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
 
 
 # The widest head layer (or predictor) a recipe may ask for: 2**20 units.

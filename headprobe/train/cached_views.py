@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from headprobe.features.cache import as_float32
 from headprobe.features.tensor_file import gather_rows, is_mapped, mean_over_rows
 from headprobe.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from headprobe.train.engine import (
@@ -65,7 +66,8 @@ class CachedSteps:
     def first_views(self) -> tuple[torch.Tensor, torch.Tensor]:
         n, k, _ = self.views.shape
         idx, v1, _ = batch_for_step(0, n, k, self.batch_size, self.seed)
-        return gather_rows(self.views, idx, v1).to(self.device), mean_over_rows(self.views).to(self.device)
+        return (as_float32(gather_rows(self.views, idx, v1), self.device),
+                as_float32(mean_over_rows(self.views), self.device))
 
     def batches(self, steps: range):
         return ((step, None) for step in steps)
@@ -78,7 +80,8 @@ class CachedSteps:
         idx, v1, v2 = batch_for_step(step, n, k, self.batch_size, self.seed)
         # A mapped view cache (`tensor_file`) stays on disk: each batch reads its 2·B rows, which then go to the
         # device; the memory held is the batch's, not the cache's.
-        z1, z2 = (gather_rows(self.views, idx, v).to(self.device, non_blocking=True) for v in (v1, v2))
+        # A float16/bfloat16 cache (features.store_dtype) is upcast here, batch by batch.
+        z1, z2 = (gather_rows(self.views, idx, v).to(self.device, torch.float32, non_blocking=True) for v in (v1, v2))
         losses = {}
         for state in states:
             state.modules().train()

@@ -18,7 +18,7 @@ def tracked_stat_rows(source, track, rows_seed: int) -> torch.Tensor | None:
     views = getattr(source, "views", None)
     if not isinstance(views, torch.Tensor) or views.ndim != 3:
         return None
-    return fixed_stat_rows(views, track.track_stat_rows, rows_seed)
+    return fixed_stat_rows(views, track.track_stat_rows, rows_seed).float()  # a float16/bfloat16 cache, upcast
 
 
 def track_curvature(state, objective, options: dict, z1: torch.Tensor, z2: torch.Tensor, track,
