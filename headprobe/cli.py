@@ -51,8 +51,16 @@ def quiet_libraries(verbose: bool, environ: dict | None = None) -> bool:
     return True
 
 
+def _said_once(message: str, code: int) -> int:
+    """`code`, with `message` printed by the main process only: under a launcher every process stops alike (the same
+    recipe, the same Ctrl-C, a failure each meets), and a process that failed alone has told the main one, which
+    records and says it (`pipeline.context.RunContext.record_stop`)."""
+    return _error(message, code) if _is_main_process() else code
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from headprobe.pipeline.compose import RunError, run, run_sweep
+    from headprobe.pipeline.context import PeerStop
     from headprobe.pipeline.resume import resume_folder
 
     from .recipe import RecipeError, load_recipe
@@ -77,19 +85,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             run(args.recipe, out=args.out, overrides=args.set, resume=args.resume, quiet=not _is_main_process())
     except RecipeError as err:
-        return _error(str(err), EXIT_USAGE)
+        return _said_once(str(err), EXIT_USAGE)
+    except PeerStop as err:  # another process was lost or froze: the first one left says it
+        return _error(str(err), EXIT_FAILED) if err.speaks else EXIT_FAILED
     except RunError as err:
-        return _error(str(err), EXIT_FAILED)
+        return _said_once(str(err), EXIT_FAILED)
     except OSError as err:
-        return _error(_os_error_sentence(err, args.out), EXIT_FAILED)
+        return _said_once(_os_error_sentence(err, args.out), EXIT_FAILED)
     except KeyboardInterrupt as stop:
         from .parallel.signals import StopSignal
 
         # A scheduler's SIGTERM / SIGUSR1 exits 128 + its number, as shells report it.
         signalled = isinstance(stop, StopSignal)
-        return _error(f"interrupted{f' by {stop.name}' if signalled else ''}; the run directory keeps every "
-                      "finished stage (status \"interrupted\"), and `headprobe run RECIPE --resume --out RUN_DIR` "
-                      "continues it.", stop.exit_code if signalled else EXIT_INTERRUPTED)
+        return _said_once(f"interrupted{f' by {stop.name}' if signalled else ''}; the run directory keeps every "
+                          "finished stage (status \"interrupted\"), and `headprobe run RECIPE --resume --out RUN_DIR` "
+                          "continues it.", stop.exit_code if signalled else EXIT_INTERRUPTED)
     return EXIT_OK
 
 

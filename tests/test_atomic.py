@@ -39,3 +39,35 @@ def test_per_unit_values_interrupted_mid_write_leave_nothing_behind(tmp_path, mo
         save_per_unit(path, {"linear.acc": PerUnit(torch.tensor([0.0, 0.0, 0.0]), TEST_IMAGES)})
     assert [p.name for p in path.parent.iterdir()] == ["tap.safetensors"]
     assert load_per_unit(path)["linear.acc"].values.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_two_threads_replacing_one_file_at_once_always_leave_it_whole(tmp_path):
+    """The run's heartbeat thread (`parallel.liveness`) may write results.json while the main thread does: each
+    thread has its own temporary, so every read sees one writer's whole text and no temporary is left."""
+    import json
+    import threading
+
+    from headprobe.parallel.atomic import replace_atomically
+
+    target = tmp_path / "results.json"
+    replace_atomically(target, lambda tmp: tmp.write_text(json.dumps({"writer": -1})))
+    bad, start = [], threading.Barrier(2)
+
+    def writer(k: int) -> None:
+        start.wait()
+        for i in range(200):
+            text = json.dumps({"writer": k, "i": i, "pad": "x" * (1000 * (k + 1))})
+            try:
+                replace_atomically(target, lambda tmp, text=text: tmp.write_text(text))
+                json.loads(target.read_text())
+            except (OSError, ValueError) as err:
+                bad.append(repr(err))
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad, bad[:3]
+    assert json.loads(target.read_text())["i"] == 199
+    assert not list(tmp_path.glob("*.tmp"))

@@ -28,6 +28,11 @@ def _one_line(capsys) -> str:
     ("OMP_NUM_THREADS", "-2", "OMP_NUM_THREADS='-2' is not a thread count"),
     ("HEADPROBE_LOCK_TIMEOUT", "abc", "HEADPROBE_LOCK_TIMEOUT = 'abc' is not a number of seconds"),
     ("HEADPROBE_LOCK_TIMEOUT", "-1", "HEADPROBE_LOCK_TIMEOUT = '-1' must be > 0 seconds"),
+    ("HEADPROBE_PEER_TIMEOUT", "abc", "HEADPROBE_PEER_TIMEOUT = 'abc' is not a number of seconds; unset it or give "
+                                      "e.g. HEADPROBE_PEER_TIMEOUT=300."),
+    ("HEADPROBE_PEER_TIMEOUT", "0", "HEADPROBE_PEER_TIMEOUT = '0' must be > 0 seconds (e.g. 300)."),
+    ("HEADPROBE_PEER_TIMEOUT", "-3", "HEADPROBE_PEER_TIMEOUT = '-3' must be > 0 seconds"),
+    ("HEADPROBE_PEER_TIMEOUT", "nan", "HEADPROBE_PEER_TIMEOUT = 'nan' must be > 0 seconds"),
 ])
 def test_validate_checks_the_environment_a_run_reads(name, value, words, tmp_path, capsys, monkeypatch):
     (tmp_path / "recipe.yaml").write_text("name: t\n")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,8 @@ def replace_atomically(path: Path | str, write: Callable[[Path], object]) -> Non
     exception, KeyboardInterrupt included, the temporary is removed and the exception propagates."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # pid and thread: a heartbeat thread (`parallel.liveness`) may write the record while the main thread does.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from headprobe.parallel.collectives import all_objects
 
-__all__ = ["SharedCounter"]
+__all__ = ["SharedCounter", "shared_store"]
 
 # How long a process waits for the store (connecting, one add): progress must never hold a run up for long.
 STORE_TIMEOUT_S = 30.0
@@ -33,22 +33,7 @@ class SharedCounter:
     """
 
     def __init__(self, rank: int, world: int) -> None:
-        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        timeout = datetime.timedelta(seconds=STORE_TIMEOUT_S)
-        self.store: dist.TCPStore | None = None
-        port = None
-        if rank == 0:
-            try:
-                self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
-                port = self.store.port
-            except (RuntimeError, OSError):  # no port to serve on: the others count nothing either
-                self.store = None
-        port = all_objects(port, world)[0]
-        if rank != 0 and port is not None:
-            try:
-                self.store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-            except (RuntimeError, OSError):
-                self.store = None
+        self.store = shared_store(rank, world, STORE_TIMEOUT_S)
 
     def add(self, name: str, amount: int) -> int | None:
         """Add `amount` to count `name`; its new value, or None where the store cannot be reached."""
@@ -63,3 +48,25 @@ class SharedCounter:
     def read(self, name: str) -> int | None:
         """Count `name` now (0 before any add), or None where the store cannot be reached."""
         return self.add(name, 0)
+
+
+def shared_store(rank: int, world: int, timeout_s: float) -> dist.TCPStore | None:
+    """A TCPStore that process 0 serves on a port the system chooses, told to the others in one collective (every
+    process calls this at the same point); None where it cannot be served or reached. A call to it waits at most
+    `timeout_s` seconds."""
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, port = None, None
+    if rank == 0:
+        try:
+            store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+            port = store.port
+        except (RuntimeError, OSError):  # no port to serve on: the others get none either
+            store = None
+    port = all_objects(port, world)[0]
+    if rank != 0 and port is not None:
+        try:
+            store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+        except (RuntimeError, OSError):
+            store = None
+    return store

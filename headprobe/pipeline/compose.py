@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from headprobe.parallel.distributed import collective_timeout_s
 from headprobe.parallel.peers import exchange_peers
 from headprobe.pipeline import probing, stages, taps, tuned_seeds
 from headprobe.pipeline.executors import executors_for
 from headprobe.pipeline.stages import RunContext, RunError
 from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
+from headprobe.recipe.environment import DEFAULT_PEER_TIMEOUT_S, peer_timeout_s
 from headprobe.recipe.folder_names import is_inside
 from headprobe.recipe.sweeps import sweep_size
 from headprobe.record.directory import RunDir, check_out_folder, default_run_dir
@@ -197,7 +199,8 @@ def run(
     threads = _threads(recipe, path, resume)
     _check_out(path)
     call = Invocation(path, resume, quiet, refuse_existing=out is not None,
-                      reuse_backbone=Path(reuse_backbone) if reuse_backbone is not None else None, threads=threads)
+                      reuse_backbone=Path(reuse_backbone) if reuse_backbone is not None else None, threads=threads,
+                      peer_timeout_s=peer_timeout_s())
     with folder_lock(path, "resume" if resume else "run", state):
         return _run_locked(recipe, call, state, given)
 
@@ -205,8 +208,9 @@ def run(
 @dataclass(frozen=True)
 class Invocation:
     """How `run` was called: the run folder, whether it resumes there, whether it prints, whether a folder holding a
-    run is refused (--out given, no --resume), the run whose backbone tap it takes (`reuse_backbone`) and the thread
-    choice it records (`_threads`)."""
+    run is refused (--out given, no --resume), the run whose backbone tap it takes (`reuse_backbone`), the thread
+    choice it records (`_threads`) and the seconds without a heartbeat after which another process is frozen
+    (`recipe.environment.peer_timeout_s`)."""
 
     path: Path
     resume: bool
@@ -214,6 +218,7 @@ class Invocation:
     refuse_existing: bool
     reuse_backbone: Path | None
     threads: dict
+    peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S
 
 
 def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | None) -> Results:
@@ -245,13 +250,14 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     run_dir = RunDir.create(call.path, writable=main)
     run_dir.write_config(dump_recipe(recipe))
     record = RecordWriter(run_dir, results, invocation, resume=call.resume)
-    record.environment(_environment(state) | {"threads": call.threads})
+    record.environment(_environment(state) | {"threads": call.threads, "peer_timeout_s": call.peer_timeout_s,
+                                              "collective_timeout_s": collective_timeout_s()})
     set_seed(recipe.seed)
 
     probes, seeds = executors_for(state)
     ctx = RunContext(recipe, record, state, probes, seeds, show=main and not call.quiet, peers=exchange_peers(state))
     frozen = recipe.backbone.tune == "frozen"
-    with ctx.recording_stops(), tracking(recipe, run_dir) as trackers:
+    with ctx.watching_peers(call.peer_timeout_s), ctx.recording_stops(), tracking(recipe, run_dir) as trackers:
         inputs = stages.load_backbone(ctx, backbone=given)
         record.backbone(inputs.backbone.describe(), {"load_s": inputs.load_s})
         inputs = stages.load_data(ctx, inputs)

@@ -5,13 +5,14 @@ accelerate state, progress bars and the time estimate. `RunContext.stage` record
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headprobe.parallel.peers import lost_peers, lost_sentence, timed_out, timeout_sentence
+from headprobe.parallel.peers import LOST_WAIT_S, lost_peers, lost_sentence, timed_out, timeout_sentence
 from headprobe.pipeline.executors import LocalProbes, LocalSeeds, ProbeExecutor, SeedExecutor
 from headprobe.recipe import Recipe, RecipeError
 from headprobe.record.directory import RunDir
@@ -27,13 +28,23 @@ class RunError(RuntimeError):
         self.stage, self.run_dir = stage, run_dir
 
 
+class PeerStop(RunError):
+    """The run failed because another process was lost, failed, froze or did not answer a collective in time;
+    the message is the sentence results.json records. `speaks`: whether this process is the one that says it (the
+    first that is left), so that a run prints it once, not once per process."""
+
+    def __init__(self, stage: str, message: str, run_dir: Path | None, speaks: bool) -> None:
+        RuntimeError.__init__(self, message)
+        self.stage, self.run_dir, self.speaks = stage, run_dir, speaks
+
+
 @dataclass
 class RunContext:
     """What every stage shares: the recipe, the record's one writer (`record.writer.RecordWriter`), the process
     state, the executors chosen where the run started (`pipeline.executors`: probes and seeds, local or shared),
-    whether progress is shown, the processes' (host, pid) of a multi-process run (`parallel.peers`), the bootstrap
-    resamples every tap shares (`taps.draw_resamples`), the first probed tap's seconds (the time estimate) and the
-    last stage begun."""
+    whether progress is shown, the processes' (host, pid) of a multi-process run (`parallel.peers`) and their
+    heartbeats (`parallel.liveness`, from `watching_peers`), the bootstrap resamples every tap shares
+    (`taps.draw_resamples`), the first probed tap's seconds (the time estimate) and the last stage begun."""
 
     recipe: Recipe
     record: RecordWriter
@@ -42,6 +53,7 @@ class RunContext:
     seeds: SeedExecutor = field(default_factory=LocalSeeds)
     show: bool = False
     peers: list = field(default_factory=list)
+    watch: Any = None
     resamples: dict = field(default_factory=dict)
     first_probe_s: float | None = None
     last_stage: str = "starting the run"
@@ -52,13 +64,17 @@ class RunContext:
             return fn(*args, **kwargs)
         except KeyboardInterrupt as stop:
             # Ctrl-C or a scheduler's SIGTERM: say so in results.json (not "running" forever); finished stages stay
-            # and --resume goes on.
-            self.record_interrupt(name, stop)
+            # and --resume goes on. The SIGTERM torchrun sends after a process died is that process's failure.
+            peer_stop = self.record_interrupt(name, stop)
+            if peer_stop is not None:
+                raise peer_stop from None
             raise
         except RecipeError:
             raise
         except Exception as err:
-            self.record_stop("failed", name, f"{type(err).__name__}: {err}", report=self.recipe.report)
+            peer_stop = self.record_stop("failed", name, f"{type(err).__name__}: {err}", report=self.recipe.report)
+            if peer_stop is not None:
+                raise peer_stop from err
             raise RunError(name, err, self.record.path if self.record.writable else None) from err
 
     @contextmanager
@@ -73,7 +89,9 @@ class RunContext:
             with stop_signals():
                 yield self
         except KeyboardInterrupt as stop:
-            self.record_interrupt(f"after {self.last_stage}", stop)
+            peer_stop = self.record_interrupt(f"after {self.last_stage}", stop)
+            if peer_stop is not None:
+                raise peer_stop from None
             raise
         except (RecipeError, RunError):
             raise
@@ -84,36 +102,108 @@ class RunContext:
                 pass
             raise
         except Exception as err:
-            self.record_stop("failed", f"after {self.last_stage}", f"{type(err).__name__}: {err}", report=False)
+            peer_stop = self.record_stop("failed", f"after {self.last_stage}", f"{type(err).__name__}: {err}",
+                                         report=False)
+            if peer_stop is not None:
+                raise peer_stop from err
             raise RunError(f"after {self.last_stage}", err,
                            self.record.path if self.record.writable else None) from err
 
-    def record_interrupt(self, stage: str, stop: KeyboardInterrupt | None = None) -> None:
+    @contextmanager
+    def watching_peers(self, timeout_s: float):
+        """Around a whole multi-process run: every process beats and watches the others' heartbeats
+        (`parallel.liveness.PeerWatch`), so a frozen one fails the run within `timeout_s` seconds
+        (`stop_for_frozen`); on the way out this process tells the others it ended. Nothing with one process."""
+        from headprobe.parallel.liveness import PeerWatch
+
+        self.watch = PeerWatch(self.peers, self.state.process_index, timeout_s, self.stop_for_frozen)
+        self.watch.start()
+        try:
+            yield self
+        finally:
+            self.watch.end(self.record.record.get("status", "failed"))
+            self.watch.linger(LOST_WAIT_S + 2.0)
+
+    def stop_for_frozen(self, frozen: list) -> None:
+        """In the heartbeat thread, when `frozen` (`parallel.peers.Peer`s) stopped beating: record the run failed
+        naming them and the stage, say so once (the first process left), and end this process with exit code 1. Its
+        main thread may be waiting in a collective only the frozen process could complete, so it cannot be
+        unwound."""
+        from headprobe.parallel.liveness import frozen_sentence
+
+        stage = self.last_stage
+        message = (f"{frozen_sentence(frozen, len(self.peers), stage, self.watch.timeout_s)}; finished stages are "
+                   f"kept: `headprobe run RECIPE --resume --out {self.record.path}`")
+        left = [p.rank for p in self.peers if p not in frozen]
+        speaks = bool(left) and self.state.process_index == left[0]
+        try:
+            if self.record.running:
+                self.record.stop("failed", stage, message, main_lost=speaks and any(p.rank == 0 for p in frozen))
+        except Exception as err:  # still say why the run stopped, and stop it
+            message += f" (results.json not updated: {type(err).__name__}: {err})"
+        self.watch.end("failed", stage, message)
+        if speaks:
+            print(f"error: {message}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    def record_interrupt(self, stage: str, stop: KeyboardInterrupt | None = None) -> PeerStop | None:
         """A Ctrl-C (or a stop signal: `parallel.signals.StopSignal`) at `stage`, recorded with the command that
-        goes on from the finished work."""
+        goes on from the finished work; a PeerStop when it came because another process was lost (`record_stop`)."""
         from headprobe.parallel.signals import StopSignal
 
         cause = stop.name if isinstance(stop, StopSignal) else "KeyboardInterrupt"
-        self.record_stop("interrupted", stage, f"interrupted ({cause}); finished stages are kept: "
-                         f"`headprobe run RECIPE --resume --out {self.record.path}`", report=False)
+        return self.record_stop("interrupted", stage, f"interrupted ({cause}); finished stages are kept: "
+                                f"`headprobe run RECIPE --resume --out {self.record.path}`", report=False,
+                                cause=f"this process was then stopped by {cause}")
 
-    def record_stop(self, status: str, stage: str, message: str, report: bool) -> None:
+    def record_stop(self, status: str, stage: str, message: str, report: bool,
+                    cause: str | None = None) -> PeerStop | None:
         """Write why the run stopped into results.json. Only the run in progress records it; a later analysis
-        of a recorded run (`headprobe geometry`) that fails leaves that run's status, error and report alone."""
+        of a recorded run (`headprobe geometry`) that fails leaves that run's status, error and report alone.
+        With several processes the stop may be another's doing: one was lost (killed, out of memory) or failed
+        (it said so: `parallel.liveness`), or a collective timed out; the run is then recorded "failed" with that
+        sentence (`cause`, else `message`, in brackets) and the PeerStop to raise is returned."""
         if not self.record.running:
-            return
-        lost = lost_peers(self.peers, self.state.process_index) if self.peers else []
-        if lost:  # the run stopped because a process was lost (killed, out of memory): say so, whatever came here
+            return None
+        failed = self._failed_peers()
+        speaker = [p.rank for p in self.peers if p not in failed][:1]
+        peer_stop = None
+        if failed:
             status = "failed"
-            message = (f"{lost_sentence(lost, len(self.peers), stage)} ({message}); finished stages are kept: "
+            message = (f"{self._failed_sentence(failed, stage)} ({cause or message}); finished stages are kept: "
                        f"`headprobe run RECIPE --resume --out {self.record.path}`")
         elif self.peers and timed_out(message):
             status, message = "failed", f"{timeout_sentence(len(self.peers), stage)} ({message})"
-        survivors = [p.rank for p in self.peers if p not in lost]
+            speaker = [0]
+        if status == "failed" and self.peers and (failed or timed_out(message)):
+            peer_stop = PeerStop(stage, message, self.record.path if self.record.writable else None,
+                                 speaks=speaker == [self.state.process_index])
+        if self.watch is not None:  # how this process ended, for the others to read
+            self.watch.end(status, stage, message)
         # When the main process, which writes, is gone, the first survivor marks the results last written.
-        main_lost = any(p.rank == 0 for p in lost) and bool(survivors) and self.state.process_index == survivors[0]
+        main_lost = any(p.rank == 0 for p in failed) and speaker == [self.state.process_index]
         if self.record.stop(status, stage, message, main_lost=main_lost) and report and not main_lost:
             write_report(self.record.run_dir)
+        return peer_stop
+
+    def _failed_peers(self) -> list:
+        """The other processes that are gone (`parallel.peers.lost_peers`) without ending as this one does: lost,
+        or ended "failed" on their own (a process that stopped on the same Ctrl-C, or finished, is not)."""
+        if not self.peers:
+            return []
+        gone = lost_peers(self.peers, self.state.process_index)
+        said = {p.rank: self.watch.ended(p.rank) if self.watch is not None else None for p in gone}
+        return [p for p in gone if said[p.rank] is None or said[p.rank]["status"] == "failed"]
+
+    def _failed_sentence(self, failed: list, stage: str) -> str:
+        """"process 1 of 2 (...) was lost while <stage>", or for a process that said why it failed, "process 1
+        of 2 (...) failed while <its stage>: <its message>"."""
+        said = [self.watch.ended(p.rank) if self.watch is not None else None for p in failed]
+        if len(failed) == 1 and said[0] is not None:
+            p, how = failed[0], said[0]
+            when = how["stage"] if how["stage"].startswith("after ") else f"while {how['stage']}"
+            return f"process {p.rank} of {len(self.peers)} (pid {p.pid} on {p.host}) failed {when}: {how['message']}"
+        return lost_sentence(failed, len(self.peers), stage)
 
     def clock(self, key: str, seconds: float) -> None:
         """`seconds` more of stage `key` into the record; the first probed tap's time is what each other tap will
