@@ -8,7 +8,6 @@ headprobe's and are not judged here.)"""
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -187,7 +186,8 @@ def test_ctrl_c_to_the_group_is_said_once_and_every_process_exits_130(tmp_path, 
         job.kill()
     assert job.exit_codes() == {0: 130, 1: 130}, job.err[-3000:]
     line = _one_error_no_traceback(job)
-    assert line.startswith('error: interrupted; the run directory keeps every finished stage (status "interrupted")'), line
+    expected = 'error: interrupted; the run directory keeps every finished stage (status "interrupted")'
+    assert line.startswith(expected), line
     assert job.results()["status"] == "interrupted"
 
 
@@ -219,8 +219,9 @@ def test_a_frozen_process_fails_the_run_within_the_peer_timeout(tmp_path, cache,
     left = 1 - stopped
     assert job.exit_codes() == {stopped: -signal.SIGKILL, left: 1}, job.err[-3000:]
     line = _one_error_no_traceback(job)
-    assert line.startswith(f"error: process {stopped} of 2 (pid {pids[stopped]} on {socket.gethostname()}) stopped "
-                           f"answering while training heads: no heartbeat for {timeout_s} s (HEADPROBE_PEER_TIMEOUT)"), line
+    expected = (f"error: process {stopped} of 2 (pid {pids[stopped]} on {socket.gethostname()}) stopped answering "
+                f"while training heads: no heartbeat for {timeout_s} s (HEADPROBE_PEER_TIMEOUT)")
+    assert line.startswith(expected), line
     results = job.results()
     assert results["status"] == "failed" and f"error: {results['error']['message']}" == line, found_s
     assert results["environment"]["peer_timeout_s"] == timeout_s

@@ -210,7 +210,8 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
     out.protocol["features"] = {
         "pooling": recipe.backbone.pooling, "layer": recipe.backbone.layer, "layers": recipe.backbone.layers,
         "resolution": backbone.preprocess.crop, "precision": f.precision, "cache": cache,
-        "store_dtype": f.store_dtype, "memory_map": f.memory_map, "input_pipeline": pipeline_record(f.num_workers, ctx.state.device)}
+        "store_dtype": f.store_dtype, "memory_map": f.memory_map,
+        "input_pipeline": pipeline_record(f.num_workers, ctx.state.device)}
     return out
 
 
