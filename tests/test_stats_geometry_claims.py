@@ -63,6 +63,33 @@ def test_saddle_answers_per_head_and_the_difference():
     assert "; swish head, target loss: 60/60" in lines[2]
 
 
+def test_saddle_answers_each_batchnorm_arm_apart_with_the_head_batchnorms_share():
+    import dataclasses
+
+    def armed(h, s, i, arm, negative):
+        bn = -0.4 if arm in ("bn_head", "bn_both") else 0.0
+        return dataclasses.replace(state(h, s, i, negative), arm=arm, rayleigh_head=-0.5, rayleigh_head_bn=bn,
+                                   rayleigh_head_act=-0.5 - bn)
+
+    arms = ("none", "bn_head", "bn_predictor", "bn_both")
+    simsiam = [armed(h, s, i, arm, arm != "none" or h == "swish") for h in ("relu", "swish") for arm in arms
+               for s in range(3) for i in range(10)]
+    target = [armed(h, s, i, arm, arm == "bn_head") for h in ("relu", "swish") for arm in arms[:2]
+              for s in range(3) for i in range(10)]
+    heads = answer_saddle({"simsiam": simsiam, "target": target}, "sizes")["Q-saddle"]["heads"]
+    assert heads["relu"]["answer"] == "not a saddle" and heads["relu+bn_head"]["answer"] == "saddle"
+    assert heads["relu+bn_head"]["arm"] == "bn_head" and heads["relu+bn_head"]["n_collapsed"] == 30
+    assert heads["relu+bn_head"]["head_bn_share_of_m_median"] == pytest.approx(0.8)
+    assert heads["relu+bn_head"]["head_bn_share_of_lambda_min_median"] == pytest.approx(0.4)
+    assert heads["relu"]["head_bn_share_of_m_median"] == 0.0
+    # No predictor under the target loss: a predictor arm's secondary is the arm with the same head BatchNorm.
+    assert heads["relu+bn_predictor"]["secondary"]["negative_share.target"]["arm"] == "none"
+    assert heads["relu+bn_both"]["secondary"]["negative_share.target"]["answer"] == "saddle"
+    assert heads[f"{DIFFERENCE}+bn_head"]["answer"] == "no"
+    assert heads[DIFFERENCE]["value"] == pytest.approx(1.0)
+    assert heads["relu+bn_head"]["line"].startswith("Q-saddle: relu+bn_head head, simsiam loss: 30/30")
+
+
 def test_the_questions_are_declared_in_the_registry():
     assert QUESTIONS.entry("Q-saddle").help.startswith("claim 4: ") and f"margin {Q_SADDLE.margin:g}" in \
         QUESTIONS.entry("Q-saddle").help

@@ -110,11 +110,12 @@ SADDLE_SEEDS = 3
 
 def saddle_spec(geometry, seed: int) -> SaddleSpec | None:
     """The recipe's Q-saddle states (`geometry.saddle_states` per seed, seeds seed .. seed + 2, its collapse
-    threshold); None when it asks for none."""
-    if not geometry.saddle_states:
+    threshold, head types `saddle_heads` and BatchNorm arms `saddle_arms`); None when it asks for none."""
+    if not geometry.saddle_states or not geometry.saddle_heads or not geometry.saddle_arms:
         return None
-    return SaddleSpec(seeds=tuple(range(seed, seed + SADDLE_SEEDS)), states=geometry.saddle_states,
-                      threshold=geometry.collapse_threshold)
+    return SaddleSpec(heads=tuple(dict.fromkeys(geometry.saddle_heads)), seeds=tuple(range(seed, seed + SADDLE_SEEDS)),
+                      states=geometry.saddle_states, threshold=geometry.collapse_threshold,
+                      arms=tuple(dict.fromkeys(geometry.saddle_arms)))
 
 
 def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict:

@@ -272,8 +272,13 @@ class GeometrySpec:
     # Step 0 counts as "collapsed" iff out_std ≤ collapse_threshold/√out (recorded in protocol.train.collapse_start).
     collapse_threshold: float = 0.1
     # Q-saddle (claim 4, `geometry.saddle`) with `final`: this many constructed collapsed states per seed, 3 seeds,
-    # for each head type (linear, ReLU, Swish, GELU; tiny, without BatchNorm); 0 = not asked.
+    # for each head type of saddle_heads and BatchNorm arm of saddle_arms (tiny heads); 0 = not asked.
     saddle_states: int = field(default=50, metadata=at_least(0))
+    saddle_heads: list[Literal["linear", "relu", "swish", "gelu"]] = field(
+        default_factory=lambda: ["linear", "relu", "swish", "gelu"])
+    # BatchNorm on batch statistics: none, in the head (after its hidden layer), in the SimSiam predictor, or both;
+    # each arm is answered on its own (the default keeps Q-saddle's cost: each arm costs as much again).
+    saddle_arms: list[Literal["none", "bn_head", "bn_predictor", "bn_both"]] = field(default_factory=lambda: ["none"])
 
 
 @dataclass

@@ -15,7 +15,11 @@ buffer questions of `stats.claims`).
   interval lies above one half (most collapsed states), "not a saddle" when below, "undecided" otherwise; and the
   smooth (Swish, GELU) − piecewise-linear (linear, ReLU) difference: "yes" when its interval lies above the
   margin, "no" when below, "undecided" otherwise. Interval: the envelope of Wilson at the design-effect size and
-  the cluster bootstrap over seeds (Newcombe's interval and the paired bootstrap for the difference).
+  the cluster bootstrap over seeds (Newcombe's interval and the paired bootstrap for the difference). Each
+  BatchNorm arm (`geometry.saddle.ARMS`) is answered on its own, under "relu" (no BatchNorm), "relu+bn_head",
+  "relu+bn_predictor", "relu+bn_both" (and the difference "smooth − piecewise-linear+bn_head", ...), with the
+  head BatchNorm's own share of vᵀMv and of λ_min (`geometry.bn_share`); the target loss has no predictor, so its
+  secondary answer for a predictor arm is the arm with the same head BatchNorm.
 
 >>> Q_SPLIT.margin, Q_SADDLE.primary
 (1e-06, 'negative_share.simsiam')
@@ -73,8 +77,8 @@ Q_SPLIT = GeometryQuestion(
 Q_SADDLE = GeometryQuestion(
     "Q-saddle", 4, "Is collapse a strict saddle only for smooth heads?", "negative_share.simsiam",
     "share of collapsed states with λ_min < −bound, SimSiam loss", 0.25,
-    "constructed collapsed states of tiny heads without BatchNorm, 50 per seed × 3 seeds per head type "
-    "(geometry.saddle)")
+    "constructed collapsed states of tiny heads, 50 per seed × 3 seeds per head type and BatchNorm arm (none, in "
+    "the head, in the predictor, both; geometry.saddle_arms)")
 
 
 # What a recipe's `claims:` may set for a geometry question (`stats.claims.check_claims_section` checks it).
@@ -155,24 +159,34 @@ def split_line(question: GeometryQuestion, head: str, record: dict) -> str:
             f"{_number(high)}], {seeds} × {record['n_units']} {record['unit']} — {record['answer']} ({verdict})")
 
 
-def _collapsed_by_seed(states, head: str | Sequence[str]) -> list[list[float]]:
-    """0/1 (λ_min < −bound) of the collapsed states of `head` (or of several head types pooled), one list per
-    seed, seeds in order; seeds without a collapsed state are left out."""
+def _arm(state) -> str:
+    return getattr(state, "arm", "none")
+
+
+def _collapsed_by_seed(states, head: str | Sequence[str], arm: str = "none") -> list[list[float]]:
+    """0/1 (λ_min < −bound) of the collapsed states of `head` (or of several head types pooled) in BatchNorm arm
+    `arm`, one list per seed, seeds in order; seeds without a collapsed state are left out."""
     names = (head,) if isinstance(head, str) else tuple(head)
     seeds = sorted({s.seed for s in states})
-    clusters = [[float(s.negative) for s in states if s.seed == seed and s.head in names and s.collapsed]
-                for seed in seeds]
+    clusters = [[float(s.negative) for s in states
+                 if s.seed == seed and s.head in names and _arm(s) == arm and s.collapsed] for seed in seeds]
     return [c for c in clusters if c]
 
 
-def _saddle_record(states, head: str, threshold: float, seed: int) -> dict | None:
-    clusters = _collapsed_by_seed(states, head)
+def _median_ratio(numerators: list[float], denominators: list[float]) -> float | None:
+    ratios = [a / b for a, b in zip(numerators, denominators, strict=True) if b != 0]
+    return statistics.median(ratios) if ratios else None
+
+
+def _saddle_record(states, head: str, arm: str, threshold: float, seed: int) -> dict | None:
+    clusters = _collapsed_by_seed(states, head, arm)
     if not clusters:
         return None
     from headprobe.stats.clustered import proportion_interval
 
-    own = [s for s in states if s.head == head]
+    own = [s for s in states if s.head == head and _arm(s) == arm]
     collapsed = [s for s in own if s.collapsed]
+    bn = [getattr(s, "rayleigh_head_bn", 0.0) for s in collapsed]
     record = proportion_interval(clusters, seed=seed)
     low, high = record["ci95"]
     record |= {"answer": "saddle" if low > threshold else "not a saddle" if high < threshold else "undecided",
@@ -182,12 +196,20 @@ def _saddle_record(states, head: str, threshold: float, seed: int) -> dict | Non
                "lambda_max_median": statistics.median(s.lambda_max for s in collapsed),
                "bound_max": max(s.bound for s in collapsed),
                "rayleigh_head_median": statistics.median(s.rayleigh_head for s in collapsed),
+               "arm": arm, "rayleigh_head_bn_median": statistics.median(bn),
+               "rayleigh_head_act_median": statistics.median(getattr(s, "rayleigh_head_act", s.rayleigh_head)
+                                                             for s in collapsed),
+               # The head's BatchNorm's share of its M-term (vᵀM_bn v / vᵀMv) and of λ_min (vᵀM_bn v / λ_min).
+               "head_bn_share_of_m_median": _median_ratio(bn, [s.rayleigh_head for s in collapsed]),
+               "head_bn_share_of_lambda_min_median": _median_ratio(bn, [s.lambda_min for s in collapsed]),
+               "lambda_ratio_median": _median_ratio([s.lambda_min for s in collapsed],
+                                                    [s.lambda_max for s in collapsed]),
                "interval": "Wilson at n/deff and cluster bootstrap over seeds, their envelope"}
     return record
 
 
-def _difference(states, margin: float, seed: int) -> dict | None:
-    smooth, linear = (_collapsed_by_seed(states, group) for group in (("swish", "gelu"), ("linear", "relu")))
+def _difference(states, arm: str, margin: float, seed: int) -> dict | None:
+    smooth, linear = (_collapsed_by_seed(states, group, arm) for group in (("swish", "gelu"), ("linear", "relu")))
     if not smooth or not linear or len(smooth) != len(linear):
         return None
     from headprobe.stats.clustered import difference_interval
@@ -205,11 +227,15 @@ def answer_saddle(states_by_loss: dict, sizes: str, question: GeometryQuestion =
     """results.json["claims"]["Q-saddle"] from {loss: [SaddleState]} ("simsiam" the primary, "target" secondary);
     `sizes` says what was constructed (`SaddleSpec.sizes`). Per state its record is kept under "states"."""
     primary = question.primary.split(".")[-1]
-    names = list(dict.fromkeys(s.head for s in states_by_loss[primary]))
+    cells = list(dict.fromkeys((s.head, _arm(s)) for s in states_by_loss[primary]))
+    arms = list(dict.fromkeys(arm for _, arm in cells))
+    available = {loss: {_arm(s) for s in states} for loss, states in states_by_loss.items()}
     heads = {}
-    for name in [*names, DIFFERENCE]:
-        per_loss = {loss: (_difference(states, question.margin, seed) if name == DIFFERENCE
-                           else _saddle_record(states, name, MAJORITY, seed))
+    for head, arm in [*cells, *((DIFFERENCE, arm) for arm in arms)]:
+        name = head if arm == "none" else f"{head}+{arm}"
+        per_loss = {loss: (_difference(states, _loss_arm(arm, available[loss]), question.margin, seed)
+                           if head == DIFFERENCE
+                           else _saddle_record(states, head, _loss_arm(arm, available[loss]), MAJORITY, seed))
                     for loss, states in states_by_loss.items()}
         if per_loss.get(primary) is None:
             continue
@@ -233,13 +259,21 @@ def answer_saddle(states_by_loss: dict, sizes: str, question: GeometryQuestion =
     return {question.key: entry}
 
 
+def _loss_arm(arm: str, available: set[str]) -> str:
+    """The arm a secondary loss answers `arm` with: the same, or, where that loss has no predictor (the target
+    loss), the arm with the same head BatchNorm ("bn_both" → "bn_head", "bn_predictor" → "none")."""
+    if arm in available:
+        return arm
+    return "bn_head" if arm == "bn_both" else "none"
+
+
 def saddle_line(question: GeometryQuestion, head: str, record: dict, loss: str) -> str:
     """"Q-saddle: swish head, simsiam loss: 148/150 collapsed states with λ_min < −bound, 0.987 [0.93, 1], 3 seeds
     — saddle"; the difference line gives the difference of the two proportions. A head's recorded line appends its
     secondary losses' (after "; ")."""
     low, high = record["ci95"]
     interval = f"{_number(record['value'])} [{_number(low)}, {_number(high)}], {record['n_seeds']} seeds"
-    if head == DIFFERENCE:
-        return f"{question.key}: {DIFFERENCE}, {loss} loss: {interval} — {record['answer']}"
+    if head.startswith(DIFFERENCE):
+        return f"{question.key}: {head}, {loss} loss: {interval} — {record['answer']}"
     return (f"{question.key}: {head} head, {loss} loss: {record['n_negative']}/{record['n_collapsed']} collapsed "
             f"states with λ_min < −bound, {interval} — {record['answer']}")
