@@ -410,6 +410,7 @@ ORBIT_SWEEPS.add("blur", "headprobe.data.orbits:BLUR", "Gaussian blur sigma 0-3 
 # measure, margin, regime in its `help`).
 QUESTIONS = Registry("question")
 QUESTIONS.declare("Q-whiten", "headprobe.stats.whiten_claim:Q_WHITEN")
+QUESTIONS.declare("Q-metric", "headprobe.stats.metric_claim:Q_METRIC")
 QUESTIONS.declare("Q-split", "headprobe.stats.geometry_claims:Q_SPLIT")
 QUESTIONS.declare("Q-saddle", "headprobe.stats.geometry_claims:Q_SADDLE")
 

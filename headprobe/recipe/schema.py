@@ -271,6 +271,12 @@ class GeometrySpec:
     # Q-saddle (claim 4, `geometry.saddle`) with `final`: this many constructed collapsed states per seed, 3 seeds,
     # for each head type (linear, ReLU, Swish, GELU; tiny, without BatchNorm); 0 = not asked.
     saddle_states: int = field(default=50, metadata=at_least(0))
+    # Q-metric (claim 2, `geometry.local_metric`) with `final`: per head, seed and state (trained, at init), this many
+    # disjoint evaluation batches of up to metric_batch images (two views each), the local metric at metric_rows
+    # sampled images per batch (each row: ∂²L/∂h_i² from `out` loss products and J_h by reverse mode); 0 = not asked.
+    metric_batches: int = field(default=4, metadata=at_least(0))
+    metric_batch: int = field(default=64, metadata=at_least(2))
+    metric_rows: int = field(default=4, metadata=at_least(2))
 
 
 @dataclass
