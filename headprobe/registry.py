@@ -413,6 +413,7 @@ QUESTIONS.declare("Q-aug", "headprobe.stats.claims:Q_AUG")
 QUESTIONS.declare("Q-inv", "headprobe.stats.claims:Q_INV")
 QUESTIONS.declare("Q-class", "headprobe.stats.claims:Q_CLASS")
 QUESTIONS.declare("Q-whiten", "headprobe.stats.whiten_claim:Q_WHITEN")
+QUESTIONS.declare("Q-metric", "headprobe.stats.metric_claim:Q_METRIC")
 QUESTIONS.declare("Q-split", "headprobe.stats.geometry_claims:Q_SPLIT")
 QUESTIONS.declare("Q-saddle", "headprobe.stats.geometry_claims:Q_SADDLE")
 

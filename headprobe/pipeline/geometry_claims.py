@@ -1,6 +1,6 @@
-"""The geometry stage's questions (`stats.geometry_claims`, `stats.whiten_claim`): Q-whiten and Q-split from the
-run's trained heads of every seed, Q-saddle from constructed collapsed states (`geometry.saddle`), all into
-results.json["claims"]."""
+"""The geometry stage's questions (`stats.geometry_claims`, `stats.whiten_claim`, `stats.metric_claim`): Q-whiten,
+Q-metric (`pipeline.metric_claim`) and Q-split from the run's trained heads of every seed, Q-saddle from
+constructed collapsed states (`geometry.saddle`), all into results.json["claims"]."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from headprobe.geometry.pullback import batchnorm_mode
 from headprobe.geometry.saddle import LOSSES, SaddleSpec, collapsed_states
 from headprobe.geometry.split_share import batch_shares, predicts_zero_m
 from headprobe.geometry.whiten import batch_isotropy
+from headprobe.pipeline.metric_claim import metric_measures
 from headprobe.stats.geometry_claims import SplitMeasure, answer_saddle, answer_split, with_override
+from headprobe.stats.metric_claim import Q_METRIC, answer_metric
 from headprobe.stats.whiten_claim import Q_WHITEN, WhitenMeasure, answer_whiten
 from headprobe.train.heads import ProjectionHead
 
@@ -119,9 +121,9 @@ def saddle_spec(geometry, seed: int) -> SaddleSpec | None:
 
 
 def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict:
-    """{"Q-whiten": ..., "Q-split": ..., "Q-saddle": ...} for results.json["claims"]: Q-whiten and Q-split on the
-    run's cached views, Q-saddle on the recipe's constructed states (`saddle_spec`) under the SimSiam and the target
-    loss; each question with the recipe's `claims:` margin where it sets one."""
+    """{"Q-whiten": ..., "Q-metric": ..., "Q-split": ..., "Q-saddle": ...} for results.json["claims"]: Q-whiten,
+    Q-metric and Q-split on the run's cached views, Q-saddle on the recipe's constructed states (`saddle_spec`)
+    under the SimSiam and the target loss; each question with the recipe's `claims:` margin where it sets one."""
     from headprobe.registry import OBJECTIVES
     from headprobe.stats.geometry_claims import Q_SADDLE, Q_SPLIT
 
@@ -132,7 +134,9 @@ def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict:
                                              strict=True)
     claims = answer_whiten(whiten_measures(by_seed, recipe.heads, objective, options, views,
                                            recipe.train.batch_size, recipe.seed), whiten, seed=recipe.seed)
+    claims |= _metric_answer(recipe, by_seed, objective, options, views)
     claims |= answer_split(split_measures(by_seed, objective, options, views, recipe.seed), split, seed=recipe.seed)
+    overrides = (*overrides, with_override(Q_METRIC, recipe.claims)[1])
     spec = saddle_spec(recipe.geometry, recipe.seed)
     if spec is None:
         return _recorded(claims, overrides)
@@ -144,6 +148,21 @@ def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict:
     claims |= answer_saddle(states, spec.sizes(), saddle, seed=recipe.seed)
     claims["Q-saddle"]["time_s"] = time.perf_counter() - start
     return _recorded(claims, overrides)
+
+
+def _metric_answer(recipe, by_seed: dict[int, dict], objective, options: dict, views: torch.Tensor) -> dict:
+    """{"Q-metric": ...} from `pipeline.metric_claim.metric_measures` (none where geometry.metric_batches is 0)."""
+    if not recipe.geometry.metric_batches:
+        return {}
+    question, _ = with_override(Q_METRIC, recipe.claims)
+    start = time.perf_counter()
+    measures = metric_measures(by_seed, recipe.heads, objective, options, views, recipe.geometry, recipe.seed)
+    claims = answer_metric(measures, question, seed=recipe.seed)
+    g = recipe.geometry
+    claims[question.key] |= {"sizes": f"{g.metric_batches} evaluation batches of up to {g.metric_batch} images (two "
+                             f"views), {g.metric_rows} sampled images each, per head, seed and state (trained, init)",
+                             "time_s": time.perf_counter() - start}
+    return claims
 
 
 def _recorded(claims: dict, overrides) -> dict:

@@ -279,14 +279,20 @@ class GeometrySpec:
     # BatchNorm on batch statistics: none, in the head (after its hidden layer), in the SimSiam predictor, or both;
     # each arm is answered on its own (the default keeps Q-saddle's cost: each arm costs as much again).
     saddle_arms: list[Literal["none", "bn_head", "bn_predictor", "bn_both"]] = field(default_factory=lambda: ["none"])
+    # Q-metric (claim 2, `geometry.local_metric`) with `final`: per head, seed and state (trained, at init), this many
+    # disjoint evaluation batches of up to metric_batch images (two views each), the local metric at metric_rows
+    # sampled images per batch (each row: ∂²L/∂h_i² from `out` loss products and J_h by reverse mode); 0 = not asked.
+    metric_batches: int = field(default=4, metadata=at_least(0))
+    metric_batch: int = field(default=64, metadata=at_least(2))
+    metric_rows: int = field(default=4, metadata=at_least(2))
 
 
 @dataclass
 class RuntimeSpec:
     """How the run uses the machine (`headprobe.parallel.threads`)."""
 
-    # Intra-op CPU threads; null: chosen from the CPUs the process may use and the machine's load. The environment
-    # variable HEADPROBE_THREADS overrides it; an explicit OMP_NUM_THREADS counts when this is null.
+    # Intra-op CPU threads; null: chosen from the CPUs the process may use (never from the machine's load). The
+    # environment variable HEADPROBE_THREADS overrides it; an explicit OMP_NUM_THREADS counts when this is null.
     threads: int | None = field(default=None, metadata=at_least(1))
     # The longest wait, in seconds, for one call to an experiment tracker of report_to (its server); a tracker that
     # takes longer or fails is dropped with one warning, and the run goes on (`report.trackers`).

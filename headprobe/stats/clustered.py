@@ -127,3 +127,21 @@ def _paired_draws(clusters, picks: torch.Tensor, gen: torch.Generator) -> torch.
         sums += chosen * v[items].sum(dim=1)
         counts += chosen * len(v)
     return sums / counts
+
+
+def mean_interval(clusters: Sequence[Sequence[float]], seed: int = 0) -> tuple[list[float], str]:
+    """(95% interval of the pooled mean, how it was made) of values grouped by seed (a list per seed, evaluation
+    batches within it): the wider of the two-stage cluster bootstrap and the t interval over the per-seed means
+    (Student, S − 1 degrees of freedom: three seeds are too few for the bootstrap alone); with one seed the
+    bootstrap over its values, said to cover them only (Q-whiten's and Q-metric's rule)."""
+    from headprobe.stats.retraining import t_intervals
+
+    boot = list(cluster_bootstrap(clusters, seed=seed))
+    if len(clusters) < 2:
+        return boot, "evaluation batches only (one seed: it does not cover retraining)"
+    means = torch.tensor([sum(c) / len(c) for c in clusters], dtype=torch.float64)
+    t_ci, se = t_intervals(means)
+    t_ci = t_ci.tolist()
+    if float(se) > 0 and t_ci[1] - t_ci[0] > boot[1] - boot[0]:
+        return t_ci, f"t interval over {len(clusters)} seeds' means (wider than the cluster bootstrap)"
+    return boot, "cluster bootstrap over seeds and batches (wider than the t interval over seeds)"
