@@ -18,7 +18,9 @@ RECIPE = {"name": "x", "seed": 0, "runtime": {"threads": None}}
 def _writer(path, resume: bool = False, recipe: dict = RECIPE) -> RecordWriter:
     record, invocation, finished = RecordWriter.begin(recipe, path, resume, refuse_existing=True)
     assert finished is None
-    return RecordWriter(RunDir.create(path), record, invocation, resume=resume)
+    writer = RecordWriter(RunDir.create(path), record, invocation, resume=resume)
+    writer.write_interval_s = 0.0  # every probe writes at once: these tests place an interrupt inside that write
+    return writer
 
 
 def _output(value: float) -> SimpleNamespace:
@@ -145,3 +147,26 @@ def test_probes_recorded_together_are_written_with_their_stores(tmp_path, monkey
     writer.add_time("probe_s", 1.0)
     writer.write()  # the next write of results.json, whatever calls it
     assert (tmp_path / "per_unit" / f"{unit_key('relu', 0)}.safetensors").is_file()
+
+
+def test_probe_outputs_wait_for_the_next_write_and_a_stop_or_flush_takes_them_along(tmp_path):
+    """Within `write_interval_s` of the last write a probe's output waits (metrics.jsonl has it at once); `flush`
+    writes it with its store, and so does a stop."""
+    for ending in ("flush", "stop"):
+        path = tmp_path / ending
+        writer = _writer(path)
+        writer.write_interval_s = 3600.0
+        writer.open_unit("relu", "relu", 1, None)
+        writer.probe("relu", None, "knn", SimpleNamespace(metrics={"knn.k5.acc": 0.5}, protocol={}, per_unit={}))
+        writer.probe("relu", None, "linear", _output(2 / 3))
+        assert list(json.loads((path / "results.json").read_text())["taps"]["relu"]["protocol"]) == ["knn"]
+        assert [json.loads(line)["probe"] for line in (path / "metrics.jsonl").read_text().splitlines()] == [
+            "knn", "linear"]
+        if ending == "flush":
+            writer.flush()
+        else:
+            assert writer.stop("interrupted", "probing", "interrupted (KeyboardInterrupt)")
+        assert list(json.loads((path / "results.json").read_text())["taps"]["relu"]["protocol"]) == ["knn", "linear"]
+        resumed = _writer(path, resume=True)
+        assert resumed.open_unit("relu", "relu", 1, None) == {"knn", "linear"}
+        assert torch.equal(resumed.per_unit["relu"]["linear.acc"].values, torch.tensor([1.0, 0.0, 1.0]))

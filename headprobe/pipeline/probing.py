@@ -61,6 +61,7 @@ def probe_units(ctx, features, units: list[tuple[Tap, int | None]]) -> bool:
         done = ctx.record.open_unit(tap.name, tap.head, tap.depth, seed)
         pending.append([name for name in ctx.recipe.probes if name not in done])
     ctx.probes.run(ctx, features, units, pending, ctx.record)
+    ctx.record.flush()  # the outputs still waiting for results.json (`RecordWriter.probe`)
     return any(pending)
 
 
