@@ -149,16 +149,24 @@ def plot_metric_bars(results: dict, path: Path) -> Path:
 
 def _interval_marks(ax, taps: Mapping[str, dict], names: list[str], metric: str) -> None:
     """Whiskers at each bar's 95% interval (results.json "uncertainty") and one dot per seed where there are
-    several."""
+    several: one errorbar and one scatter call per panel (one per bar cost the report a second)."""
+    xs, ys, below, above, seed_x, seed_y = [], [], [], [], [], []
     for j, tap in enumerate(names):
         record = (taps[tap].get("uncertainty") or {}).get(metric) or {}
         ci, value = record.get("ci95"), _number(taps[tap]["metrics"].get(metric))
         if isinstance(ci, list) and len(ci) == 2 and None not in ci and math.isfinite(value):
-            ax.errorbar(j, value, yerr=[[max(value - ci[0], 0.0)], [max(ci[1] - value, 0.0)]], color="black",
-                        capsize=3, linewidth=1)
+            xs.append(j)
+            ys.append(value)
+            below.append(max(value - ci[0], 0.0))
+            above.append(max(ci[1] - value, 0.0))
         seeds = [_number(v) for v in record.get("per_seed") or []]
         if len(seeds) > 1:
-            ax.scatter([j] * len(seeds), seeds, s=9, color="black", zorder=3)
+            seed_x += [j] * len(seeds)
+            seed_y += seeds
+    if xs:
+        ax.errorbar(xs, ys, yerr=[below, above], color="black", capsize=3, linewidth=1, linestyle="none")
+    if seed_x:
+        ax.scatter(seed_x, seed_y, s=9, color="black", zorder=3)
 
 
 def plot_training_curves(history: Mapping[str, Sequence[dict]], out_dims: Mapping[str, int], path: Path,
