@@ -5,7 +5,8 @@ The work, timed in a fresh process per setting (OpenMP reads its wait policy whe
 a 512-wide MLP head on cached views (VICReg, batch 256) and one linear probe (2 values of C) on 1,000 × 384
 features. Settings: "1 thread" and "N threads" (N = the usable CPUs) with the libraries' own OpenMP wait policy,
 as a plain `python -m headprobe` run had them before; "default" is what `headprobe run` now does: the count from
-`choose_threads` (usable CPUs, no more than the load leaves idle) with ``OMP_WAIT_POLICY=PASSIVE``.
+`choose_threads` (the usable CPUs shared among the node's local processes; the load of the moment does not change it,
+so the same seed gives the same numbers however busy the machine is) with ``OMP_WAIT_POLICY=PASSIVE``.
 Targets: the default within 10% of the best setting on the quiet machine; not slower than 1 thread (10% noise)
 under load.
 
