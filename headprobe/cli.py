@@ -383,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe")
     p.add_argument("--set", **overrides)
     p.set_defaults(fn=cmd_validate)
+    from .plan import add_plan_parser
+
+    add_plan_parser(sub, overrides)
 
     p = sub.add_parser("list", help="registered names per family")
     p.add_argument("family", nargs="?")
