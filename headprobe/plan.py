@@ -36,7 +36,7 @@ MODEL_CODE_BYTES = 230 * 2**20  # what building any model adds beyond its weight
 # Seconds per image of a forward pass at a reference crop (ViTs scale with their tokens): offline:dinov2-vits14 at
 # 112 px, 41.3 images/s on one thread (benchmarks/results/extract.json).
 SECONDS_PER_IMAGE = {"offline:dinov2-vits14": (112, 1 / 41.3)}
-N_VIEW_PARAMS = 15  # len(data.augment.PARAM_NAMES): the float32 parameters stored with each view
+N_VIEW_PARAMS = 16  # len(data.augment.PARAM_NAMES): the float32 parameters stored with each view
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Sources whose sizes are known without loading them: (train images, test images or None: a split of train).
 BUILTIN_SIZES = {"sklearn-digits": (1797, None), "fashion-mnist": (60000, 10000)}
@@ -193,9 +193,8 @@ def make_plan(recipe, name: str = "") -> Plan:
             if widths is None:
                 continue
             depths = head.taps or list(range(1, len(widths) + 1))
-            deepest = head.taps[-1] if head.taps else len(widths)
-            for depth, width in zip(depths, widths):
-                tap = head.name if depth == deepest and head.type != "pretrained" else f"{head.name}@{depth}"
+            for depth, width in zip(depths, widths, strict=True):
+                tap = head.name if depth == head.depth and head.type != "pretrained" else f"{head.name}@{depth}"
                 memory = _mul(backbone_rows, width, 4)
                 widest = None if memory is None or widest is None else max(widest, memory)
                 plan.taps.append(TapPlan(tap, seed if len(seeds) > 1 else None, width, rows, 0, memory))
