@@ -22,7 +22,7 @@ from pathlib import Path
 
 from _common import Report, parse_args
 
-from headprobe.plan import make_plan
+from headprobe.pipeline.plan import make_plan
 from headprobe.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
-"""`headprobe plan RECIPE` (headprobe/plan.py): the cache bytes of a known configuration, exactly; the JSON keys; a bad
-recipe refused in one line with exit code 2. That it imports no torch is checked in tests/test_light_start.py, and
+"""`headprobe plan RECIPE` (headprobe/pipeline/plan.py): the cache bytes of a known configuration, exactly; the JSON
+keys; a bad recipe refused in one line with exit code 2. That it imports no torch is checked in tests/test_light_start.py, and
 its peak-RSS estimate against real runs in benchmarks/bench_plan_rss.py."""
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ import yaml
 from timeouts import HANG_TIMEOUT_S
 
 from headprobe.cli import main
-from headprobe.plan import IMPORT_RSS_BYTES, LOAD_RSS_BYTES, N_VIEW_PARAMS, backbone_width, data_sizes, make_plan
+from headprobe.pipeline.plan import (
+    IMPORT_RSS_BYTES,
+    LOAD_RSS_BYTES,
+    N_VIEW_PARAMS,
+    backbone_width,
+    data_sizes,
+    make_plan,
+)
 from headprobe.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent

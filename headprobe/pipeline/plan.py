@@ -88,7 +88,7 @@ def _hf_config(ref: str) -> dict | None:
 
 def backbone_width(spec) -> tuple[int | None, str]:
     """(the width of one pooled feature of `spec` (a `BackboneSpec`), None where unknown; where it comes from)."""
-    from .recipe import declared_shape
+    from headprobe.recipe import declared_shape
 
     prefix, _, ref = spec.id.partition(":")
     base, source = declared_shape(spec.id).get("dim"), "declared in the registry"
@@ -149,11 +149,11 @@ def _add(*terms) -> int | None:
 
 def make_plan(recipe, name: str = "") -> Plan:
     """The plan of a loaded `Recipe`."""
-    from .registry import PROBES
+    from headprobe.registry import PROBES
 
     dim, dim_source = backbone_width(recipe.backbone)
     n_train, n_test, how = data_sizes(recipe.data)
-    from .recipe import declared_shape
+    from headprobe.recipe import declared_shape
 
     params = declared_shape(recipe.backbone.id).get("params")
     plan = Plan(name or recipe.name, {"id": recipe.backbone.id, "dim": dim, "dim_source": dim_source,
@@ -235,7 +235,7 @@ def _peak_rss(recipe, plan: Plan, widest: int | None, dim: int | None) -> dict:
 def _time(recipe, images: int | None) -> dict:
     """The extraction's rough seconds from a measured forward-pass rate; training and probing are timed by the run
     itself (`pipeline.time_estimate`) once it has measured its first tap."""
-    from .recipe import patch_size
+    from headprobe.recipe import patch_size
 
     known = SECONDS_PER_IMAGE.get(recipe.backbone.id)
     if known is None or images is None:
@@ -295,12 +295,14 @@ def print_plan(plan: Plan, console) -> None:
         console.print(escape(f"note: {note}"), soft_wrap=True)
 
 
+EXIT_OK, EXIT_USAGE = 0, 2  # the CLI's codes (headprobe/cli.py): done; a bad recipe or arguments
+
+
 def cmd_plan(args) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from .cli import EXIT_OK, EXIT_USAGE
-    from .recipe import RecipeError, load_recipe
+    from headprobe.recipe import RecipeError, load_recipe
 
     try:
         recipe = load_recipe(args.recipe, args.set)
