@@ -1,6 +1,6 @@
 """`headprobe plan RECIPE` (headprobe/pipeline/plan.py): the cache bytes of a known configuration, exactly; the JSON
-keys; a bad recipe refused in one line with exit code 2. That it imports no torch is checked in tests/test_light_start.py, and
-its peak-RSS estimate against real runs in benchmarks/bench_plan_rss.py."""
+keys; a bad recipe refused in one line with exit code 2. That it imports no torch is checked in
+tests/test_light_start.py, and its peak-RSS estimate against real runs in benchmarks/bench_plan_rss.py."""
 
 from __future__ import annotations
 
