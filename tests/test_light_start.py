@@ -1,5 +1,5 @@
-"""The light commands (`--help`, `list`, `validate`, `claims`, `report`) never import torch, transformers, accelerate
-or scikit-learn: each runs in a fresh interpreter, which then lists the heavy modules it holds (none). Their
+"""The light commands (`--help`, `list`, `validate`, `plan`, `claims`, `report`) never import torch, transformers,
+accelerate or scikit-learn: each runs in a fresh interpreter, which then lists the heavy modules it holds (none). Their
 start-up times are measured in benchmarks/bench_startup.py, not here (a busy machine would make a time bound
 flaky)."""
 
@@ -48,6 +48,8 @@ def _run_with_claims(path: Path) -> Path:
                                      # every machine has (validate checks the data is there)
                                      ["validate", "recipes/scratch_guillotine.yaml", "--set",
                                       "data.source=sklearn-digits"], ["claims", "RUN"],
+                                     ["plan", "recipes/quickstart.yaml"],
+                                     ["plan", "recipes/offline_whiten.yaml", "--format", "json"],
                                      ["report", "RUN"]], ids=lambda c: " ".join(c))
 def test_a_light_command_imports_no_heavy_library(command, tmp_path):
     run = _run_with_claims(tmp_path / "run")

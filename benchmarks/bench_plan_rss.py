@@ -1,0 +1,83 @@
+"""`headprobe plan`'s peak-RSS estimate against the measured peak of real runs (target: within 25%), and its
+feature-cache bytes against the files the run wrote.
+
+Each recipe runs cold as `python -m headprobe run RECIPE --out TMP` in a fresh process with its own empty
+HEADPROBE_CACHE; its peak RSS is that process's (and its children's) ru_maxrss, read with resource.getrusage once it
+has exited. The plan is computed from the same recipe (and --set values) beforehand, without torch.
+
+    python benchmarks/bench_plan_rss.py [--quick] [--recipes recipes/quickstart.yaml recipes/offline_whiten.yaml]
+
+--quick runs quickstart at data.limit {train: 200, test: 100} and one seed (a check that the script works).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import Report, parse_args
+
+from headprobe.pipeline.plan import make_plan
+from headprobe.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = 0.25
+QUICK = ["data.limit.train=200", "data.limit.test=100", "seeds=[0]"]
+
+
+def measure(recipe: str, overrides: list[str]) -> dict:
+    """Run `recipe` cold in a child process; its peak RSS, seconds and the bytes of the cache files it wrote."""
+    with tempfile.TemporaryDirectory(prefix="plan_rss_") as tmp:
+        env = {**os.environ, "HEADPROBE_CACHE": str(Path(tmp) / "cache"), "PYTHONPATH": str(ROOT)}
+        argv = [sys.executable, "-m", "headprobe", "run", recipe, "--out", str(Path(tmp) / "run")]
+        for item in overrides:
+            argv += ["--set", item]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        if done.returncode != 0:
+            raise SystemExit(f"{recipe} failed ({done.returncode}): {done.stderr[-1500:]}")
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        if peak <= before:
+            print(f"warning: an earlier child's peak ({before} KiB) hides this one's", file=sys.stderr)
+        cache = Path(tmp) / "cache"
+        files = [p for p in cache.rglob("*.safetensors") if p.parent.name in ("features", "views")]
+        return {"peak_rss_bytes": peak * 1024, "seconds": round(seconds, 1),
+                "cache_bytes": sum(p.stat().st_size for p in files), "cache_files": len(files)}
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0], extra=lambda p: p.add_argument(
+        "--recipes", nargs="+", default=["recipes/quickstart.yaml", "recipes/offline_whiten.yaml"]))
+    recipes = args.recipes[:1] if args.quick else args.recipes
+    overrides = QUICK if args.quick else []
+    report = Report("plan_rss", args, {"recipes": recipes, "overrides": overrides})
+    for recipe in recipes:
+        plan = make_plan(load_recipe(recipe, overrides))
+        estimate = plan.rss["peak_bytes"]
+        measured = measure(recipe, overrides)
+        ratio = estimate / measured["peak_rss_bytes"]
+        mib = 2**20
+        report.timing(f"{recipe} cold run", [measured["seconds"]], **measured, estimate_bytes=estimate,
+                      estimate_terms=plan.rss["terms"], estimate_cache_bytes=plan.totals["disk_bytes"])
+        report.check(f"plan peak RSS, {recipe}{' (quick)' if args.quick else ''}", "measured peak RSS (ru_maxrss)",
+                     f"within {TARGET:.0%}", f"{ratio:.2f} ({estimate / mib:.0f} vs "
+                     f"{measured['peak_rss_bytes'] / mib:.0f} MiB)", abs(ratio - 1) <= TARGET, ratio=ratio)
+        headers = measured["cache_bytes"] - plan.totals["disk_bytes"]
+        report.check(f"plan cache bytes, {recipe}", "the cache files written", "data exact (headers extra)",
+                     f"{plan.totals['disk_bytes']:,} B planned, {measured['cache_bytes']:,} B in "
+                     f"{measured['cache_files']} files ({headers:,} B of headers)",
+                     0 <= headers <= 4096 * measured["cache_files"])
+        print(f"{recipe}: estimate {estimate / mib:.0f} MiB, measured {measured['peak_rss_bytes'] / mib:.0f} MiB, "
+              f"ratio {ratio:.2f}", flush=True)
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
