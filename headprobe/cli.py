@@ -239,7 +239,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out_dir(args.run_dirs)
     # Said first: without --out the files go next to the runs, not necessarily into the current directory.
     console.print(f"writing compare.csv and compare.html into {out}", markup=False, soft_wrap=True)
-    print_compare(runs, console, args.width)
+    print_compare(runs, console, args.width, labels)
     try:
         written = write_compare(list(labels.values()), out)
     except OSError as err:

@@ -108,17 +108,51 @@ def test_a_head_ablation_with_a_no_head_arm_gets_the_paired_cross_run_comparison
 
 
 def test_compare_in_a_log_prints_the_whole_table_with_short_run_labels_and_their_legend(tmp_path, capsys):
-    """A sweep's run folders ("heads.0.type=identity,seed=0") are columns R1, R2 with a legend; not on a terminal
-    (capsys) the table is as wide as it needs, so no metric or tap name is cut; --width sets the width."""
+    """A sweep's run folders ("heads.0.type=identity,seed=0") are columns named by what tells them apart, with a
+    legend (name, label, folder, recipe); not on a terminal (capsys) the table is as wide as it needs, so no metric
+    or tap name is cut; --width sets the width, and runs that do not fit go to a second table, names whole."""
     long = [write_run(tmp_path / f"heads.0.type={kind},seed=0", results_dict(), records=[])
             for kind in ("identity", "mlp")]
     assert main(["compare", *map(str, long), "--out", str(tmp_path / "out")]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if "metric" in line and "tap" in line)
-    assert re.findall(r"\bR\d\b", header) == ["R1", "R2"]
-    assert [line.strip() for line in lines if " = " in line] == [f"R1 = {long[0].name}", f"R2 = {long[1].name}"]
-    assert any("mi.infonce.ceiling" in line for line in lines) and not any("…" in line for line in lines)
+    assert re.findall(r"type=\w+", header) == ["type=identity", "type=mlp"]
+    legend = [line for line in lines if str(long[0]) in line or str(long[1]) in line]
+    assert len(legend) == 2 and all("synthetic" in line for line in legend)  # the recipe's name
+    assert "type=identity" in legend[0] and long[0].name in legend[0]
+    metrics = set(results_dict()["taps"]["backbone"]["metrics"])
+    assert "mi.infonce.ceiling" in metrics and not any("…" in line for line in lines)
+    assert all(any(f" {m} " in line for line in lines) for m in metrics)  # every metric name whole
     short = _ablation_pair(tmp_path / "runs")
     assert main(["compare", *map(str, short), "--width", "60", "--out", str(tmp_path / "out")]) == 0
-    table = [line for line in capsys.readouterr().out.splitlines() if line[:1] in "┃│┏┡└"]
-    assert table and max(len(line) for line in table) <= 60 and "depth2" in "".join(table)  # short labels stay
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line[:1] in "┃│┏┡└"]
+    assert table and "depth2" in "".join(table) and "…" not in out
+    tables = out.split("\nruns", 1)[0].split("\n", 1)[1]  # the compare tables, without the legend under them
+    assert max(len(line) for line in tables.splitlines()) <= 60 and tables.count("headprobe compare") >= 2
+    assert "mi.infonce.ceiling" in out
+
+
+def test_compare_through_a_pipe_never_wraps_at_80_columns(tmp_path):
+    """The real non-terminal case: `headprobe compare` with its stdout a pipe (a log file, `| tee`)."""
+    import subprocess
+    import sys
+
+    runs = [write_run(tmp_path / f"sweep/depth={d},activation=relu,seed=0", results_dict(), records=[])
+            for d in (1, 2, 3)]
+    out = subprocess.run([sys.executable, "-m", "headprobe", "compare", *map(str, runs), "--out",
+                          str(tmp_path / "out")], capture_output=True, text=True, check=True).stdout
+    assert "…" not in out and max(len(line) for line in out.splitlines()) > 80
+    header = next(line for line in out.splitlines() if "metric" in line and "tap" in line)
+    assert re.findall(r"depth=\d", header) == ["depth=1", "depth=2", "depth=3"]
+    assert all(sum(str(r) in line for line in out.splitlines()) == 1 for r in runs)  # the legend's folders
+
+
+def test_short_labels_keep_what_tells_runs_apart_else_number_them():
+    from headprobe.report.table import short_labels
+
+    assert short_labels(["a", "b"]) == {"a": "a", "b": "b"}
+    assert short_labels(["s/lr=0.1,heads.0.depth=2", "s/lr=0.01,heads.0.depth=2"]) == {
+        "s/lr=0.1,heads.0.depth=2": "lr=0.1", "s/lr=0.01,heads.0.depth=2": "lr=0.01"}
+    many = ["x/" + "a" * 20, "x/" + "b" * 20]
+    assert short_labels(many) == {many[0]: "R1", many[1]: "R2"}

@@ -385,7 +385,8 @@ def compare_sweep_runs(root: Path, results: list[Results], quiet: bool) -> None:
             from headprobe.record.directory import read_results
             from headprobe.report.table import print_compare
 
-            print_compare({r.path.name: read_results(r.path) for r in results}, Console())
+            print_compare({r.path.name: read_results(r.path) for r in results}, Console(),
+                          paths={r.path.name: r.path for r in results})
             if "cross_run" in written:  # a head ablation with a no-head arm: the backbones compared across runs
                 import json
 

@@ -61,16 +61,33 @@ def summary_table(results: dict) -> Table:
     return table
 
 
-# Run labels longer than this become R1, R2, ... in the terminal's columns, with a legend under the table.
+# Run names longer than this are shortened in the terminal's columns (`short_labels`), with a legend under the table.
 SHORT_LABEL = 16
 
 
 def short_labels(labels: list[str]) -> dict[str, str]:
-    """label → its column's name: the label itself when every one is at most SHORT_LABEL characters, else R1, R2, ...
-    (a sweep's labels such as "heads.0.type=identity,seed=0" would make the table too wide to read)."""
+    """label → its column's name: the label itself when every one is at most SHORT_LABEL characters; else what tells
+    the labels apart, where that is short and unique: the parts ("/" and "," separate them) not common to all,
+    a swept key (`heads.0.type=mlp`) by its last name (`type=mlp`); else R1, R2, ...
+
+    >>> short_labels(["sweep/heads.0.type=identity,seed=0", "sweep/heads.0.type=mlp,seed=0"])
+    {'sweep/heads.0.type=identity,seed=0': 'type=identity', 'sweep/heads.0.type=mlp,seed=0': 'type=mlp'}
+    """
     if all(len(label) <= SHORT_LABEL for label in labels):
         return {label: label for label in labels}
+    import re
+
+    parts = [re.split(r"[/,]", label) for label in labels]
+    common = set.intersection(*map(set, parts)) if parts else set()
+    short = [",".join(_short_part(p) for p in label_parts if p not in common) for label_parts in parts]
+    if all(0 < len(name) <= SHORT_LABEL for name in short) and len(set(short)) == len(short):
+        return dict(zip(labels, short, strict=True))
     return {label: f"R{i}" for i, label in enumerate(labels, 1)}
+
+
+def _short_part(part: str) -> str:
+    key, eq, value = part.partition("=")
+    return f"{key.rsplit('.', 1)[-1]}={value}" if eq else part
 
 
 def fit_width(console: Console, table: Table, width: int | None = None) -> None:
@@ -84,25 +101,68 @@ def fit_width(console: Console, table: Table, width: int | None = None) -> None:
         console.width = max(console.width, needed)
 
 
-def print_compare(runs: dict[str, dict], console: Console, width: int | None = None) -> None:
-    """`compare_table` with short run labels (`short_labels`) and, where they were shortened, their legend."""
+def print_compare(runs: dict[str, dict], console: Console, width: int | None = None,
+                  paths: dict[str, str | Path] | None = None) -> None:
+    """`compare_table` with short run names (`short_labels`), then their legend (`legend_table`: each name's run
+    folder, from `paths` where given, and recipe). The table is as wide as `width`, else the terminal, else (a log,
+    a pipe) as it needs; where the runs do not fit beside each other they are split over several tables, each with
+    the tap and metric columns, so that no name is ever cut."""
     names = short_labels(list(runs))
-    table = compare_table(runs, names)
-    fit_width(console, table, width)
+    limit = width if width is not None else console.width if console.is_terminal else UNLIMITED
+    for part in _column_groups(console, runs, names, limit):
+        _print_whole(console, compare_table(part, names), limit)
+    _print_whole(console, legend_table(runs, names, paths), limit)
+    console.width = limit  # the lines printed after the tables (a log's paths) wrap no more than they do
+
+
+def _print_whole(console: Console, table: Table, limit: int) -> None:
+    """`table` at `limit` columns, or wider where a name would be cut (rich caps a print's width at the console's)."""
+    needed = _needed(console, table)
+    console.width = max(needed, 1) if limit >= UNLIMITED else max(limit, needed)
     console.print(table)
-    for label, name in names.items():
-        if name != label:
-            console.print(f"  {name} = {label}", markup=False, soft_wrap=True)
+
+
+UNLIMITED = 100_000  # the width of a log or a pipe: no line is cut or wrapped
+
+
+def _needed(console: Console, renderable) -> int:
+    from rich.measure import Measurement
+
+    return Measurement.get(console, console.options.update_width(10_000), renderable).maximum
+
+
+def _column_groups(console: Console, runs: dict[str, dict], names: dict[str, str], limit: int) -> list[dict]:
+    """`runs` split, in order, into groups whose `compare_table` fits in `limit` columns (one run at least each)."""
+    groups: list[dict] = [{}]
+    for label, results in runs.items():
+        trial = {**groups[-1], label: results}
+        if groups[-1] and _needed(console, compare_table(trial, names)) > limit:
+            groups.append({label: results})
+        else:
+            groups[-1] = trial
+    return groups
+
+
+def legend_table(runs: dict[str, dict], names: dict[str, str], paths: dict[str, str | Path] | None = None) -> Table:
+    """name → the run it heads: its label, its folder (`paths`, where given) and its recipe's name."""
+    table = Table(title="runs", title_justify="left")
+    for column in ("run", "label", "folder", "recipe"):
+        table.add_column(column, no_wrap=True)
+    for label, results in runs.items():
+        folder = str((paths or {}).get(label, "—"))
+        recipe = (results.get("recipe") or {}).get("name") or "—"
+        table.add_row(names.get(label, label), label, folder, str(recipe))
+    return table
 
 
 def compare_table(runs: dict[str, dict], names: dict[str, str] | None = None) -> Table:
     """runs: label → results; one row per (tap, metric), one column per run, headed by names[label] (default
-    the label)."""
+    the label). No cell wraps: a name or a number is whole or (`print_compare`) on the next table."""
     table = Table(title="headprobe compare", title_justify="left")
     table.add_column("tap", no_wrap=True)
     table.add_column("metric", no_wrap=True)
     for label in runs:
-        table.add_column((names or {}).get(label, label), justify="right")
+        table.add_column((names or {}).get(label, label), justify="right", no_wrap=True)
     from .compare import compare_rows
 
     for row in compare_rows(runs)[1]:
