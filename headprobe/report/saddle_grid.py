@@ -2,15 +2,16 @@
 how many of the tracked points were at a collapsed strict saddle, over seeds, as the paper counts epochs
 ("λ_min < 0 in 72/100 epochs, Swish, collapsed start; 69/100 normal start; ReLU 1/100").
 
-Two steps. The training stage tallies each head's tracked points per seed (`tally_points`, recorded in
+Three steps. The training stage tallies each head's tracked points per seed (`tally_points`, recorded in
 results.json["heads"][H]["tracked"][seed]): tracked, collapsed (the point's `collapsed` flag: out_std ≤
 threshold/√d), strict saddles among the collapsed points and among all points (λ_min < −max(error bound,
 round-off)), and the escape scale Σ lr·|λ_min|·Δsteps over the collapsed negative points (`report.collapse.
 escape_diagnostics`: a perturbation along λ_min's eigenvector grows by about exp(drive), so a drive ≪ 1 cannot
 explain an escape; with a frozen backbone z does not move at all). `saddle_grid(results)` then pools the heads of
-one cell over seeds: each proportion of tracked points with the envelope of Wilson's interval at the effective size
-and the two-stage cluster bootstrap over seeds (`stats.clustered.proportion_interval`: points of one seed share its
-trajectory, so they are clustered).
+one cell over seeds (the record's writer stores its rows as results.json["saddle_grid"], which `recorded_grid`
+reads for report.html and `headprobe claims`): each proportion of tracked points with the envelope of Wilson's
+interval at the effective size and the two-stage cluster bootstrap over seeds (`stats.clustered.
+proportion_interval`: points of one seed share its trajectory, so they are clustered).
 
 >>> points = [{"stage": "geometry", "step": 1, "collapsed": True, "negative_beyond_bound": True, "lambda_min": -2.0,
 ...            "lambda_max": 4.0}, {"stage": "geometry", "step": 3, "collapsed": False, "negative_beyond_bound": True,
@@ -26,10 +27,9 @@ import math
 from collections.abc import Mapping, Sequence
 
 from headprobe.report.collapse import escape_diagnostics
-from headprobe.stats.clustered import proportion_interval
 
-__all__ = ["GRID_COLUMNS", "PAPER_GRID", "grid_cells", "grid_lines", "head_kind", "saddle_grid", "tally_history",
-           "tally_points"]
+__all__ = ["GRID_COLUMNS", "PAPER_GRID", "grid_cells", "grid_lines", "grid_text", "head_kind", "recorded_grid", "saddle_grid",
+           "tally_history", "tally_points"]
 
 # The paper's counts of λ_min < 0 in E tracked epochs (ResNet-18 from scratch, 3 seeds), by (kind, start).
 PAPER_GRID = {("swish", "collapsed"): "72/100", ("swish", "normal"): "69/100", ("relu", "collapsed"): "1/100"}
@@ -95,6 +95,8 @@ def _clusters(tallies: Sequence[Mapping], key: str) -> list[list[int]]:
 
 
 def _interval(clusters: list[list[int]]) -> dict | None:
+    from headprobe.stats.clustered import proportion_interval  # torch only where there is an interval to draw
+
     return proportion_interval(clusters) if clusters else None
 
 
@@ -130,6 +132,13 @@ def saddle_grid(results: Mapping) -> list[dict]:
     return rows
 
 
+def recorded_grid(results: Mapping) -> list[dict]:
+    """The grid the run recorded (results["saddle_grid"], written with the training: `record.writer`), read without
+    torch by the light commands (`headprobe report`, `headprobe claims`); [] when it has none."""
+    rows = results.get("saddle_grid")
+    return list(rows) if isinstance(rows, list) else []
+
+
 GRID_COLUMNS = ("head kind", "start", "seeds", "collapsed / tracked", "collapsed strict saddle / tracked [95%]",
                 "strict saddle / tracked [95%]", "strict saddle / collapsed", "max Σ lr·|λ_min|·Δsteps", "paper")
 
@@ -157,3 +166,12 @@ def grid_lines(rows: Sequence[Mapping]) -> list[str]:
         return []
     return ["| " + " | ".join(GRID_COLUMNS) + " |", "|" + "---|" * len(GRID_COLUMNS),
             *("| " + " | ".join(grid_cells(r)) + " |" for r in rows)]
+
+
+def grid_text(runs: Mapping[str, Mapping]) -> str:
+    """`headprobe claims`'s section after the answers: each run's recorded grid (`recorded_grid`) as Markdown under
+    a heading naming the run; "" when no run has one."""
+    parts = [f"\nClaim 4, tracked points per head kind and start (saddle grid), run {label}:\n\n"
+             + "\n".join(grid_lines(rows)) + "\n" for label, results in runs.items()
+             if (rows := recorded_grid(results))]
+    return "".join(parts)
