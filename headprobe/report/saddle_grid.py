@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 
 from headprobe.report.collapse import escape_diagnostics
 
-__all__ = ["GRID_COLUMNS", "PAPER_GRID", "grid_cells", "grid_lines", "grid_text", "head_kind", "recorded_grid", "saddle_grid",
-           "tally_history", "tally_points"]
+__all__ = ["GRID_COLUMNS", "PAPER_GRID", "grid_cells", "grid_lines", "grid_text", "head_kind", "recorded_grid",
+           "saddle_grid", "tally_history", "tally_points"]
 
 # The paper's counts of λ_min < 0 in E tracked epochs (ResNet-18 from scratch, 3 seeds), by (kind, start).
 PAPER_GRID = {("swish", "collapsed"): "72/100", ("swish", "normal"): "69/100", ("relu", "collapsed"): "1/100"}
