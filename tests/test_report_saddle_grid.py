@@ -81,3 +81,20 @@ def test_collapse_heads_must_name_heads_of_the_recipe():
     assert recipe.geometry.collapse_heads == ["a"]
     with pytest.raises(RecipeError, match=r"geometry.collapse_heads names 'c', not a head of this recipe; heads: a, b"):
         load_recipe({"heads": [{"name": "a"}, {"name": "b"}], "geometry": {"collapse_heads": ["c"]}})
+
+
+def test_runs_of_a_sweep_pool_into_one_grid():
+    def one(seed_tally, start):
+        return {"name": "g", "heads": {"head": {"config": {"type": "mlp", "act": "swish", "bn_hidden": False},
+                                                "tracked": {"0": seed_tally}}},
+                "protocol": {"train": {"collapse_start": {"head": {"requested": start}}}}}
+
+    runs = [one(_tally(10, 9, 8, 9), True), one(_tally(10, 5, 5, 6), True), one(_tally(10, 0, 0, 7), False)]
+    rows = {(r["kind"], r["start"]): r for r in saddle_grid(runs)}
+    pooled = rows["swish", "collapsed"]
+    assert (pooled["n_seeds"], pooled["tracked"], pooled["collapsed"], pooled["saddle_collapsed"]) == (2, 20, 14, 13)
+    assert rows["swish", "normal"]["saddle"] == 7
+    for run in runs:
+        run["saddle_grid"] = saddle_grid(run)
+    text = grid_text({f"r{i}": r for i, r in enumerate(runs)})
+    assert text.count("run r") == 3 and "pooled over the 3 runs" in text and "| swish | collapsed | 2 | 14/20 |" in text

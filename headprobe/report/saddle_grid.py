@@ -100,35 +100,39 @@ def _interval(clusters: list[list[int]]) -> dict | None:
     return proportion_interval(clusters) if clusters else None
 
 
-def saddle_grid(results: Mapping) -> list[dict]:
+def saddle_grid(results: Mapping | Sequence[Mapping]) -> list[dict]:
     """One row per (head kind, start) of a run's tracked heads (results["heads"][H]["tracked"]), pooled over the
-    cell's heads and seeds: "kind", "start", "heads", "n_seeds", "tracked", "collapsed", "saddle_collapsed",
-    "saddle", "collapsed_share" / "saddle_collapsed_share" / "saddle_share" (each `proportion_interval` of the
-    tracked points: value, ci95, ...; None without points), "escape_drive_max" (the largest seed's Σ lr·|λ_min|·
-    Δsteps), "escape_step" (per seed), "paper". Rows in the order the heads appear; [] when nothing was tracked."""
+    cell's heads and seeds; a list of runs' results (a sweep: one head per run, paper_saddle_grid.yaml) pools the
+    cell over every run's heads and seeds. Row: "kind", "start", "heads", "n_seeds" (head × seed trajectories),
+    "tracked", "collapsed", "saddle_collapsed", "saddle", "collapsed_share" / "saddle_collapsed_share" /
+    "saddle_share" (each `proportion_interval` of the tracked points, clustered by trajectory: value, ci95, ...;
+    None without points), "escape_drive_max" (the largest trajectory's Σ lr·|λ_min|·Δsteps), "escape_step" (per
+    trajectory), "paper". Rows in the order the heads appear; [] when nothing was tracked."""
+    runs = [results] if isinstance(results, Mapping) else list(results)
     cells: dict[tuple[str, str], dict] = {}
-    for name, head in (results.get("heads") or {}).items():
-        tracked = head.get("tracked") or {}
-        if not tracked:
-            continue
-        key = (head_kind(head.get("config") or {}), _start(results, name))
-        cell = cells.setdefault(key, {"heads": [], "tallies": [], "escape": {}})
-        cell["heads"].append(name)
-        for seed, tally in tracked.items():
-            cell["tallies"].append(tally)
-            cell["escape"][f"{name}/{seed}"] = tally.get("escape_step")
+    for i, run in enumerate(runs):
+        for name, head in (run.get("heads") or {}).items():
+            tracked = head.get("tracked") or {}
+            if not tracked:
+                continue
+            key = (head_kind(head.get("config") or {}), _start(run, name))
+            cell = cells.setdefault(key, {"heads": [], "tallies": [], "escape": {}})
+            label = name if len(runs) == 1 else f"{run.get('name') or 'run'}#{i}:{name}"
+            cell["heads"].append(label)
+            for seed, tally in tracked.items():
+                cell["tallies"].append(tally)
+                cell["escape"][f"{label}/{seed}"] = tally.get("escape_step")
     rows = []
     for (kind, start), cell in cells.items():
         tallies = cell["tallies"]
         drives = [t["escape_drive_sum"] for t in tallies if _number(t.get("escape_drive_sum"))]
-        row = {"kind": kind, "start": start, "heads": cell["heads"], "n_seeds": len(tallies),
-               **{k: sum(t[k] for t in tallies) for k in ("tracked", "collapsed", "saddle_collapsed", "saddle")},
-               "collapsed_share": _interval(_clusters(tallies, "collapsed")),
-               "saddle_collapsed_share": _interval(_clusters(tallies, "saddle_collapsed")),
-               "saddle_share": _interval(_clusters(tallies, "saddle")),
-               "escape_drive_max": max(drives) if drives else None, "escape_step": cell["escape"],
-               "paper": PAPER_GRID.get((kind, start), "")}
-        rows.append(row)
+        rows.append({"kind": kind, "start": start, "heads": cell["heads"], "n_seeds": len(tallies),
+                     **{k: sum(t[k] for t in tallies) for k in ("tracked", "collapsed", "saddle_collapsed", "saddle")},
+                     "collapsed_share": _interval(_clusters(tallies, "collapsed")),
+                     "saddle_collapsed_share": _interval(_clusters(tallies, "saddle_collapsed")),
+                     "saddle_share": _interval(_clusters(tallies, "saddle")),
+                     "escape_drive_max": max(drives) if drives else None, "escape_step": cell["escape"],
+                     "paper": PAPER_GRID.get((kind, start), "")})
     return rows
 
 
@@ -170,8 +174,13 @@ def grid_lines(rows: Sequence[Mapping]) -> list[str]:
 
 def grid_text(runs: Mapping[str, Mapping]) -> str:
     """`headprobe claims`'s section after the answers: each run's recorded grid (`recorded_grid`) as Markdown under
-    a heading naming the run; "" when no run has one."""
+    a heading naming the run, and with several tracked runs (a sweep) the grid pooled over all of them
+    (`saddle_grid` of the list: torch for its intervals); "" when no run tracked anything."""
     parts = [f"\nClaim 4, tracked points per head kind and start (saddle grid), run {label}:\n\n"
              + "\n".join(grid_lines(rows)) + "\n" for label, results in runs.items()
              if (rows := recorded_grid(results))]
+    tracked = [r for r in runs.values() if recorded_grid(r)]
+    if len(tracked) > 1:
+        parts.append(f"\nClaim 4, saddle grid pooled over the {len(tracked)} runs:\n\n"
+                     + "\n".join(grid_lines(saddle_grid(tracked))) + "\n")
     return "".join(parts)
