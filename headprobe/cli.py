@@ -262,11 +262,12 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
     from .report.claims_table import ACROSS_HEADER, claims_rows, cross_run_rows, format_claims, training_lines
     from .report.compare import run_labels, sweep_runs
+    from .report.saddle_grid import grid_text
 
     try:
         labels = run_labels(sweep_runs(args.run_dirs))
-        rows = claims_rows({label: read_results(path) for label, path in labels.items()}, args.secondary,
-                           training_lines(labels))
+        results = {label: read_results(path) for label, path in labels.items()}
+        rows = claims_rows(results, args.secondary, training_lines(labels))
         # A head ablation (a no-head arm and others, by seed): its answers pooled over runs and across runs.
         answers = None
         if len(labels) > 1:  # torch only here: the intervals across runs are computed, not read
@@ -283,6 +284,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
     else:
         text = format_claims(rows + within, args.format)
         text += "\n" + format_claims(across, args.format, ACROSS_HEADER) if across else ""
+        text += grid_text(results)
     if args.out is None:
         sys.stdout.write(text)
         return EXIT_OK

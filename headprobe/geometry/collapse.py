@@ -166,7 +166,8 @@ def check_collapsed_start(states: dict, specs, z: torch.Tensor, mean_feature: to
 
     states: {name: HeadState}; specs: the recipe's HeadSpecs; z: (B, D) the first views of step 0's batch;
     mean_feature: (D,) the mean cached view feature; spec: the recipe's GeometrySpec. With spec.collapse_offset
-    set, every head first gets `collapsed_init(head, mean_feature, collapse_offset, collapse_scale)`. Then
+    set, every head (or those of spec.collapse_heads) first gets `collapsed_init(head, mean_feature,
+    collapse_offset, collapse_scale)`. Then
     `collapse_criterion` on head(z), BatchNorm on batch statistics as in the first training step (running
     statistics untouched). A head whose recipe asks for a collapsed start (collapse_offset, or init_scale ≠ 1)
     and fails the criterion gets a warning: its λ_min says nothing about a collapsed state. Returns {name:
@@ -177,8 +178,10 @@ def check_collapsed_start(states: dict, specs, z: torch.Tensor, mean_feature: to
     out = {}
     for name, state in states.items():
         head = state.head
-        if spec.collapse_offset is not None:
-            collapsed_init(head, mean_feature, spec.collapse_offset, spec.collapse_scale)
+        chosen = getattr(spec, "collapse_heads", None)
+        offset = spec.collapse_offset if chosen is None or name in chosen else None
+        if offset is not None:
+            collapsed_init(head, mean_feature, offset, spec.collapse_scale)
             init = f"collapsed_init(offset={spec.collapse_offset}, scale={spec.collapse_scale})"
         else:
             init = f"as built (init_scale={init_scales.get(name, 1.0)})"
@@ -186,7 +189,7 @@ def check_collapsed_start(states: dict, specs, z: torch.Tensor, mean_feature: to
         with batchnorm_mode(head, "batch"), torch.no_grad():
             h = head(z.to(device=weight.device, dtype=weight.dtype))
         verdict = collapse_criterion(out_std(h), h.shape[1], spec.collapse_threshold)
-        requested = spec.collapse_offset is not None or init_scales.get(name, 1.0) != 1.0
+        requested = offset is not None or init_scales.get(name, 1.0) != 1.0
         if requested and not verdict["collapsed"]:
             shown = "undefined" if verdict["out_std"] is None else f"{verdict['out_std']:.4f}"
             warnings.warn(f"head {name!r} does not start collapsed: out_std = {shown} at step 0 > "

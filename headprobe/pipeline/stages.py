@@ -259,6 +259,7 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
         out.protocol["train"] = _training_protocol(recipe, summary, {})
     else:
         out.by_seed, summary = {seed: {} for seed in seeds}, {"steps": 0}
+    tracked = _tracked(recipe, out.by_seed)
     dim = features.views.features.shape[-1]
     for seed, states in out.by_seed.items():
         states.update(pretrained)  # the same frozen module for every seed: it is not retrained
@@ -271,7 +272,7 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
                       "status": first.status if first else "untrained (no parameters)",
                       "final_loss": first.last_loss if first else None,
                       "message": first.message if first else ""},
-            "geometry": {}}
+            "geometry": {}} | ({"tracked": tracked[spec.name]} if spec.name in tracked else {})
         if spec.type == "pretrained":
             out.heads[spec.name]["checkpoint"] = first.head.record.to_dict()
         elif several:
@@ -285,6 +286,17 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
             "shared": "backbone features, the cached augmented views (drawn with `seed`), the probes' own splits and "
                       "seeds; geometry analyses the first seed's heads"}
     return out
+
+
+def _tracked(recipe: Recipe, by_seed: dict) -> dict:
+    """{head: {seed: tally of its tracked points}} (`report.saddle_grid.tally_history`: claim 4's per-cell counts
+    and the escape scale lr·|λ_min|·Δsteps), for results["heads"][H]["tracked"]; {} without tracking."""
+    from headprobe.report.saddle_grid import tally_history
+
+    if not recipe.geometry.track_every:
+        return {}
+    frozen = recipe.backbone.tune == "frozen" and not recipe.backbone.id.startswith("scratch:")
+    return tally_history(by_seed, [h.name for h in recipe.heads], recipe.train.lr, frozen)
 
 
 def _training_protocol(recipe: Recipe, summary: dict, extra: dict) -> dict:
@@ -329,13 +341,14 @@ def tune_backbone(ctx: RunContext, inputs: Inputs, seed: int, several: bool = Fa
         saved = ctx.stage(f"saving the tuned backbone{which}", save_tuned_backbone, inputs.backbone, checkpoints)
         out.backbone_tuned["saved"] = str(saved.relative_to(record.path))
     out.protocol["train"] = _training_protocol(recipe, summary, {"tuning": tuning})
+    tracked = _tracked(recipe, {seed: states})
     for head in recipe.heads:
         trained = states[head.name]
         out.heads[head.name] = {
             "config": dataclasses.asdict(head),
             "train": {"steps": summary["steps"], "status": trained.status, "final_loss": trained.last_loss,
                       "message": trained.message, "with_backbone": spec.tune},
-            "geometry": {}}
+            "geometry": {}} | ({"tracked": tracked[head.name]} if head.name in tracked else {})
     return out
 
 

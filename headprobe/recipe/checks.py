@@ -350,6 +350,10 @@ def _check_heads(recipe: Recipe) -> None:
         augment_spec(recipe.augment.preset, **recipe.augment.options)
     except (ValueError, TypeError) as err:
         raise RecipeError(f"augment: {err}") from None
+    unknown = [h for h in recipe.geometry.collapse_heads or [] if h not in names]
+    if unknown:
+        raise RecipeError(f"geometry.collapse_heads names {', '.join(map(repr, unknown))}, not a head of this "
+                          f"recipe; heads: {', '.join(names) or 'none'}.")
     inert = [key for key, given in (("geometry.final", recipe.geometry.final),
                                     ("train.checkpoint_every", recipe.train.checkpoint_every is not None)) if given]
     if inert and not recipe.heads:

@@ -237,6 +237,10 @@ class RecordWriter:
             self.record["protocol"]["train"] = protocol["train"]
         self.record["heads"].update(heads)
         self.record["protocol"].update({k: v for k, v in protocol.items() if k != "train"})
+        if any(h.get("tracked") for h in self.record["heads"].values()):
+            from headprobe.report.saddle_grid import saddle_grid
+
+            self.record["saddle_grid"] = saddle_grid(self.record)  # claim 4 per cell, with its intervals
         self.write()
 
     def geometry(self, head: str, geometry: dict, write: bool = True) -> None:

@@ -29,6 +29,7 @@ from .glossary import describe_metric
 from .markup import flatten, fmt, render
 from .metric_table import metrics_section
 from .plots import Plot, metric_names, read_records, render_plots, train_history
+from .saddle_grid import GRID_COLUMNS, grid_cells, recorded_grid
 from .training import stopped_note, training_section
 from .verdicts import buffer_section
 
@@ -141,8 +142,9 @@ def _geometry(report: Report) -> Markup:
             heads[name] = {k: (f"{len(v)} values (plotted)" if isinstance(v, list) and len(v) > 8 else v)
                            for k, v in flatten(head["geometry"]).items()}
     header, rows = collapse_rows(report.collapse)
+    grid = [grid_cells(row) for row in recorded_grid(report.results)]
     return render("sections/geometry.html.j2", heads=heads, plots=report.plots, collapse_header=header,
-                  collapse=rows)
+                  collapse=rows, grid_header=list(GRID_COLUMNS), grid=grid)
 
 
 def _orbits(report: Report) -> Markup:
