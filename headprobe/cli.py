@@ -262,7 +262,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
     from .report.claims_table import ACROSS_HEADER, claims_rows, cross_run_rows, format_claims, training_lines
     from .report.compare import run_labels, sweep_runs
-    from .report.saddle_grid import grid_text
+    from .stats.saddle_grid import grid_text
 
     try:
         labels = run_labels(sweep_runs(args.run_dirs))

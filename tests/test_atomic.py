@@ -1,6 +1,7 @@
 """Files replaced whole or not at all (`headprobe.parallel.atomic`): the writers of per-unit values, exported heads,
 checkpoints and the run record all go through it."""
 
+import os
 import pytest
 
 from headprobe.parallel.atomic import replace_atomically
@@ -71,3 +72,23 @@ def test_two_threads_replacing_one_file_at_once_always_leave_it_whole(tmp_path):
     assert not bad, bad[:3]
     assert json.loads(target.read_text())["i"] == 199
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_resume_removes_the_temporaries_of_a_killed_writer_and_keeps_a_live_ones(tmp_path):
+    """kill -9 during a checkpoint write leaves `.step-16.pt.<pid>.<thread>.tmp` (no clean-up ran); the resumed run
+    removes it, but never the temporary of a writer that is still alive (this process)."""
+    import subprocess
+    import sys
+
+    from headprobe.parallel.atomic import remove_stale_temporaries
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    (tmp_path / "checkpoints").mkdir()
+    stale = tmp_path / "checkpoints" / f".step-16.pt.{dead_pid}.140545406151552.tmp"
+    live = tmp_path / f".results.json.{os.getpid()}.1.tmp"
+    foreign = tmp_path / ".notes.tmp"  # not one of ours: no pid in its name
+    for path in (stale, live, foreign):
+        path.write_text("partial")
+    assert remove_stale_temporaries(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and foreign.exists()

@@ -1,10 +1,10 @@
-"""report.saddle_grid: claim 4's per-cell counts from a constructed results dict (exact counts), the tally of
+"""stats.saddle_grid: claim 4's per-cell counts from a constructed results dict (exact counts), the tally of
 tracked points with its escape scale, the start chosen per head (geometry.collapse_heads), and where it is shown."""
 
 import pytest
 
 from headprobe.recipe import RecipeError, load_recipe
-from headprobe.report.saddle_grid import grid_lines, grid_text, head_kind, recorded_grid, saddle_grid, tally_points
+from headprobe.stats.saddle_grid import grid_lines, grid_text, head_kind, recorded_grid, saddle_grid, tally_points
 
 
 def _tally(tracked, collapsed, saddle_collapsed, saddle, drive=None):

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["replace_atomically"]
+__all__ = ["remove_stale_temporaries", "replace_atomically"]
 
 
 def replace_atomically(path: Path | str, write: Callable[[Path], object]) -> None:
@@ -36,3 +36,30 @@ def replace_atomically(path: Path | str, write: Callable[[Path], object]) -> Non
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
+
+
+def _writer_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0  # alive but not ours, or not a pid at all (then not alive)
+    return True
+
+
+def remove_stale_temporaries(folder: Path | str) -> list[Path]:
+    """Remove the temporaries `replace_atomically` left under `folder` when its writer was killed (SIGKILL, a lost
+    node: no clean-up ran), i.e. those whose writer's pid is no longer alive on this host; a live writer's are kept.
+    Returns the removed paths. Called when a run resumes, before anything is written."""
+    removed = []
+    for tmp in Path(folder).rglob(".*.tmp"):
+        parts = tmp.name.rsplit(".", 3)  # ".name", pid, thread, "tmp"
+        if len(parts) != 4 or not parts[1].isdigit() or _writer_alive(int(parts[1])):
+            continue
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed

@@ -289,9 +289,9 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
 
 
 def _tracked(recipe: Recipe, by_seed: dict) -> dict:
-    """{head: {seed: tally of its tracked points}} (`report.saddle_grid.tally_history`: claim 4's per-cell counts
+    """{head: {seed: tally of its tracked points}} (`stats.saddle_grid.tally_history`: claim 4's per-cell counts
     and the escape scale lr·|λ_min|·Δsteps), for results["heads"][H]["tracked"]; {} without tracking."""
-    from headprobe.report.saddle_grid import tally_history
+    from headprobe.stats.saddle_grid import tally_history
 
     if not recipe.geometry.track_every:
         return {}

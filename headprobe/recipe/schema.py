@@ -270,7 +270,7 @@ class GeometrySpec:
     collapse_offset: float | None = None
     collapse_scale: float = 0.01
     # The heads collapse_offset starts collapsed (by name); null = every head. The others start as built (claim 4's
-    # "normal start" beside the collapsed one in one run: `report.saddle_grid`).
+    # "normal start" beside the collapsed one in one run: `stats.saddle_grid`).
     collapse_heads: list[str] | None = None
     # Step 0 counts as "collapsed" iff out_std ≤ collapse_threshold/√out (recorded in protocol.train.collapse_start).
     collapse_threshold: float = 0.1

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from headprobe.parallel.atomic import remove_stale_temporaries
 from headprobe.recipe import RecipeError
 from headprobe.record.directory import RunDir, metrics_from_json, new_results
 from headprobe.record.results import RunRecord
@@ -136,6 +137,7 @@ class RecordWriter:
             )
         if previous.get("status") == "complete":
             return results, invocation, previous
+        remove_stale_temporaries(path)  # a killed run's half-written files (kill -9: no clean-up ran)
         results["taps"] = metrics_from_json(previous.get("taps", {}))  # null (NaN in JSON) back to NaN
         results["timing"] = {k: v for k, v in previous.get("timing", {}).items() if k in KEPT_ON_RESUME}
         # Every invocation keeps the time of the stages it ran (a run from before `invocations` had one).
@@ -238,7 +240,7 @@ class RecordWriter:
         self.record["heads"].update(heads)
         self.record["protocol"].update({k: v for k, v in protocol.items() if k != "train"})
         if any(h.get("tracked") for h in self.record["heads"].values()):
-            from headprobe.report.saddle_grid import saddle_grid
+            from headprobe.stats.saddle_grid import saddle_grid
 
             self.record["saddle_grid"] = saddle_grid(self.record)  # claim 4 per cell, with its intervals
         self.write()

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from markupsafe import Markup
 
+from headprobe.stats.saddle_grid import GRID_COLUMNS, grid_cells, recorded_grid
+
 from .claims import BADGE, answer_lines, answers_section
 from .claims_table import claims_rows, paper_cell
 from .collapse import collapse_rows, summarise_collapse
@@ -29,7 +31,6 @@ from .glossary import describe_metric
 from .markup import flatten, fmt, render
 from .metric_table import metrics_section
 from .plots import Plot, metric_names, read_records, render_plots, train_history
-from .saddle_grid import GRID_COLUMNS, grid_cells, recorded_grid
 from .training import stopped_note, training_section
 from .verdicts import buffer_section
 

@@ -5,8 +5,8 @@ how many of the tracked points were at a collapsed strict saddle, over seeds, as
 Three steps. The training stage tallies each head's tracked points per seed (`tally_points`, recorded in
 results.json["heads"][H]["tracked"][seed]): tracked, collapsed (the point's `collapsed` flag: out_std ≤
 threshold/√d), strict saddles among the collapsed points and among all points (λ_min < −max(error bound,
-round-off)), and the escape scale Σ lr·|λ_min|·Δsteps over the collapsed negative points (`report.collapse.
-escape_diagnostics`: a perturbation along λ_min's eigenvector grows by about exp(drive), so a drive ≪ 1 cannot
+round-off)), and the escape scale Σ lr·|λ_min|·Δsteps over the collapsed negative points (`escape_diagnostics`
+below: a perturbation along λ_min's eigenvector grows by about exp(drive), so a drive ≪ 1 cannot
 explain an escape; with a frozen backbone z does not move at all). `saddle_grid(results)` then pools the heads of
 one cell over seeds (the record's writer stores its rows as results.json["saddle_grid"], which `recorded_grid`
 reads for report.html and `headprobe claims`): each proportion of tracked points with the envelope of Wilson's
@@ -24,12 +24,11 @@ proportion_interval`: points of one seed share its trajectory, so they are clust
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 
-from headprobe.report.collapse import escape_diagnostics
-
-__all__ = ["GRID_COLUMNS", "PAPER_GRID", "grid_cells", "grid_lines", "grid_text", "head_kind", "recorded_grid",
-           "saddle_grid", "tally_history", "tally_points"]
+__all__ = ["GRID_COLUMNS", "PAPER_GRID", "escape_diagnostics", "grid_cells", "grid_lines", "grid_text", "head_kind",
+           "recorded_grid", "saddle_grid", "tally_history", "tally_points"]
 
 # The paper's counts of λ_min < 0 in E tracked epochs (ResNet-18 from scratch, 3 seeds), by (kind, start).
 PAPER_GRID = {("swish", "collapsed"): "72/100", ("swish", "normal"): "69/100", ("relu", "collapsed"): "1/100"}
@@ -37,6 +36,62 @@ PAPER_GRID = {("swish", "collapsed"): "72/100", ("swish", "normal"): "69/100", (
 
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _lr_at(step: int, train: Sequence[dict], default: float | None) -> float | None:
+    """The learning rate of the last training record at or before `step` (the schedule's value), else the recipe's."""
+    before = [r["lr"] for r in train if _number(r.get("lr")) and _number(r.get("step")) and r["step"] <= step]
+    return before[-1] if before else default
+
+
+def escape_diagnostics(points: Sequence[dict], states: Sequence[bool | None], train: Sequence[dict],
+                       results: dict) -> dict:
+    """Whether the tracked curvature can explain a head's escape from collapse (issue #36's reading of claim 4).
+
+    Per collapsed point: λ_min/λ_max, and the drive lr·|λ_min|·Δsteps of a negative λ_min over the steps to the
+    next tracked point (to the last training step after the last one): gradient descent on z at that learning rate
+    grows a perturbation along λ_min's eigenvector by about exp(drive), so a summed drive far below 1 cannot
+    explain an escape (scratch_collapse: 3e-7 · 0.05 · 32 ≈ 5e-7). The backbone's own Jacobian scales the real
+    rate; with a frozen backbone z never moves and the curvature w.r.t. z drives nothing at all. Returns
+    "lambda_ratio_median", "escape_drive_sum", "escape_drive_max" (over the collapsed points with λ_min < 0),
+    "escape_step" (first tracked step whose state is not collapsed after one that was; None if none), and
+    "curvature_explains_escape": None when the head did not leave collapse, "no (frozen backbone: z does not
+    move)", "no (drive ≪ 1)" below 0.1, "yes (drive ≥ 1)", "partly" in between."""
+    recipe = results.get("recipe") or {}
+    default_lr = (recipe.get("train") or {}).get("lr")
+    frozen = ((recipe.get("backbone") or {}).get("tune") or "frozen") == "frozen" and not str(
+        (recipe.get("backbone") or {}).get("id", "")).startswith("scratch:")
+    order = sorted(range(len(points)), key=lambda i: points[i].get("step") or 0)
+    last_step = max((r["step"] for r in train if _number(r.get("step"))), default=None)
+    ratios, drives, escape_step, was_collapsed = [], [], None, False
+    for rank, i in enumerate(order):
+        point, collapsed = points[i], states[i]
+        if collapsed is False and was_collapsed and escape_step is None:
+            escape_step = point.get("step")
+        was_collapsed = was_collapsed or bool(collapsed)
+        low, high = point.get("lambda_min"), point.get("lambda_max")
+        if not collapsed or not _number(low):
+            continue
+        if _number(high) and high > 0:
+            ratios.append(low / high)
+        step = point.get("step")
+        following = points[order[rank + 1]].get("step") if rank + 1 < len(order) else last_step
+        lr = _lr_at(step, train, default_lr) if _number(step) else None
+        if low < 0 and _number(following) and _number(step) and _number(lr):
+            drives.append(lr * -low * max(0, following - step))
+    total = sum(drives) if drives else (0.0 if ratios else None)
+    escaped = escape_step is not None
+    if not escaped:
+        explains = None
+    elif frozen:
+        explains = "no (frozen backbone: z does not move)"
+    elif total is None or total < 0.1:
+        explains = "no (drive ≪ 1)"
+    else:
+        explains = "yes (drive ≥ 1)" if total >= 1 else "partly"
+    return {"lambda_ratio_median": statistics.median(ratios) if ratios else None, "escape_drive_sum": total,
+            "escape_drive_max": max(drives) if drives else None, "escape_step": escape_step,
+            "curvature_explains_escape": explains}
 
 
 def strict_saddle(record: Mapping) -> bool:
