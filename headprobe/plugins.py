@@ -12,10 +12,16 @@ Two ways to declare one in a package's ``pyproject.toml``:
       my_loss = "my_pkg.losses:my_loss"         # objective.name: my_loss
 
 - a function in the group ``headprobe.plugins``, called once with the registries by family name
-  (`registry.FAMILIES`), for entries that declare more (a probe's `needs` and `options`, one-line help)::
+  (`registry.FAMILIES`), for entries that declare more: a probe declared as the built-in ones are
+  (`probes.declaration.Probe`: help, needs, options, its metrics and their roles), so that the glossary, the
+  report and the verdict read its metrics (``examples/plugin``)::
 
       [project.entry-points."headprobe.plugins"]
-      my_pkg = "my_pkg.headprobe_plugin:register"   # def register(registries): registries["probes"].add(...)
+      my_pkg = "my_pkg.headprobe_plugin:register"
+      # def register(registries): registries["probes"].declare("mine", "my_pkg.headprobe_plugin:MINE")
+
+  (`Registry.add(name, target, help, needs=..., options=...)`, the older way, still registers a bare probe
+  function: it runs, validates and lists, but its metrics are undeclared, so never evidence.)
 
 The contracts are the built-ins': a backbone loader takes the reference after ``name:`` and keyword options and
 returns a `Backbone` or a bare module (`backbones.own_module`); a data source ``(ref, revision=None, **options)`` ->

@@ -16,7 +16,7 @@ from torch import nn
 from headprobe import load_heads, run
 from headprobe.plugins import load_plugins
 from headprobe.recipe import HeadSpec, RecipeError, load_recipe
-from headprobe.registry import HEADS, Registry
+from headprobe.registry import HEADS, PROBES, Registry
 from headprobe.train.engine import build_head
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +58,30 @@ def test_entry_points_of_an_installed_package_join_the_registries(tmp_path, monk
     terms = families["objectives"].get("align_uniform")(torch.randn(6, 4), torch.randn(6, 4))
     assert set(terms.terms) == {"align_uniform", "align_uniform.align", "align_uniform.uniform"}
     assert "centroid" in families["probes"]  # registered by the package's register function
+
+
+def test_the_example_plug_in_declares_its_probe_and_metric_as_built_in_probes_do(tmp_path, monkeypatch):
+    """The register function declares `centroid` (`Registry.declare`), so its metric is declared: the glossary
+    describes it, and the buffer verdict counts it as evidence, read from the plug-in's own declaration."""
+    from headprobe.probes.declaration import declared_metrics, declared_probe
+    from headprobe.report.glossary import describe_metric
+    from headprobe.stats.verdict import evidence_rule
+
+    monkeypatch.syspath_prepend(str(_install(tmp_path / "site")))
+    assert "centroid.acc" not in [m.name for m in declared_metrics()]
+    load_plugins({**_families(), "probes": PROBES})  # the probe joins headprobe's own registry, as when installed
+    try:
+        probe = declared_probe("centroid")
+        assert (probe.help, [m.name for m in probe.metrics]) == ("nearest class mean (the example plug-in)",
+                                                                 ["centroid.acc"])
+        assert "centroid.acc" in [m.name for m in declared_metrics()]
+        info = describe_metric("centroid.acc", n_classes=4)
+        assert (info.meaning, info.unit, info.chance) == (
+            "test accuracy of the nearest class mean of the training features", "fraction of test images", 0.25)
+        assert evidence_rule("centroid.acc") == evidence_rule("knn.k20.acc")  # evidence, the same way as k-NN's
+    finally:
+        PROBES.remove("centroid")
+    assert "centroid.acc" not in [m.name for m in declared_metrics()]
 
 
 def test_a_broken_or_clashing_plug_in_is_skipped_with_a_warning():
@@ -159,6 +183,9 @@ def test_headprobe_run_and_list_find_an_installed_plug_in(tmp_path):
     listed = subprocess.run([sys.executable, "-m", "headprobe", "list", "backbones"], env=env, capture_output=True,
                             text=True, check=True).stdout
     assert "tinycnn:<ref>" in listed and "plug-in from headprobe-tiny-plugin" in listed
+    listed = subprocess.run([sys.executable, "-m", "headprobe", "list", "probes"], env=env, capture_output=True,
+                            text=True, check=True).stdout
+    assert "nearest class mean (the example plug-in)" in listed  # its declaration's help
     recipe = tmp_path / "plugin.yaml"
     recipe.write_text(json.dumps({
         "name": "plugin", "backbone": {"id": "tinycnn:8", "resolution": 32},
