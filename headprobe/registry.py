@@ -381,6 +381,9 @@ HEADS.add("random", "headprobe.train.null_heads:random_map",
 HEADS.add("pretrained", "headprobe.ssl:load_pretrained_head",
           "the head stored in the backbone's ssl:<format>:<path> checkpoint (DINO's MLP → L2 bottleneck → prototypes, "
           "VICReg/Barlow projectors): probed at every layer, never trained")
+# The head types that are never trained (no layers, a fixed random map, a checkpoint's own head): none is a twin an
+# `init_of` copy can take. The one list of them; the recipe checks and the null heads read it from here.
+UNTRAINED_HEAD_TYPES = ("identity", "random", "pretrained")
 
 # Names the recipe's `augment.preset` and `probes.orbits.sweeps` take (the recipe schema checks against these
 # registries, as it does `heads[].type` against HEADS). Each entry points at the definition itself (an AugmentSpec

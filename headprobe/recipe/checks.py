@@ -19,6 +19,7 @@ from ..registry import (
     OBJECTIVES,
     OFFLINE_MODELS,
     SCRATCH_MODELS,
+    UNTRAINED_HEAD_TYPES,
     Registry,
     UnavailablePluginError,
 )
@@ -238,7 +239,7 @@ def declared_shape(backbone_id: str) -> dict:
     """What the registry declares of `backbone_id`'s architecture (blocks, patch size), else {}: the model's own
     entry (`offline:<name>`, `scratch:<name>`) or its family's name pattern (`timm:`, `open_clip:`)."""
     prefix, _, rest = backbone_id.partition(":")
-    models = {"offline": OFFLINE_MODELS, "scratch": SCRATCH_MODELS}.get(prefix)
+    models = _NAMED_MODELS.get(prefix)
     if models is not None and rest in models:
         return dict(models.entry(rest).shape or {})
     if prefix in BACKBONES:
@@ -311,9 +312,9 @@ def _check_heads(recipe: Recipe) -> None:
                               f"{recipe.backbone.tune!r}; a checkpoint's own head is probed on its frozen backbone.")
         if head.init_of is not None:
             twin = next((h for h in recipe.heads if h.name == head.init_of), None)
-            if twin is None or twin.type in ("pretrained", "identity", "random") or twin.init_of is not None:
+            if twin is None or twin.type in UNTRAINED_HEAD_TYPES or twin.init_of is not None:
                 trained = [h.name for h in recipe.heads
-                           if h.type not in ("pretrained", "identity", "random") and h.init_of is None]
+                           if h.type not in UNTRAINED_HEAD_TYPES and h.init_of is None]
                 raise RecipeError(f"heads[{i}].init_of = {head.init_of!r} must name a trained head of this recipe "
                                   f"(its copy at initialisation is the null); trained heads: "
                                   f"{', '.join(trained) or 'none'}.")

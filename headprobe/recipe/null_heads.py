@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from headprobe.recipe.schema import HeadSpec
+from headprobe.registry import UNTRAINED_HEAD_TYPES
 
 NULL_KINDS = ("init", "random")
 RANDOM_NAME = "random"
@@ -49,7 +50,7 @@ def with_null_heads(heads: list[HeadSpec], kinds) -> list[HeadSpec]:
         out.append(dataclasses.replace(twin, name=head.name, init_of=twin.name) if twin is not None and
                    twin.init_of is None else head)
     names = {h.name for h in out}
-    trained = [h for h in out if h.type not in ("pretrained", "identity", "random") and h.init_of is None]
+    trained = [h for h in out if h.type not in UNTRAINED_HEAD_TYPES and h.init_of is None]
     if "init" in kinds:
         copies = {h.init_of for h in out if h.init_of is not None}
         for head in trained:
