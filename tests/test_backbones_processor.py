@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from headprobe.backbones import Preprocess, load_backbone
-from headprobe.backbones.processor import ProcessorPreprocess
+from headprobe.backbones.processor import LIBRARIES, PROCESSORS, ProcessorPreprocess, processor_preprocess
 from headprobe.features.extract import extract, feature_key, normalise_only
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -230,3 +230,22 @@ def test_plain_preprocess_and_its_cache_keys_are_unchanged():
                              "interpolation": "bicubic", "resize_mode": "shortest"}
     image = photos()["odd"]
     assert pre(image).shape == (3, 224, 224) and type(pre.with_resolution(112)) is Preprocess
+
+
+@pytest.mark.parametrize(("library", "settings", "expected"), [
+    ("transformers", {"size": {"shortest_edge": 256}, "crop_size": {"height": 224, "width": 224}},
+     (128, {"crop_size": {"height": 112, "width": 112}, "size": {"shortest_edge": 128}})),
+    ("transformers", {"size": {"height": 224, "width": 224}}, (128, {"size": {"height": 128, "width": 128}})),
+    ("open_clip", {"size": [224, 224]}, (112, {"size": [112, 112]})),
+    ("timm", {"input_size": [3, 224, 224], "crop_pct": 0.875}, (128, {"crop_pct": 0.875, "input_size": [3, 112, 112]})),
+])
+def test_each_library_declares_how_its_processor_takes_another_crop(library, settings, expected):
+    """One declaration per library (`PROCESSORS`), no `library ==` branches: the settings at crop 112 are those each
+    library's own processor computes (the values before the processors were declared)."""
+    assert LIBRARIES == tuple(PROCESSORS) == ("transformers", "open_clip", "timm")
+    described = Preprocess(resize=256, crop=224, mean=(0.5,) * 3, std=(0.5,) * 3)
+    scaled = processor_preprocess(described, library, settings).with_resolution(112)
+    assert (scaled.resize, json.loads(scaled.settings)) == expected and scaled.crop == 112
+    with pytest.raises(ValueError, match="library 'pil' is not supported; use one of transformers, open_clip, timm"):
+        ProcessorPreprocess(**{f.name: getattr(described, f.name) for f in dataclasses.fields(Preprocess)},
+                            library="pil")

@@ -7,6 +7,9 @@
 - ``timm``: `timm.data.create_transform(**timm.data.resolve_data_config(model=model))`, after the RGB conversion
   timm's datasets do when they read an image.
 
+Each library is declared once, as a `LibraryProcessor` in `PROCESSORS` (how its object is built from the saved
+settings, called, cut before normalisation and moved to another crop size); nothing else branches on the library.
+
 The clean features of `hf:`, `open_clip:` and `timm:` backbones are computed from exactly these pixels, so they
 equal the features a user's own pipeline computes (re-implementing the processors with torchvision was off by a
 crop column and by resampling rounding: benchmarks/results/preprocess.json). The processor's configuration is
@@ -31,8 +34,6 @@ import torch
 
 from .base import Preprocess
 
-LIBRARIES = ("transformers", "open_clip", "timm")
-
 
 @dataclass(frozen=True)
 class ProcessorPreprocess(Preprocess):
@@ -50,7 +51,8 @@ class ProcessorPreprocess(Preprocess):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.library not in LIBRARIES:
-            raise ValueError(f"image processor library {self.library!r} is not supported; use one of {LIBRARIES}.")
+            raise ValueError(f"image processor library {self.library!r} is not supported; use one of "
+                             f"{', '.join(LIBRARIES)}.")
 
     def transform(self) -> Callable:
         return _processor(self.library, self.settings)
@@ -67,20 +69,8 @@ class ProcessorPreprocess(Preprocess):
     def with_resolution(self, crop: int) -> ProcessorPreprocess:
         """The same processor at another crop size: resize scaled by the same ratio (timm: crop / crop_pct, as
         timm computes it)."""
-        scaled = super().with_resolution(crop)
         settings = json.loads(self.settings)
-        if self.library == "transformers":
-            size = settings.get("size") or {}
-            settings["size"] = ({"shortest_edge": scaled.resize} if "shortest_edge" in size
-                                else {"height": scaled.resize, "width": scaled.resize})
-            if settings.get("crop_size"):
-                settings["crop_size"] = {"height": crop, "width": crop}
-        elif self.library == "open_clip":
-            settings["size"] = [crop, crop] if isinstance(settings.get("size"), list) else crop
-            scaled = dataclasses.replace(scaled, resize=crop)
-        else:
-            settings["input_size"] = [3, crop, crop]
-            scaled = dataclasses.replace(scaled, resize=math.floor(crop / (settings.get("crop_pct") or 1.0)))
+        scaled = PROCESSORS[self.library].rescale(settings, super().with_resolution(crop), crop)
         return dataclasses.replace(scaled, settings=json.dumps(settings, sort_keys=True))
 
     def to_dict(self) -> dict:
@@ -102,42 +92,111 @@ def transformers_settings(processor) -> dict[str, Any]:
     return {**json.loads(processor.to_json_string()), "image_processor_type": type(processor).__name__}
 
 
-@functools.lru_cache(maxsize=16)
-def _library_processor(library: str, settings: str):
-    """The library's own object: a transformers image processor, or open_clip's / timm's torchvision `Compose`."""
-    config = json.loads(settings)
-    if library == "transformers":
+class LibraryProcessor:
+    """What headprobe needs of one library's image processor: `build` its own object from the saved settings,
+    `call` it on an image, take its `frames` (pixels before scaling and normalisation), and `rescale` its settings
+    to another crop size. One subclass per library, declared once in `PROCESSORS`."""
+
+    name: str
+
+    def build(self, config: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def call(self, own) -> Callable:
+        return own
+
+    def frames(self, own) -> Callable:
+        return _before_normalisation(self.name, own)
+
+    def rescale(self, settings: dict[str, Any], scaled: Preprocess, crop: int) -> Preprocess:
+        """Change `settings` (in place) for `crop`; returns `scaled` (`Preprocess.with_resolution`) as adjusted."""
+        raise NotImplementedError
+
+
+class TransformersProcessor(LibraryProcessor):
+    name = "transformers"
+
+    def build(self, config):
         import transformers
 
         return getattr(transformers, config["image_processor_type"]).from_dict(config)
-    if library == "open_clip":
+
+    def call(self, own):
+        return functools.partial(_call_transformers, own)
+
+    def frames(self, own):
+        return functools.partial(_transformers_frame, own)
+
+    def rescale(self, settings, scaled, crop):
+        size = settings.get("size") or {}
+        settings["size"] = ({"shortest_edge": scaled.resize} if "shortest_edge" in size
+                            else {"height": scaled.resize, "width": scaled.resize})
+        if settings.get("crop_size"):
+            settings["crop_size"] = {"height": crop, "width": crop}
+        return scaled
+
+
+class OpenClipProcessor(LibraryProcessor):
+    name = "open_clip"
+
+    def build(self, config):
         from open_clip.transform import PreprocessCfg, image_transform_v2
 
         return image_transform_v2(PreprocessCfg(**config), is_train=False)
-    import timm.data
 
-    return timm.data.create_transform(**config)
+    def rescale(self, settings, scaled, crop):
+        settings["size"] = [crop, crop] if isinstance(settings.get("size"), list) else crop
+        return dataclasses.replace(scaled, resize=crop)
+
+
+class TimmProcessor(LibraryProcessor):
+    name = "timm"
+
+    def build(self, config):
+        import timm.data
+
+        return timm.data.create_transform(**config)
+
+    def call(self, own):
+        return functools.partial(_call_timm, own)
+
+    def frames(self, own):
+        return functools.partial(_call_timm, _before_normalisation(self.name, own))
+
+    def rescale(self, settings, scaled, crop):
+        settings["input_size"] = [3, crop, crop]
+        return dataclasses.replace(scaled, resize=math.floor(crop / (settings.get("crop_pct") or 1.0)))
+
+
+# The libraries whose own processors headprobe calls, each declared once.
+PROCESSORS: dict[str, LibraryProcessor] = {p.name: p for p in (TransformersProcessor(), OpenClipProcessor(),
+                                                               TimmProcessor())}
+LIBRARIES = tuple(PROCESSORS)
+
+
+@functools.lru_cache(maxsize=16)
+def _library_processor(library: str, settings: str):
+    """The library's own object: a transformers image processor, or open_clip's / timm's torchvision `Compose`."""
+    return PROCESSORS[library].build(json.loads(settings))
 
 
 @functools.lru_cache(maxsize=16)
 def _processor(library: str, settings: str) -> Callable:
-    own = _library_processor(library, settings)
-    if library == "transformers":
-        return functools.partial(_call_transformers, own)
-    return own if library == "open_clip" else functools.partial(_call_timm, own)
+    return PROCESSORS[library].call(_library_processor(library, settings))
 
 
 @functools.lru_cache(maxsize=16)
 def _frames(library: str, settings: str) -> Callable:
-    own = _library_processor(library, settings)
-    if library == "transformers":
-        return functools.partial(_transformers_frame, own)
+    return PROCESSORS[library].frames(_library_processor(library, settings))
+
+
+def _before_normalisation(library: str, own):
+    """A torchvision `Compose` without its last two steps (to tensor, normalise)."""
     steps = own.transforms
     if [type(t).__name__ for t in steps[-2:]] not in (["MaybeToTensor", "Normalize"], ["ToTensor", "Normalize"]):
         raise ValueError(f"the {library} transform {own} does not end in ToTensor and Normalize, so headprobe "
                          "cannot take its pixels before normalisation, which orbit probes sweep.")
-    geometric = type(own)(steps[:-2])
-    return geometric if library == "open_clip" else functools.partial(_call_timm, geometric)
+    return type(own)(steps[:-2])
 
 
 def _given_to(processor, image):
