@@ -2,6 +2,7 @@
 checkpoints and the run record all go through it."""
 
 import os
+
 import pytest
 
 from headprobe.parallel.atomic import replace_atomically
