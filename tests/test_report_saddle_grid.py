@@ -98,3 +98,23 @@ def test_runs_of_a_sweep_pool_into_one_grid():
         run["saddle_grid"] = saddle_grid(run)
     text = grid_text({f"r{i}": r for i, r in enumerate(runs)})
     assert text.count("run r") == 3 and "pooled over the 3 runs" in text and "| swish | collapsed | 2 | 14/20 |" in text
+
+
+def test_runs_at_several_learning_rates_get_a_cell_per_rate():
+    """The paper's activation × BN × lr grid: a sweep over train.lr pools each kind per rate, never across rates;
+    runs at one rate keep the plain kind."""
+    def one(act, bn, lr, tally):
+        return {"name": "g", "recipe": {"train": {"lr": lr}},
+                "heads": {"head": {"config": {"type": "mlp", "act": act, "bn_hidden": bn}, "tracked": {"0": tally}}},
+                "protocol": {"train": {"collapse_start": {"head": {"requested": True}}}}}
+
+    runs = [one("swish", False, 0.005, _tally(10, 9, 8, 9)), one("swish", False, 0.5, _tally(10, 2, 1, 3)),
+            one("relu", True, 0.005, _tally(10, 10, 0, 10)), one("swish", False, 0.005, _tally(10, 7, 7, 7))]
+    rows = {(r["kind"], r["start"]): r for r in saddle_grid(runs)}
+    assert set(rows) == {("swish, lr 0.005", "collapsed"), ("swish, lr 0.5", "collapsed"),
+                         ("relu+bn, lr 0.005", "collapsed")}
+    low = rows["swish, lr 0.005", "collapsed"]
+    assert (low["n_seeds"], low["tracked"], low["collapsed"], low["saddle_collapsed"]) == (2, 20, 16, 15)
+    assert low["paper"] == "72/100" and rows["relu+bn, lr 0.005", "collapsed"]["paper"] == ""
+    same = [one("swish", False, 0.05, _tally(10, 9, 8, 9)), one("swish", False, 0.05, _tally(10, 2, 1, 3))]
+    assert [r["kind"] for r in saddle_grid(same)] == ["swish"]

@@ -2,19 +2,26 @@
 
 Claim 4 is about the head (PAPER.md): "at a (pseudo-)collapsed state a Swish/GELU head gives negative Hessian
 eigenvalues; linear and ReLU heads under gradient flow do not". A negative λ_min of the training loss can also come
-from the objective (SimSiam's ∇²_h L is indefinite) or from the predictor's BatchNorm. Each control below answers
-one alternative explanation at the same state (`head_controls`):
+from the objective (SimSiam's ∇²_h L is indefinite) or from the predictor's BatchNorm. A control is kept only if it
+can come out differently at a collapsed state, where the two views' outputs coincide (`head_controls`):
 
-- "no_predictor": the objective with the predictor removed (SimSiam's cosine on h itself). Rules out the
-  predictor (its weights and its BatchNorm) as the source. (Its BatchNorm alone, on running statistics, is
-  `gm_split`'s "lambda_min_predictor_bn_running".)
 - "swapped_act": the head's activation swapped between piecewise-linear and smooth at the same weights (ReLU ↔
-  Swish, GELU/Swish/tanh → ReLU). If λ_min moves with the activation alone, the head's smoothness is what matters;
-  if not, it is not.
-- "target_loss": L = ½·mean_i ‖h_i − t_i‖² for fixed random targets t (seeded): ∇²_h L = I/B ⪰ 0, so the G-term
-  is PSD and a negative λ_min can only come from the M-term Σ_i [∇_h L]_i ∇²_z h_i; and ∇_h L = (h − t)/B ≠ 0 at
-  collapse, unlike an alignment loss (25·MSE) whose gradient vanishes at a collapsed minimum and with it the
-  M-term of every head. Rules out "a smooth head is never negative on its own".
+  Swish, GELU/Swish/tanh → ReLU). Rules out the activation's smoothness as the source where λ_min does not move
+  with the swap. The head's BatchNorm is kept (on batch statistics, as in training), so for a BatchNorm head the
+  swap moves only the activation's part: BatchNorm's own part of the head's share is `share_head_bn`
+  (`gm_split.split_curvature`, `bn_share.head_bn_split`), recorded beside it.
+- "head_curvature": λ_min under L = ½·mean_i ‖h_i − t_i‖² for fixed random targets t (seeded): ∇²_h L = I/B ⪰ 0,
+  so the G-term is PSD and λ_min < 0 only through the head's M-term Σ_i [∇_h L]_i ∇²_z h_i; ∇_h L = (h − t)/B ≠ 0
+  at collapse. It asks whether the head's own curvature at this state is strong enough to make *some* loss with
+  a gradient bend down, i.e. it reads claim 3's M-term at the collapsed state (0 for linear and ReLU heads without
+  BatchNorm), not whether the training loss's collapse is a saddle. Rules out "the head cannot bend the loss down
+  on its own at this state" (runs recorded before the rename say "target_loss": `lambda_min_target_loss`).
+
+Dropped: "no_predictor" (SimSiam's cosine on h itself). At collapse h1 = h2, so −cos(h1, h2) is at its minimum:
+∇_h L = 0 (the M-term vanishes for every head) and ∇²_h L ⪰ 0, so its λ_min is ≥ 0 up to the views' spread for
+any head and cannot separate anything (`tests/test_geometry_controls.py` checks it on a collapsed Swish+BN head).
+The predictor's BatchNorm is ruled in or out by "lambda_min_predictor_bn_running" (`gm_split`); runs recorded
+before keep their `lambda_min_no_predictor` keys, which nothing reads.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from headprobe.geometry.hessian import hvp_fn
 
 PIECEWISE_LINEAR = (nn.ReLU, nn.LeakyReLU, nn.Identity)
 SMOOTH = (nn.SiLU, nn.GELU, nn.Tanh, nn.Softplus, nn.ELU, nn.Sigmoid)
-CONTROLS = ("no_predictor", "swapped_act", "target_loss")
+CONTROLS = ("swapped_act", "head_curvature")
 
 
 def swapped_activation(head: nn.Module) -> tuple[nn.Module, str] | None:
@@ -82,13 +89,12 @@ def _lambda_min(loss_of_z: Callable[[torch.Tensor], torch.Tensor], z: torch.Tens
             f"converged_{name}": ext["converged_min"]}
 
 
-def head_controls(head: nn.Module, z: torch.Tensor, objective_fn, objective_without_predictor=None, k: int = 1,
-                  tol: float = 1e-3, max_iter: int = 40, seed: int = 0) -> dict:
+def head_controls(head: nn.Module, z: torch.Tensor, objective_fn, k: int = 1, tol: float = 1e-3, max_iter: int = 40,
+                  seed: int = 0) -> dict:
     """λ_min (Lanczos, `scaled_extremes`) of the Hessian w.r.t. the stacked batch z = [z1; z2]: (2B, D) under each
     control in `CONTROLS`, at the head's current weights and in the caller's BatchNorm mode.
 
-    objective_fn: (h1, h2) → loss (a tensor or a LossTerms), the training objective; objective_without_predictor:
-    the same objective with the predictor removed (None: the run has no predictor, no "no_predictor" control).
+    objective_fn: (h1, h2) → loss (a tensor or a LossTerms), the training objective (the swap runs under it).
     Returns, per control c run, "lambda_min_c", "lambda_max_c", "error_bound_min_c", "negative_c" (λ_min below
     −max(error bound, round-off)), "converged_c"; "swapped_act" the swap made ("none" for a head without
     activation); "controls" the names run."""
@@ -101,9 +107,6 @@ def head_controls(head: nn.Module, z: torch.Tensor, objective_fn, objective_with
 
     out: dict = {}
     run = []
-    if objective_without_predictor is not None:
-        out |= _lambda_min(through(head, objective_without_predictor), z, k, tol, max_iter, seed, "no_predictor")
-        run.append("no_predictor")
     swapped = swapped_activation(head)
     out["swapped_act"] = "none" if swapped is None else swapped[1]
     if swapped is not None:
@@ -113,7 +116,7 @@ def head_controls(head: nn.Module, z: torch.Tensor, objective_fn, objective_with
         h = head(z)
     targets = target_loss(h.shape, h.dtype, h.device, seed + 3)
     out |= _lambda_min(lambda x: targets(torch.cat([head(x[:n]), head(x[n:])])), z, k, tol, max_iter, seed,
-                       "target_loss")
-    run.append("target_loss")
+                       "head_curvature")
+    run.append("head_curvature")
     out["controls"] = run
     return out

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from headprobe.geometry.bn_share import head_bn_split
 from headprobe.geometry.extremes import negative_beyond_bound, scaled_extremes
 from headprobe.geometry.hessian import HessianVectorProduct, hvp_fn
 from headprobe.geometry.pullback import BATCHNORMS, batchnorm_mode
@@ -137,6 +138,13 @@ def split_curvature(head: nn.Module, loss_of_h, z: torch.Tensor, full_hvp, full:
                   "error_bound_min_predictor_bn_running": float(r["error_bounds"][0]),
                   "negative_predictor_bn_running": negative_beyond_bound(r)}
     shares = curvature_shares(ops, full["vectors"][:, 0], loss_h_running)
+    if has_batchnorm(head):  # the head's BatchNorm as its own share: vᵀMv = activation's part + BatchNorm's, exactly
+        act = head_bn_split(head, loss_of_h, ops.z.detach(), full["vectors"][:, 0])["rayleigh_head_act"]
+        bn = shares["rayleigh_head"] - act
+        total = shares["rayleigh_sum"]
+        extra |= {"rayleigh_head_act": act, "rayleigh_head_bn": bn,
+                  "share_head_act": act / total if total != 0 else math.nan,
+                  "share_head_bn": bn / total if total != 0 else math.nan}
     return {
         "lambda_min_gterm": float(g["values"][0]),
         "lambda_max_gterm": float(g["values"][-1]),

@@ -39,8 +39,7 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
                        tol: float = 1e-3, max_iter: int = 40, wrt: str = "representation",
                        predictor: nn.Module | None = None, batchnorm: str = "batch", seed: int = 0,
                        split: bool = False, stat_rows: torch.Tensor | None = None,
-                       collapse_threshold: float | None = None, controls: bool = False,
-                       objective_without_predictor: ObjectiveFn | None = None) -> dict:
+                       collapse_threshold: float | None = None, controls: bool = False) -> dict:
     """λ_min, λ_max of the loss Hessian on one batch, by Lanczos, and collapse statistics of the head outputs.
 
     z1, z2: (B, D) backbone representations of two views. The loss is objective_fn(head(z1), head(z2)) (a tensor
@@ -74,7 +73,9 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
     (λ_min < −max(error bound, round-off)), "negative_gterm", "negative_loss_h" (the same test on each piece); the
     shares at λ_min's eigenvector v (`gm_split.curvature_shares`): "rayleigh_head" (vᵀMv), "rayleigh_objective",
     "rayleigh_predictor_bn", "rayleigh_sum", "share_head", "share_objective", "share_predictor_bn" (each / the
-    sum); "curvature_source": "none" (H not negative beyond its bound) or the part with the most negative quotient
+    sum); for a head with BatchNorm, the head's part split exactly into its activation's and its BatchNorm's
+    (`bn_share.head_bn_split`): "rayleigh_head_act", "rayleigh_head_bn", "share_head_act", "share_head_bn";
+    "curvature_source": "none" (H not negative beyond its bound) or the part with the most negative quotient
     ("head", "objective", "predictor_bn"), with "attribution_rule"; "split_consistency" ‖(G + M − H)u‖/‖Hu‖ for a
     random unit u; "split_converged"; "n_hvp_split" (its Hessian-vector products: its cost, next to the
     snapshot's "n_hvp").
@@ -82,7 +83,7 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
     collapse_threshold: the run's `geometry.collapse_threshold` t; the record then says "collapsed" (out_std ≤
     t/√out, `collapse.collapse_criterion`) and "collapse_bound" (t/√out), so a point taken after the head left
     collapse is not counted as evidence about a collapsed state. controls=True adds `controls.head_controls` at
-    the same state (objective_without_predictor: the objective with the predictor removed, for "no_predictor").
+    the same state.
 
     Returns a flat, JSON-ready dict: "wrt", "dim", "loss", "lambda_min", "lambda_max", "eigenvalues" (2k,
     ascending), "residual_min", "residual_max", "error_bound_min", "error_bound_max", "converged", "n_hvp",
@@ -128,8 +129,7 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
         if split:
             extra = split_curvature(head, loss_of_h, torch.cat([z1, z2]), hvp, full, k, tol, max_iter, seed, predictor)
         if controls:
-            extra |= head_controls(head, torch.cat([z1, z2]), objective_fn, objective_without_predictor, k, tol,
-                                   max_iter, seed)
+            extra |= head_controls(head, torch.cat([z1, z2]), objective_fn, k, tol, max_iter, seed)
         with torch.no_grad():
             h1 = head(rows.to(dtype=z1.dtype))
     values = full["values"]

@@ -33,8 +33,8 @@ CSV_COLUMNS = ("run", "question", "measure", "role", "head", "tap", "backbone", 
 NOT_MEASURED = "not measured"
 FOOTNOTE = ("trained: each head's loss curve (converged = trained; barely trained, still falling, not trained: "
             "read its answer with care; trained?: too few logged steps to tell). not measured: the run did not "
-            "measure the question's primary measure at that head. Geometry questions (Q-whiten, Q-split, Q-saddle) "
-            "give the head's own value [95% CI], with the count of states where there is one.")
+            "measure the question's primary measure at that head. Geometry questions (Q-whiten, Q-metric, Q-split, "
+            "Q-saddle) give the head's own value [95% CI], with the count of states where there is one.")
 
 
 def training_lines(run_dirs: Mapping[str, str | Path]) -> dict[str, dict[str, str]]:

@@ -145,6 +145,12 @@ def _start(results: Mapping, name: str) -> str:
     return "collapsed" if begin.get("requested") else "normal"
 
 
+def _lr(results: Mapping) -> float | None:
+    """The run's recipe learning rate (train.lr), None where it has none."""
+    lr = ((results.get("recipe") or {}).get("train") or {}).get("lr")
+    return float(lr) if _number(lr) else None
+
+
 def _clusters(tallies: Sequence[Mapping], key: str) -> list[list[int]]:
     return [[1] * t[key] + [0] * (t["tracked"] - t[key]) for t in tallies if t["tracked"]]
 
@@ -162,15 +168,19 @@ def saddle_grid(results: Mapping | Sequence[Mapping]) -> list[dict]:
     "tracked", "collapsed", "saddle_collapsed", "saddle", "collapsed_share" / "saddle_collapsed_share" /
     "saddle_share" (each `proportion_interval` of the tracked points, clustered by trajectory: value, ci95, ...;
     None without points), "escape_drive_max" (the largest trajectory's Σ lr·|λ_min|·Δsteps), "escape_step" (per
-    trajectory), "paper". Rows in the order the heads appear; [] when nothing was tracked."""
+    trajectory), "paper". Rows in the order the heads appear; [] when nothing was tracked. Runs at several learning
+    rates (a sweep over train.lr: the paper's activation × BN × lr grid) get a cell per lr as well, the kind read
+    "swish, lr 0.005"."""
     runs = [results] if isinstance(results, Mapping) else list(results)
+    by_lr = len({_lr(run) for run in runs}) > 1  # runs at several learning rates: the lr is an axis of the grid
     cells: dict[tuple[str, str], dict] = {}
     for i, run in enumerate(runs):
         for name, head in (run.get("heads") or {}).items():
             tracked = head.get("tracked") or {}
             if not tracked:
                 continue
-            key = (head_kind(head.get("config") or {}), _start(run, name))
+            kind = head_kind(head.get("config") or {})
+            key = (f"{kind}, lr {_lr(run):g}" if by_lr and _number(_lr(run)) else kind, _start(run, name))
             cell = cells.setdefault(key, {"heads": [], "tallies": [], "escape": {}})
             label = name if len(runs) == 1 else f"{run.get('name') or 'run'}#{i}:{name}"
             cell["heads"].append(label)
@@ -187,7 +197,7 @@ def saddle_grid(results: Mapping | Sequence[Mapping]) -> list[dict]:
                      "saddle_collapsed_share": _interval(_clusters(tallies, "saddle_collapsed")),
                      "saddle_share": _interval(_clusters(tallies, "saddle")),
                      "escape_drive_max": max(drives) if drives else None, "escape_step": cell["escape"],
-                     "paper": PAPER_GRID.get((kind, start), "")})
+                     "paper": PAPER_GRID.get((kind.split(", lr ")[0], start), "")})
     return rows
 
 

@@ -5,7 +5,6 @@ rows its collapse statistics are taken on. Called by the training loop (`engine`
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 
 def tracked_stat_rows(source, track, rows_seed: int) -> torch.Tensor | None:
@@ -32,12 +31,10 @@ def track_curvature(state, objective, options: dict, z1: torch.Tensor, z2: torch
     rows = min(track.track_rows, len(z1))
     fixed = stat_rows is not None
     controls = getattr(track, "track_controls", False)
-    without = objective_closure(objective, options, nn.Identity()) if controls and state.predictor is not None else None
     snap = curvature_snapshot(state.head, z1[:rows], z2[:rows], objective_closure(objective, options, state.predictor),
                               predictor=state.predictor, max_iter=track.track_max_iter, seed=seed,
                               split=getattr(track, "track_split", False), stat_rows=stat_rows if fixed else z1,
-                              collapse_threshold=getattr(track, "collapse_threshold", None), controls=controls,
-                              objective_without_predictor=without)
+                              collapse_threshold=getattr(track, "collapse_threshold", None), controls=controls)
     snap.pop("cov_top_eigenvalues", None)
     record = {"stage": "geometry", "head": state.name, "step": step + 1, "epoch": step // per_epoch,
               **{k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in snap.items()},
