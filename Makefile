@@ -52,7 +52,7 @@ clean:
 # other jobs, not the code. `make bench BENCH_ARGS=` keeps the libraries' own thread counts (a dedicated machine, a
 # GPU); `make bench BENCH_ARGS="--quick --threads 1"` is the one-minute-per-script check.
 BENCH_ARGS ?= --threads 1
-BENCHMARKS := cache multihead knn linear augment_r2 hessian extract intervals memmap sharded_probes startup
+BENCHMARKS := cache multihead knn linear augment_r2 hessian extract intervals memmap sharded_probes startup scale
 .PHONY: bench
 
 bench: $(STAMP)

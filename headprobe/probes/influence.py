@@ -16,11 +16,13 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_features
+from . import spectrum
 
 __all__ = ["gaussian_mi_per_pair", "rankme_per_row"]
 
 
-def rankme_per_row(z: torch.Tensor, eps: float = 1e-7, value: float | None = None) -> torch.Tensor:
+def rankme_per_row(z: torch.Tensor, eps: float = 1e-7, value: float | None = None,
+                   chunk_rows: int | None = None) -> torch.Tensor:
     """z: (N, D) -> (N,) float64 values g whose mean is RankMe (`value`, default `spectrum.rankme(z, eps)`) and
     whose resampled mean Σ_i w_i g_i is RankMe of the rows reweighted by N·w, to first order.
 
@@ -28,7 +30,9 @@ def rankme_per_row(z: torch.Tensor, eps: float = 1e-7, value: float | None = Non
     (P_ik − σ_k²/N) / (2σ_k), with ∂R/∂σ_k = R (Σ_j q_j log p_j − log p_k) / Σσ, R = e^H, q = σ / Σσ and p = q + ε.
     A singular value that is 0 stays 0 under every reweighting (the rows span no more), so it carries no term;
     those below 10⁻⁶ σ_max (where the D×D Gram matrix no longer resolves them) carry a negligible one and are
-    left out too. The Gram matrix's eigendecomposition costs half an SVD of z at the quickstart's sizes.
+    left out too. The Gram matrix's eigendecomposition costs half an SVD of z at the quickstart's sizes. The rows'
+    quadratic forms are taken `chunk_rows` rows at a time (default `spectrum.CHUNK_ROWS`), so no (N, D) product is
+    held beside z.
 
     >>> z = torch.randn(200, 4, generator=torch.Generator().manual_seed(0))
     >>> from headprobe.probes.spectrum import rankme
@@ -46,18 +50,22 @@ def rankme_per_row(z: torch.Tensor, eps: float = 1e-7, value: float | None = Non
         raise ValueError("z is all zeros; its singular values define no distribution.")
     q = s / s.sum()
     p = q + eps
+    chunk_rows = spectrum.CHUNK_ROWS if chunk_rows is None else chunk_rows
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be positive but got {chunk_rows}.")
     if value is None:
-        from .spectrum import rankme
-
-        value = rankme(z, eps)
+        value = spectrum.rankme(z, eps, chunk_rows)
     keep = s > s[0] * 1e-6
     d_sigma = value * ((q * p.log()).sum() - p.log()) / s.sum()
     n = z.shape[0]
     # Σ_k c_k P_ik = z_iᵀ (V diag(c) Vᵀ) z_i with c_k = ∂R/∂σ_k / (2σ_k); the −σ_k²/N terms are a constant,
     # removed with the mean.
     c = d_sigma[keep] / (2 * s[keep])
-    form = (vectors[:, keep] * c) @ vectors[:, keep].T
-    influence = n * ((z32 @ form.float()) * z32).sum(dim=1).double()
+    form = ((vectors[:, keep] * c) @ vectors[:, keep].T).float()
+    influence = torch.empty(n, dtype=torch.float64, device=z32.device)
+    for start in range(0, n, chunk_rows):
+        rows = z32[start : start + chunk_rows]
+        influence[start : start + chunk_rows] = n * ((rows @ form) * rows).sum(dim=1).double()
     return value + influence - influence.mean()
 
 
