@@ -102,3 +102,25 @@ def test_a_folder_where_the_lock_belongs_is_refused_with_a_sentence(tmp_path, ca
     assert f"{run / LOCK_NAME} is a folder, where headprobe keeps the run folder's lock file; move it out" \
            in _one_line(capsys)
     assert (run / LOCK_NAME).is_dir() and not (run / "report.html").exists()
+
+
+def test_run_resume_meeting_a_huge_pid_takes_the_lock_over_and_finishes(tmp_path, capsys):
+    """`run --resume` into a finished run whose lock names pid 99999999999999999999 (os.kill would raise
+    OverflowError): one warning, "nothing to do", exit 0, the lock gone and results.json unchanged."""
+    import yaml
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "tiny", "backbone": {"id": "scratch:vit-tiny", "pooling": "cls"},
+        "data": {"source": "sklearn-digits", "limit": {"train": 60, "test": 30}}, "features": {"batch_size": 30},
+        "probes": {"knn": {"ks": [5]}}, "report": False}))
+    out = tmp_path / "run"
+    assert main(["run", str(recipe), "--out", str(out)]) == 0
+    results = (out / "results.json").read_bytes()
+    _plant(out, _holder(99999999999999999999), age_s=30)
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="an unknown process: its file names no process"):
+        assert main(["run", str(recipe), "--out", str(out), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "OverflowError" not in err and "nothing to do" in err
+    assert not (out / LOCK_NAME).exists() and (out / "results.json").read_bytes() == results
