@@ -160,3 +160,19 @@ def test_geometry_answers_are_rows_with_their_value_interval_and_count():
     csv_share = next(r for r in table if r["question"] == "Q-split" and r["role"] == "primary")
     assert float(csv_share["value"]) == share["value"] and float(csv_share["ci_low"]) == low
     assert "57/60" in format_claims(rows, "md") and "57/60" in format_claims(rows, "latex")
+
+
+def test_an_undecided_answer_shows_its_raw_and_holm_p_and_others_do_not():
+    """An interval inside the margin can still be undecided after Holm's correction across heads (the quickstart's
+    lin_bn: +0.0 [−1.5, 1.5] points, p 0.028, Holm 0.055): the table says why in the answer cell."""
+    from headprobe.report.claims_table import answer_cell
+
+    assert answer_cell({"answer": "undecided", "p": 0.0276, "p_holm": 0.0552}) == "undecided (p 0.0276, Holm 0.0552)"
+    assert answer_cell({"answer": "equivalent", "p": 0.01, "p_holm": 0.02}) == "equivalent"
+    assert answer_cell({"answer": "undecided", "p": None, "p_holm": None}) == "undecided"
+    assert answer_cell({"answer": None}) == "—"
+    rows = claims_rows({"r": _results()})
+    table = format_claims(rows, "md")
+    for row in rows:
+        if row.get("answer") == "undecided" and row.get("p") is not None:
+            assert f"undecided (p {row['p']:.3g}, Holm {row['p_holm']:.3g})".replace("-", "−") in table

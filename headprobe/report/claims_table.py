@@ -164,8 +164,18 @@ def _short(value: float) -> str:
 HEADER = ("question", "measure", "run", "head", "z / h(z) (Δ [95% CI], n)", "answer", "trained")
 
 
+def answer_cell(row: Mapping) -> str:
+    """The answer; an undecided one with its p-values beside it (raw, then Holm-adjusted across the question's
+    heads), so an interval that reads resolved but was not after Holm's correction explains itself."""
+    answer = row.get("answer") or "—"
+    p, holm = row.get("p"), row.get("p_holm")
+    if answer == "undecided" and p is not None and holm is not None:
+        return f"undecided (p {_short(p)}, Holm {_short(holm)})"
+    return answer
+
+
 def _cells(row: Mapping) -> list[str]:
-    return [row["question"], row["measure"], row["run"], row["head"], paper_cell(row), row.get("answer") or "—",
+    return [row["question"], row["measure"], row["run"], row["head"], paper_cell(row), answer_cell(row),
             row.get("trained") or "—"]
 
 
