@@ -2,8 +2,8 @@
 feature-cache bytes against the files the run wrote.
 
 Each recipe runs cold as `python -m headprobe run RECIPE --out TMP` in a fresh process with its own empty
-HEADPROBE_CACHE; its peak RSS is that process's (and its children's) ru_maxrss, read with resource.getrusage once it
-has exited. The plan is computed from the same recipe (and --set values) beforehand, without torch.
+HEADPROBE_CACHE; its peak RSS is that process's ru_maxrss (and its waited-for children's), read with os.wait4 when it
+exits. The plan is computed from the same recipe (and --set values) beforehand, without torch.
 
     python benchmarks/bench_plan_rss.py [--quick] [--recipes recipes/quickstart.yaml recipes/offline_whiten.yaml]
 
@@ -13,7 +13,6 @@ has exited. The plan is computed from the same recipe (and --set values) beforeh
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -37,15 +36,17 @@ def measure(recipe: str, overrides: list[str]) -> dict:
         argv = [sys.executable, "-m", "headprobe", "run", recipe, "--out", str(Path(tmp) / "run")]
         for item in overrides:
             argv += ["--set", item]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         t0 = time.perf_counter()
-        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+        child = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True)
+        stderr = child.stderr.read()
+        # os.wait4: this child's own rusage (RUSAGE_CHILDREN would be the largest peak of every child so far)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.perf_counter() - t0
-        if done.returncode != 0:
-            raise SystemExit(f"{recipe} failed ({done.returncode}): {done.stderr[-1500:]}")
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        if peak <= before:
-            print(f"warning: an earlier child's peak ({before} KiB) hides this one's", file=sys.stderr)
+        if child.returncode != 0:
+            raise SystemExit(f"{recipe} failed ({child.returncode}): {stderr[-1500:]}")
+        peak = usage.ru_maxrss
         cache = Path(tmp) / "cache"
         files = [p for p in cache.rglob("*.safetensors") if p.parent.name in ("features", "views")]
         return {"peak_rss_bytes": peak * 1024, "seconds": round(seconds, 1),
