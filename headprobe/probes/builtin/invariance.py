@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from headprobe.registry import POSITIVE
 
-from ..declaration import INVARIANCE, Metric, Probe
+from ..declaration import CHUNKS, INVARIANCE, Metric, Probe
 from ..tap_data import ProbeOutput, TapData, need_views
 
 
@@ -76,7 +76,10 @@ def measure_invariance(tap: TapData, *, uniformity_t: float, chunk_rows: int | N
 
 INVARIANCE = Probe(
     "invariance", measure_invariance, "alignment, uniformity, view cosine and LiDAR over the augmented views",
-    options=InvarianceSpec, needs=("views",), cost=2.0, cost_source="benchmarks/results/probe_costs.json",
+    options=InvarianceSpec, needs=("views",), reads=CHUNKS,
+    reads_why="blocks of images, spectrum.image_blocks; holds, for its intervals, the first views on the sphere "
+              "and the view centroids, (N_v, D) each",
+    cost=2.0, cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("align", "mean squared distance between two views of an image, L2-normalised (Wang & Isola)",
                "squared distance on the unit sphere, in [0, 4]",

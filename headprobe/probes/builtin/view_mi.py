@@ -8,7 +8,7 @@ from typing import Literal
 
 from headprobe.registry import POSITIVE, at_least
 
-from ..declaration import INVARIANCE, PROTOCOL, Metric, Probe
+from ..declaration import CHUNKS, INVARIANCE, PROTOCOL, Metric, Probe
 from ..tap_data import ProbeOutput, TapData, need_views
 
 
@@ -85,7 +85,10 @@ def measure_view_mi(tap: TapData, *, batch_size: int, temperature: float, pca_di
 VIEW_MI = Probe(
     "view_mi", measure_view_mi,
     "MI between two views: InfoNCE (cosine critic, with its log B ceiling) and Gaussian/CCA",
-    options=ViewMISpec, needs=("views",), cost=1.3, cost_source="benchmarks/results/probe_costs.json",
+    options=ViewMISpec, needs=("views",), reads=CHUNKS,
+    reads_why="blocks of images and InfoNCE batches; holds the (N_v, k) principal scores, and with critic: "
+              "separable the critic's training and held-out pairs",
+    cost=1.3, cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("mi.infonce", "InfoNCE lower bound on the mutual information between two views",
                "nats (at most log batch size)", "higher = views more predictable from each other (more invariance)",
