@@ -192,7 +192,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             continue
         table = Table(title=family, title_justify="left", show_header=False, box=None, padding=(0, 2))
         for entry in registry:
-            table.add_row(f"[bold]{escape(entry.usage)}[/]", escape(entry.help))
+            help = entry.help if entry.reading is None else f"{entry.help}; {entry.reading}"
+            table.add_row(f"[bold]{escape(entry.usage)}[/]", escape(help))
         console.print(table)
     return EXIT_OK
 

@@ -116,6 +116,8 @@ class Entry:
     # (layers a `backbone.layer` can name), "patch" (ViT patch size), "whole_patches" (resolution must be a
     # multiple of the patch), or for a family of names "patch_pattern" (a regex whose group 1 is the patch size).
     shape: dict | None = None
+    # A declared probe's `Probe.reading` ("reads: chunks" or "reads: whole (why)"), which `headprobe list` prints.
+    reading: str | None = None
 
     def load(self) -> Any:
         return _import(self.target)
@@ -234,7 +236,7 @@ class Registry:
                                  f"{declared.name!r}; give both the same name.")
             self._check_needs(name, tuple(declared.needs))
             self._entries[name] = Entry(name, target, declared.help, declared.usage or name, tuple(declared.needs),
-                                        declared.options)
+                                        declared.options, reading=getattr(declared, "reading", None))
         return self._entries[name]
 
     def get(self, name: str) -> Any:

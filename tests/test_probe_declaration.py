@@ -13,7 +13,18 @@ import pytest
 
 from headprobe.cli import main
 from headprobe.pipeline.probe_sharing import prior_costs, share_of_probes
-from headprobe.probes.declaration import CLASS_CHANCE, INFORMATION, Metric, Probe, declared_probe, fill
+from headprobe.probes.declaration import (
+    CHUNKS,
+    CLASS_CHANCE,
+    INFORMATION,
+    READS,
+    WHOLE,
+    Metric,
+    Probe,
+    declared_probe,
+    declared_probes,
+    fill,
+)
 from headprobe.recipe import RecipeError, load_recipe
 from headprobe.registry import PROBES
 from headprobe.report.glossary import describe_metric, is_protocol_value, tooltip
@@ -161,6 +172,30 @@ def test_a_probe_declaration_names_inputs_that_exist_and_a_positive_cost():
         Probe("p", print, "help", cost=0)
     with pytest.raises(ValueError, match="options must be a dataclass"):
         Probe("p", print, "help", options=dict)
+
+
+def test_every_builtin_probe_declares_how_it_reads_its_tap_and_list_shows_it(capsys):
+    builtin = [probe for probe in declared_probes() if probe.function.__module__.startswith("headprobe.probes.builtin")]
+    assert {probe.name for probe in builtin} >= {"linear", "knn", "spectrum", "invariance", "view_mi", "rotation",
+                                                 "augment_r2", "orbits"}
+    for probe in builtin:
+        assert probe.reads in READS, f"probe {probe.name!r} does not declare reads= (chunks or whole, with why)"
+        assert probe.reads == CHUNKS or probe.reads_why, probe.name
+    # The streaming ones are those whose chunk tests compare to the whole computation (tests/test_probes_knn.py,
+    # test_spectrum_chunks.py, test_view_chunks.py).
+    assert {p.name for p in builtin if p.reads == CHUNKS} == {"knn", "spectrum", "invariance", "view_mi"}
+    assert main(["list", "probes"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "reads its tap in chunks" in out and "reads its tap whole: the logistic fits" in out
+
+
+def test_reading_a_tap_whole_needs_a_reason():
+    with pytest.raises(ValueError, match="reads its tap whole; say why"):
+        Probe("p", print, "help", reads=WHOLE)
+    with pytest.raises(ValueError, match="choose one of chunks, whole"):
+        Probe("p", print, "help", reads="streamed")
+    assert Probe("p", print, "help", reads=WHOLE, reads_why="a solver").reading == "reads its tap whole: a solver"
+    assert Probe("p", print, "help").reading == "reads its tap: undeclared"  # an old-style plug-in's
 
 
 def test_a_registry_line_and_its_declaration_must_agree_on_the_name(centroid_probe):

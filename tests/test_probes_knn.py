@@ -63,6 +63,28 @@ def test_chunk_size_does_not_change_predictions():
     assert small.metrics == large.metrics
 
 
+@pytest.mark.parametrize("prefilter", [False, True])
+def test_bank_read_in_blocks_smaller_than_n_and_k_changes_no_bit(prefilter):
+    train, train_labels, test, test_labels = as_tensors(*make_data())
+    train = torch.cat([train, train[:40]])  # exact ties across blocks: the smaller index must stay the nearer
+    train_labels = torch.cat([train_labels, train_labels[:40]])
+    ks = (1, 3, 20)
+    whole = knn(train, train_labels, test, test_labels, ks=ks, prefilter=prefilter, bank_rows=len(train))
+    blocked = knn(train, train_labels, test, test_labels, ks=ks, prefilter=prefilter, bank_rows=7, chunk_size=5)
+    for k in ks:
+        assert torch.equal(blocked.predictions[k], whole.predictions[k])
+    assert blocked.metrics == whole.metrics and blocked.protocol["bank_rows"] == 7
+    # The neighbours themselves, similarities and indices, bit for bit (exact equality: the similarities are
+    # canonical, so no block sees another value).
+    sims, idx, _ = KNN_MODULE.bank_search(train, test, 20, prefilter=prefilter, bank_rows=len(train))
+    block_sims, block_idx, stats = KNN_MODULE.bank_search(train, test, 20, prefilter=prefilter, bank_rows=7,
+                                                          chunk_size=5)
+    assert torch.equal(block_sims, sims) and torch.equal(block_idx, idx)
+    assert (stats is None) is not prefilter
+    if prefilter:
+        assert stats["queries"] == len(test) * -(-len(train) // 7)
+
+
 @pytest.mark.parametrize("k", [1, 4, 15])
 def test_uniform_weighting_matches_sklearn(k):
     train, train_labels, test, test_labels = make_data(seed=1)

@@ -1,9 +1,9 @@
 """What a probe declares about itself, in its own module: `Probe` (name, function, inputs, options, metrics, cost
-prior, checks) and `Metric` (what one of its numbers means, which way is "more", its chance level, its role as
-evidence and the claim questions it bears on, its place in the headline plot).
+prior, checks, how it reads its tap) and `Metric` (what one of its numbers means, which way is "more", its chance
+level, its role as evidence and the claim questions it bears on, its place in the headline plot).
 
 The readers read these declarations through the registry (`registry.PROBES`), never a list of their own: the recipe
-validator (options, ranges, `Probe.check`), `headprobe list` (`help`, `usage`), the pipeline (`needs`), the
+validator (options, ranges, `Probe.check`), `headprobe list` (`help`, `usage`, `reading`), the pipeline (`needs`), the
 scheduler of several processes (`cost`), the report's glossary, tooltips and headline plot (`describe_metric`
 reads `Metric`), the buffer verdict's evidence rule and the claims' measures (`role`, `predicted`, `answers`).
 
@@ -38,6 +38,10 @@ ROLES = (INFORMATION, INVARIANCE, DESCRIPTION, PROTOCOL)
 EVIDENCE_ROLES = (INFORMATION, INVARIANCE)
 # The chance level of a class accuracy: 1 / the run's number of classes.
 CLASS_CHANCE = "1/n_classes"
+# How a probe reads its tap: in bounded blocks of rows (memory flat in N beyond what it returns), or whole (its
+# math needs every row at once; `Probe.reads_why` says why).
+CHUNKS, WHOLE = "chunks", "whole"
+READS = (CHUNKS, WHOLE)
 # The claim questions a metric may bear on (`stats.claims.QUESTIONS`).
 QUESTION_KEYS = ("Q-aug", "Q-inv", "Q-class")
 
@@ -154,6 +158,9 @@ class Probe:
     probe (the scheduler of several processes shares the probes out by it until each has been timed;
     `cost_source` names the measurement in benchmarks/results/). `check(options, train: TrainImages)` raises
     ValueError for options the ranges cannot refuse alone (an empty list, a k above the training images).
+    `reads`: CHUNKS (the probe reads its tap in bounded blocks of rows, so its memory beyond what it returns is
+    flat in N) or WHOLE (its math needs every row at once), with `reads_why` one line saying why (required for
+    WHOLE; for CHUNKS, what it still holds whole, if anything); None only for a plug-in registered the old way.
 
     Calling a Probe calls its function with the options' defaults filled in for those not given."""
 
@@ -167,8 +174,15 @@ class Probe:
     cost_source: str = ""
     check: Callable[[Any, TrainImages], None] | None = None
     usage: str | None = None
+    reads: str | None = None
+    reads_why: str = ""
 
     def __post_init__(self) -> None:
+        if self.reads is not None and self.reads not in READS:
+            raise ValueError(f"probe {self.name!r} reads its tap {self.reads!r}; choose one of {', '.join(READS)}.")
+        if self.reads == WHOLE and not self.reads_why:
+            raise ValueError(f"probe {self.name!r} reads its tap whole; say why in one line (reads_why=...), "
+                             f"or read it in chunks (reads={CHUNKS!r}).")
         unknown = set(self.needs) - set(PROBE_INPUTS)
         if unknown:
             raise ValueError(f"probe {self.name!r} needs {sorted(unknown)}, which no stage produces; "
@@ -178,6 +192,14 @@ class Probe:
                              f"default), got {self.options!r}.")
         if not self.cost > 0:
             raise ValueError(f"probe {self.name!r}: cost {self.cost!r} must be > 0 (seconds per tap, k-NN = 1).")
+
+    @property
+    def reading(self) -> str:
+        """How the probe reads its tap, in one line for `headprobe list` and the docs."""
+        if self.reads is None:
+            return "reads its tap: undeclared"
+        return ("reads its tap in chunks" if self.reads == CHUNKS else "reads its tap whole") + (
+            f": {self.reads_why}" if self.reads_why else "")
 
     def defaults(self) -> dict[str, Any]:
         return {} if self.options is None else dataclasses.asdict(self.options())

@@ -193,13 +193,14 @@ def _batched_bound(
     batch_size: int,
     clip: float,
     generator: torch.Generator,
+    cast: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[float]:
     order = torch.randperm(x.shape[0], generator=generator).to(x.device)
     values = []
     with torch.no_grad():
         for start in range(0, x.shape[0] - batch_size + 1, batch_size):
             idx = order[start : start + batch_size]
-            scores = critic(x[idx], y[idx]).double()
+            scores = critic(cast(x[idx]), cast(y[idx])).double()
             if method == "infonce":
                 values.append(infonce_bound(scores).value)
             elif method == "smile":
@@ -230,6 +231,7 @@ def mutual_information(
     patience: int = 10,
     shrinkage: float | str | None = "auto",
     seed: int = 0,
+    dtype: torch.dtype | None = None,
 ) -> dict:
     """Estimate I(x; y) in nats from N paired rows; x: (N, Dx), y: (N, Dy).
 
@@ -246,6 +248,9 @@ def mutual_information(
       the optimal critic at I = 2 and 4 nats, and at or above the cosine critic on the same held-out batches
       (tests/test_probes_information.py); with much fewer pairs the cosine critic can be the tighter one.
     Pairs left over after the last full batch are unused (reported as n_unused).
+    `dtype`: the pairs are converted to it as they are read (None: as given), a batch at a time with the cosine
+    critic, so x and y may be strided views of a larger tensor that is never copied whole; the separable critic's
+    training and held-out pairs are copied (converted) whole.
 
     Returns every knob next to the number, ready for results.json: "mi", "stderr" (std over batches / √n_batches,
     None for one batch), "ceiling" (log B for InfoNCE, else None), the split sizes (n_fit + n_val = n_train,
@@ -258,8 +263,11 @@ def mutual_information(
         raise ValueError(f"method {method!r} is not one of {METHODS}.")
     check_pairs(x, y)
     n = x.shape[0]
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t if dtype is None else t.to(dtype)
+
     if method == "gaussian":
-        return {**gaussian_mi(x, y, shrinkage=shrinkage), "critic": None, "seed": seed}
+        return {**gaussian_mi(cast(x), cast(y), shrinkage=shrinkage), "critic": None, "seed": seed}
     if critic not in CRITICS:
         raise ValueError(f"critic {critic!r} is not one of {CRITICS}.")
     if batch_size < 2:
@@ -288,20 +296,20 @@ def mutual_information(
                 "batch_size or a smaller eval_fraction."
             )
         fit = train_critic(
-            x[train_idx], y[train_idx], train_bound, steps=steps, batch_size=batch_size, lr=lr,
+            cast(x[train_idx]), cast(y[train_idx]), train_bound, steps=steps, batch_size=batch_size, lr=lr,
             weight_decay=weight_decay, seed=seed, hidden=hidden, out=out, ema_rate=ema_rate,
             validation_fraction=validation_fraction, patience=patience,
         )
         score, train_knobs = fit.critic, fit.protocol
         n_fit, n_val = train_knobs["n_fit"], train_knobs["n_val"]
-        x_eval, y_eval, n_train = x[eval_idx], y[eval_idx], len(train_idx)
+        x_eval, y_eval, n_train = cast(x[eval_idx]), cast(y[eval_idx]), len(train_idx)
         evaluated_on = "held-out pairs, disjoint from the fitting and the early-stopping (validation) pairs"
     n_eval = x_eval.shape[0]
     if n_eval < batch_size:
         raise ValueError(
             f"only {n_eval} evaluation pairs for batch_size {batch_size}; pass more pairs or a smaller batch_size."
         )
-    values = _batched_bound(score, x_eval, y_eval, method, batch_size, clip, generator)
+    values = _batched_bound(score, x_eval, y_eval, method, batch_size, clip, generator, cast)
     mi = sum(values) / len(values)
     stderr = None
     if len(values) > 1:

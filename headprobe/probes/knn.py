@@ -30,12 +30,18 @@ from headprobe.probes.knn_prefilter import (
 )
 
 __all__ = [
-    "DEFAULT_KS", "PREFILTER_MIN_TRAIN", "PREFILTER_SPEEDUP", "KnnResult", "blocked_topk", "by_similarity_then_index",
-    "fast_bfloat16", "knn", "neighbour_counts", "ordered_topk", "prefer_bfloat16", "prefilter_default",
-    "product_seconds", "similarity_name",
+    "BANK_ROWS", "DEFAULT_KS", "PREFILTER_MIN_TRAIN", "PREFILTER_SPEEDUP", "KnnResult", "bank_search", "blocked_topk",
+    "by_similarity_then_index", "fast_bfloat16", "knn", "merge_topk", "neighbour_counts", "ordered_topk",
+    "prefer_bfloat16", "prefilter_default", "product_seconds", "similarity_name",
 ]
 
 _WEIGHTINGS = ("exp", "uniform")
+# Training rows converted, normalised and searched at once (`bank_search`, in `knn` and in each shard of
+# `sharded_knn`): a bank of at most this many rows is searched whole, as before; a longer one block by block, each
+# block's top-k lists merged into the running ones (`merge_topk`). The similarities are canonical, so the blocks
+# change no bit; memory is O(BANK_ROWS × (D + chunk_size)) beside the bank, whatever N (256 MiB at D = 768 in float32
+# for the block, 64 MiB for a 256-query chunk's scores).
+BANK_ROWS = 65_536
 # Below this many training samples the float32 product is cheap, and the prefilter is not worth its set-up.
 PREFILTER_MIN_TRAIN = 2048
 # On the CPU the prefilter is the default only where its bfloat16 product measures under this fraction of the
@@ -72,6 +78,7 @@ def knn(
     num_classes: int | None = None,
     device: torch.device | str | None = None,
     prefilter: bool | None = None,
+    bank_rows: int | None = None,
 ) -> KnnResult:
     """Classify each test sample by a weighted vote of its nearest training samples.
 
@@ -92,7 +99,8 @@ def knn(
 
     A k larger than N is clamped to N; the clamp is recorded in `protocol["effective_ks"]`. Queries are
     processed `chunk_size` at a time, so memory is O(chunk_size × N), on `device` (default: the device of
-    `train_features`).
+    `train_features`), and the bank `bank_rows` rows at a time (default `BANK_ROWS`; `bank_search`), so the
+    extra memory is O(bank_rows × (D + chunk_size) + M × k) whatever N; neither changes a bit of the result.
 
     `prefilter` finds the candidates with a bfloat16 product instead of a float32 one (`Bf16Prefilter`). It
     changes no result, only the time: a query is accepted only when a rigorous bound on the bfloat16 error proves
@@ -121,6 +129,8 @@ def knn(
         raise ValueError(f"temperature must be positive but got {temperature}; DINO uses 0.07.")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive but got {chunk_size}.")
+    if bank_rows is not None and bank_rows <= 0:
+        raise ValueError(f"bank_rows must be positive but got {bank_rows}.")
     largest = int(max(train_labels.max(), test_labels.max()))
     if num_classes is None:
         num_classes = largest + 1
@@ -135,17 +145,17 @@ def knn(
     effective = {k: min(k, n_train) for k in ks}
     max_k = max(effective.values())
 
-    bank = canonical_normalize(train_features.to(device, torch.float32))
     bank_labels = train_labels.to(device, torch.int64)
     if prefilter is None:
-        prefilter, choice = prefilter_default(device, n_train, bank.shape[1])
+        prefilter, choice = prefilter_default(device, n_train, train_features.shape[1])
     else:
         prefilter, choice = bool(prefilter), f"explicit: prefilter={bool(prefilter)}"
-    search = Bf16Prefilter(bank, max_k) if prefilter else Float32TopK(bank, max_k)
+    bank_rows = BANK_ROWS if bank_rows is None else bank_rows
+    all_sims, all_idx, stats = bank_search(train_features, test_features, max_k, chunk_size=chunk_size,
+                                           prefilter=prefilter, bank_rows=bank_rows, device=device)
     predictions = {k: torch.empty(n_test, dtype=torch.int64) for k in ks}
     for start in range(0, n_test, chunk_size):
-        queries = canonical_normalize(test_features[start : start + chunk_size].to(device, torch.float32))
-        sims, idx = search.topk(queries)
+        sims, idx = all_sims[start : start + chunk_size], all_idx[start : start + chunk_size]
         neighbour_labels = bank_labels[idx]
         if weighting == "exp":
             # Subtracting each row's top similarity rescales that query's votes by a constant, which leaves
@@ -154,9 +164,9 @@ def knn(
         else:
             weights = torch.ones_like(sims)
         for k in ks:
-            votes = torch.zeros(len(queries), num_classes, device=device)
+            votes = torch.zeros(len(sims), num_classes, device=device)
             votes.scatter_add_(1, neighbour_labels[:, : effective[k]], weights[:, : effective[k]])
-            predictions[k][start : start + len(queries)] = votes.argmax(dim=1).cpu()
+            predictions[k][start : start + len(sims)] = votes.argmax(dim=1).cpu()
 
     targets = test_labels.cpu().long()
     metrics = {f"knn.k{k}.acc": (predictions[k] == targets).double().mean().item() for k in ks}
@@ -167,14 +177,70 @@ def knn(
         "weighting": weighting,
         "normalize": True,
         "chunk_size": chunk_size,
+        "bank_rows": bank_rows,
         "n_train": n_train,
         "n_test": n_test,
         "n_classes": num_classes,
         "similarity": similarity_name(prefilter),
-        "prefilter": dict(search.stats) if prefilter else None,
+        "prefilter": stats,
         "prefilter_choice": choice,
     }
     return KnnResult(metrics=metrics, predictions=predictions, protocol=protocol)
+
+
+@torch.no_grad()
+def bank_search(bank: torch.Tensor, queries: torch.Tensor, k: int, *, chunk_size: int = 256, prefilter: bool = False,
+                bank_rows: int | None = None, offset: int = 0, device: torch.device | str | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
+    """The k nearest rows of `bank` for every query by canonical cosine similarity, as `knn` finds them.
+
+    bank: (N, D) rows whose first has global index `offset`; queries: (M, D) -> similarities (M, k) and global
+    indices (M, k), by similarity (descending) and index (ascending), and the prefilter's statistics (None without
+    it; over several blocks their sums, `candidates` the largest). The bank is read `bank_rows` rows at a time
+    (default `BANK_ROWS`), the queries `chunk_size` at a time; each block's lists are merged into the running
+    ones (`merge_topk`), which keeps every row of the global top-k (it is in its own block's top-k) and changes no
+    bit. A bank with fewer than k rows pads its lists with similarity -inf and index -1, which a merge puts last.
+    Memory beyond the (M, k) lists is O(bank_rows × (D + chunk_size)), on `device` (default: the bank's).
+    """
+    bank_rows = BANK_ROWS if bank_rows is None else bank_rows
+    device = bank.device if device is None else torch.device(device)
+    sims = torch.full((len(queries), k), float("-inf"), device=device)
+    idx = torch.full((len(queries), k), -1, dtype=torch.int64, device=device)
+    parts = []
+    for first in range(0, len(bank), bank_rows):
+        block = canonical_normalize(bank[first : first + bank_rows].to(device, torch.float32))
+        width = min(k, len(block))
+        search = Bf16Prefilter(block, width) if prefilter else Float32TopK(block, width)
+        found = (torch.full_like(sims, float("-inf")), torch.full_like(idx, -1)) if first else (sims, idx)
+        for start in range(0, len(queries), chunk_size):
+            q = canonical_normalize(queries[start : start + chunk_size].to(device, torch.float32))
+            s, i = search.topk(q)
+            found[0][start : start + len(q), :width], found[1][start : start + len(q), :width] = s, i + offset + first
+        if first:
+            sims, idx, _ = merge_topk(torch.stack([sims, found[0]]), torch.stack([idx, found[1]]), k)
+        parts.append(search.stats)
+    if not prefilter:
+        return sims, idx, None
+    if len(parts) <= 1:
+        return sims, idx, (dict(parts[0]) if parts else {"queries": 0, "candidates": 0, "widened": 0,
+                                                         "full_float32": 0})
+    return sims, idx, {key: (max if key == "candidates" else sum)(part[key] for part in parts) for key in parts[0]}
+
+
+def merge_topk(sims: torch.Tensor, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The k nearest of several partial top-k lists: sims, idx (W, M, k_w) -> similarities, global indices (M, k),
+    by similarity (descending) and, among equal similarities, by index (ascending; padding, index -1, goes last),
+    and each kept entry's position (M, k) in the lists laid side by side, (M, W·k_w), for carrying other values
+    along (`sharded_knn.merge_neighbours`: the labels)."""
+    w, m, width = sims.shape
+    flat_sims, flat_idx = (t.permute(1, 0, 2).reshape(m, w * width) for t in (sims, idx))
+    # Each entry's global index and its position in the flat list in one integer, so that ordering by it orders by
+    # the index and still says where each entry came from; padding gets an index past every real one.
+    past = int(flat_idx.max()) + 1
+    key = torch.where(flat_idx < 0, past, flat_idx) * (w * width) + torch.arange(w * width, device=idx.device)
+    merged, key = by_similarity_then_index(flat_sims, key)
+    position = key[:, :k] % (w * width)
+    return merged[:, :k], flat_idx.gather(1, position), position
 
 
 def similarity_name(prefilter: bool) -> str:

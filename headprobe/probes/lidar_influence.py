@@ -20,19 +20,38 @@ import torch
 
 from headprobe.checks import check_features
 
+from . import spectrum
 
-def lidar_pseudo_values(views: torch.Tensor, delta: float = 1e-4, eps: float = 1e-8) -> torch.Tensor:
-    """views: (N, K, D) -> (N,) float64 pseudo-values whose mean is `spectrum.lidar(views, delta, eps)`."""
+
+def lidar_pseudo_values(views: torch.Tensor, delta: float = 1e-4, eps: float = 1e-8,
+                        chunk_rows: int | None = None) -> torch.Tensor:
+    """views: (N, K, D) -> (N,) float64 pseudo-values whose mean is `spectrum.lidar(views, delta, eps)`.
+
+    The views are read a block of images at a time (`spectrum.image_blocks`: at most `chunk_rows` view rows,
+    default `spectrum.CHUNK_ROWS`, converted to float64 at once): Σ_w is summed over the blocks and each image's
+    within-image term computed from its own block, so beside the views only the image means (N, D) are held.
+    Views that fit in one block are computed whole (one product each, as before); more blocks change the sums'
+    order, to float64 round-off."""
     if views.ndim != 3 or views.shape[0] < 2 or views.shape[1] < 2:
         raise ValueError(f"views must be (N images, K views, D) with N >= 2 and K >= 2, got {tuple(views.shape)}.")
     n, k, d = views.shape
     check_features("views", views.reshape(n * k, d))
-    views = views.double()
-    means = views.mean(dim=1)
+    blocks = spectrum.image_blocks(n, k, chunk_rows)
+
+    def within(block: slice) -> torch.Tensor:
+        """The block's views minus their image's mean, (B·K, D) float64, and the means (B, D)."""
+        part = views[block].double()
+        means = part.mean(dim=1)
+        return (part - means[:, None]).reshape(-1, d), means
+
+    means = torch.empty(n, d, dtype=torch.float64, device=views.device)
+    sigma_w = None
+    for block in blocks:
+        centred, means[block] = within(block)
+        sigma_w = centred.T @ centred if sigma_w is None else sigma_w + centred.T @ centred
+    sigma_w = sigma_w / (n * (k - 1))
     between = means - means.mean(dim=0)
-    within = views - means[:, None]
     sigma_b = between.T @ between / (n - 1)
-    sigma_w = within.reshape(n * k, d).T @ within.reshape(n * k, d) / (n * (k - 1))
     w_eigenvalues, w_vectors = torch.linalg.eigh(sigma_w + delta * torch.eye(d, dtype=torch.float64,
                                                                              device=views.device))
     inverse_sqrt = (w_vectors * w_eigenvalues.rsqrt()) @ w_vectors.T
@@ -49,7 +68,10 @@ def lidar_pseudo_values(views: torch.Tensor, delta: float = 1e-4, eps: float = 1
     grad = torch.where(raw > 0, grad, torch.zeros_like(grad))
     v = inverse_sqrt @ u  # generalised eigenvectors, Σ_w-orthonormal
     between_part = n / (n - 1) * ((between @ v).square() @ grad)
-    within_part = ((within.reshape(n * k, d) @ v).square() @ (grad * eigenvalues)).reshape(n, k).sum(1) / (k - 1)
+    within_part = torch.empty(n, dtype=torch.float64, device=views.device)
+    for block in blocks:
+        centred = within(block)[0]
+        within_part[block] = ((centred @ v).square() @ (grad * eigenvalues)).reshape(-1, k).sum(1) / (k - 1)
     # Mean-centred influences: ⟨G_b, Σ_b⟩ = mean(between_part) and ⟨G_w, Σ_w − δI⟩ = mean(within_part).
     influence = (between_part - between_part.mean()) - (within_part - within_part.mean())
     return (value + influence).cpu()

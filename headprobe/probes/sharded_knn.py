@@ -31,12 +31,12 @@ from headprobe.parallel.collectives import all_objects, all_rows, max_over_ranks
 from headprobe.probes.knn import (
     DEFAULT_KS,
     KnnResult,
-    by_similarity_then_index,
+    bank_search,
+    merge_topk,
     neighbour_counts,
     prefilter_default,
     similarity_name,
 )
-from headprobe.probes.knn_prefilter import Bf16Prefilter, Float32TopK, canonical_normalize
 
 
 def shard_rows(n: int, world: int, rank: int) -> slice:
@@ -66,21 +66,11 @@ def local_neighbours(shard: torch.Tensor, queries: torch.Tensor, k: int, offset:
 @torch.no_grad()
 def shard_search(shard: torch.Tensor, queries: torch.Tensor, k: int, offset: int, chunk_size: int = 256,
                  prefilter: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
-    """`local_neighbours`, and the prefilter's statistics on this shard (None without the prefilter)."""
-    bank = canonical_normalize(shard.float())
-    sims = torch.full((len(queries), k), float("-inf"), device=bank.device)
-    idx = torch.full((len(queries), k), -1, dtype=torch.int64, device=bank.device)
-    width = min(k, len(bank))
+    """`local_neighbours`, and the prefilter's statistics on this shard (None without the prefilter): `knn`'s
+    `bank_search` over the shard, `BANK_ROWS` rows at a time."""
     if prefilter is None:
-        prefilter = prefilter_default(bank.device, len(bank), bank.shape[1])[0]
-    if width == 0:
-        return sims, idx, ({"queries": 0, "candidates": 0, "widened": 0, "full_float32": 0} if prefilter else None)
-    search = Bf16Prefilter(bank, width) if prefilter else Float32TopK(bank, width)
-    for start in range(0, len(queries), chunk_size):
-        q = canonical_normalize(queries[start : start + chunk_size].to(bank.device, torch.float32))
-        s, i = search.topk(q)
-        sims[start : start + len(q), :width], idx[start : start + len(q), :width] = s, i + offset
-    return sims, idx, (dict(search.stats) if prefilter else None)
+        prefilter = prefilter_default(shard.device, len(shard), shard.shape[1])[0]
+    return bank_search(shard, queries, k, chunk_size=chunk_size, prefilter=prefilter, offset=offset)
 
 
 def merge_neighbours(sims: torch.Tensor, idx: torch.Tensor, labels: torch.Tensor, k: int
@@ -88,15 +78,8 @@ def merge_neighbours(sims: torch.Tensor, idx: torch.Tensor, labels: torch.Tensor
     """The k nearest of the shards' partial lists: sims, idx, labels (W, M, k_w) -> each (M, k), by similarity
     (descending) and, among equal similarities, by global index (ascending; padding, index -1, goes last)."""
     w, m, width = sims.shape
-    flat_sims, flat_idx, flat_labels = (t.permute(1, 0, 2).reshape(m, w * width) for t in (sims, idx, labels))
-    # Each entry's global index and its position in the flat list in one integer, so that ordering by it orders by
-    # the index and still says where each entry came from; padding gets an index past every real one.
-    past = int(flat_idx.max()) + 1
-    key = torch.where(flat_idx < 0, past, flat_idx) * (w * width) + torch.arange(w * width, device=idx.device)
-    merged, key = by_similarity_then_index(flat_sims, key)
-    merged, key = merged[:, :k], key[:, :k]
-    position = key % (w * width)
-    return merged, flat_idx.gather(1, position), flat_labels.gather(1, position)
+    merged, merged_idx, position = merge_topk(sims, idx, k)
+    return merged, merged_idx, labels.permute(1, 0, 2).reshape(m, w * width).gather(1, position)
 
 
 def vote(sims: torch.Tensor, neighbour_labels: torch.Tensor, k: int, num_classes: int, temperature: float,

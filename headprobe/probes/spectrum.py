@@ -21,7 +21,9 @@ __all__ = [
     "alpha_req_fit_range",
     "covariance_eigenvalues",
     "covariance_spectrum",
+    "image_blocks",
     "lidar",
+    "principal_axes",
     "rankme",
     "singular_values",
     "sphere_points",
@@ -38,6 +40,20 @@ _SAMPLES_PER_DIM = 10
 # float64 values (200 MiB at D = 768) instead of three float64 copies of the tap (18 GiB at 1M × 768). The stacked
 # QR re-factors the D rows of R with each block, D / CHUNK_ROWS more work (5% at D = 768).
 CHUNK_ROWS = 16_384
+
+
+def image_blocks(n: int, k: int, chunk_rows: int | None = None) -> list[slice]:
+    """Consecutive blocks of N images with K views each, at most `chunk_rows` view rows (default `CHUNK_ROWS`) per
+    block where two images fit, and at least 2 images per block (the views' checks need two), the last one longer
+    rather than a lone image. One block when all the views fit."""
+    chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be positive but got {chunk_rows}.")
+    images = max(2, chunk_rows // k)
+    bounds = list(range(0, n, images)) + [n]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] < 2:
+        del bounds[-2]
+    return [slice(start, end) for start, end in zip(bounds, bounds[1:], strict=False)]
 
 
 def _check_views(z1: torch.Tensor, z2: torch.Tensor) -> None:
@@ -97,13 +113,36 @@ def singular_values(z: torch.Tensor, centre: bool = False, chunk_rows: int | Non
         for start in range(0, n, chunk_rows):
             total += z[start : start + chunk_rows].double().sum(dim=0)
         mean = total / n
+    blocks = (z[start : start + chunk_rows].double() for start in range(0, n, chunk_rows))
+    return torch.linalg.svdvals(_stacked_r(blocks if mean is None else (block - mean for block in blocks)))
+
+
+def _stacked_r(blocks) -> torch.Tensor:
+    """The R factor of the rows of `blocks` stacked (float64, min(N, D) × D), one block at a time (TSQR)."""
     r = None
-    for start in range(0, n, chunk_rows):
-        block = z[start : start + chunk_rows].double()
-        if mean is not None:
-            block = block - mean
+    for block in blocks:
         r = torch.linalg.qr(block if r is None else torch.cat([r, block]), mode="r").R
-    return torch.linalg.svdvals(r)
+    return r
+
+
+def principal_axes(parts: list[torch.Tensor], chunk_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """parts: (N_i, D) tensors pooled as rows -> (their column mean (D,), the right singular vectors Vh (min(N, D),
+    D) of the pooled rows minus it, by descending singular value), in float64, at most `chunk_rows` rows (default
+    `CHUNK_ROWS`) converted at once. Pooled rows that fit in one block are decomposed whole (one SVD, as before);
+    more by the stacked QR of `singular_values` and the SVD of its R, whose right singular vectors are the pooled
+    rows' to float64 round-off, up to each vector's sign."""
+    chunk_rows = CHUNK_ROWS if chunk_rows is None else chunk_rows
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be positive but got {chunk_rows}.")
+    n = sum(len(part) for part in parts)
+    if n <= chunk_rows:
+        pooled = torch.cat([part.double() for part in parts])
+        mean = pooled.mean(dim=0)
+        return mean, torch.linalg.svd(pooled - mean, full_matrices=False).Vh
+    starts = [(part, start) for part in parts for start in range(0, len(part), chunk_rows)]
+    mean = sum(part[start : start + chunk_rows].double().sum(dim=0) for part, start in starts) / n
+    r = _stacked_r(part[start : start + chunk_rows].double() - mean for part, start in starts)
+    return mean, torch.linalg.svd(r, full_matrices=False).Vh
 
 
 def covariance_eigenvalues(z: torch.Tensor, chunk_rows: int | None = None) -> torch.Tensor:
@@ -271,12 +310,12 @@ def view_spread(views: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (views - centroids[:, None]).square().sum(dim=-1).mean(dim=1), centroids
 
 
-def uniformity(z: torch.Tensor, t: float = 2.0, chunk_size: int = 1024) -> float:
+def uniformity(z: torch.Tensor, t: float = 2.0, chunk_size: int = 1024, on_sphere: bool = False) -> float:
     """Uniformity log E exp(−t ‖f(x) − f(y)‖²) over the N(N−1)/2 distinct pairs, L2-normalised; z: (N, D).
 
     "L_uniform(f; t) ≜ log E_{x,y ∼ p_data} [e^{−t ‖f(x)−f(y)‖₂²}]" (Wang & Isola 2020, t = 2). Lower is more
     uniform; 0 means every point coincides. Computed in row chunks of `chunk_size` with a streaming log-sum-exp,
-    so memory is O(chunk_size × N).
+    so memory is O(chunk_size × N). `on_sphere`: z is `sphere_points` already (normalised again otherwise).
 
     >>> uniformity(torch.tensor([[1.0, 0.0], [-1.0, 0.0]]))
     -8.0
@@ -286,7 +325,7 @@ def uniformity(z: torch.Tensor, t: float = 2.0, chunk_size: int = 1024) -> float
         raise ValueError(f"t must be positive but got {t}; Wang & Isola use 2.")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive but got {chunk_size}.")
-    z = _on_sphere("z", z)
+    z = z if on_sphere else _on_sphere("z", z)
     n = z.shape[0]
     columns = torch.arange(n, device=z.device)
     total = torch.tensor(-math.inf, dtype=torch.float64, device=z.device)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from headprobe.registry import FRACTION, POSITIVE, at_least
 
-from ..declaration import DESCRIPTION, INFORMATION, Metric, Probe, TrainImages
+from ..declaration import DESCRIPTION, INFORMATION, WHOLE, Metric, Probe, TrainImages
 from ..tap_data import ProbeOutput, TapData, need_views
 
 # Ridge penalties searched by augment_r2 (standardised features): 1e-3 … 1e6, half a decade apart.
@@ -146,7 +146,9 @@ def measure_augment_r2(tap: TapData, *, alphas: list[float] | None, test_fractio
 AUGMENT_R2 = Probe(
     "augment_r2", measure_augment_r2,
     "R² of a ridge regression of each augmentation parameter from a view's representation",
-    options=AugmentR2Spec, needs=("views",), check=check_augment_r2, cost=4.6,
+    options=AugmentR2Spec, needs=("views",), check=check_augment_r2, cost=4.6, reads=WHOLE,
+    reads_why="grouped cross-validated ridge in NumPy: each fold's Gram eigendecomposition and the refit's SVD take "
+              "every view at once",
     cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("aug_r2.mean", "R² of ridge regressions predicting the augmentation parameters of a view, averaged "

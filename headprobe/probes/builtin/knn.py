@@ -8,7 +8,7 @@ from typing import Literal
 
 from headprobe.registry import POSITIVE, at_least
 
-from ..declaration import CLASS_CHANCE, INFORMATION, Metric, Probe, TrainImages
+from ..declaration import CHUNKS, CLASS_CHANCE, INFORMATION, Metric, Probe, TrainImages
 from ..knn_counts import DEFAULT_KS, neighbour_counts
 from ..tap_data import ProbeOutput, TapData
 
@@ -62,7 +62,9 @@ def measure_knn(tap: TapData, *, shard_bank: bool | None, processes: tuple[int, 
 
 KNN = Probe(
     "knn", measure_knn, "DINO weighted k-NN: cosine similarity, top-k votes weighted exp(s/T)",
-    options=KnnSpec, check=check_knn, cost=1.0, cost_source="benchmarks/results/probe_costs.json",
+    options=KnnSpec, check=check_knn, reads=CHUNKS,
+    reads_why="the bank knn.BANK_ROWS rows and the queries chunk_size rows at a time; holds the (M, k) neighbours",
+    cost=1.0, cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("knn.k{k}.acc", "test accuracy of a weighted {k}-nearest-neighbour vote (cosine, train images as the "
                "neighbours)", "fraction of test images", "higher = more class information", CLASS_CHANCE,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from headprobe.registry import ORBIT_SWEEPS, at_least, registered
 
-from ..declaration import INVARIANCE, Metric, Probe, TrainImages
+from ..declaration import INVARIANCE, WHOLE, Metric, Probe, TrainImages
 from ..tap_data import MissingInputError, ProbeOutput, TapData
 
 
@@ -76,7 +76,9 @@ ORBITS = Probe(
     "orbits", measure_orbits,
     "orbits along rotation/hue/saturation/blur sweeps: spread (raw and scale-free), D_inter/D_intra between class "
     "centroids (the paper's; d_*_image: between image orbits), curvature",
-    options=OrbitSpec, needs=("orbits",), check=check_orbits, cost=0.3,
+    options=OrbitSpec, needs=("orbits",), check=check_orbits, cost=0.3, reads=WHOLE,
+    reads_why="distances between the orbits of different images and a PCA over them; probes.orbits.n_images "
+              "orbits, 64 by default, not the tap's N rows",
     cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         _orbit("spread_rel", "spread of an image's orbit around its centroid over random pairs' squared distance",

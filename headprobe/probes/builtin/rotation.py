@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from headprobe.registry import POSITIVE, at_least
 
-from ..declaration import INFORMATION, Metric, Probe, TrainImages
+from ..declaration import INFORMATION, WHOLE, Metric, Probe, TrainImages
 from ..tap_data import MissingInputError, ProbeOutput, TapData
 
 if TYPE_CHECKING:  # torch loads when the probe runs, not when `list` or `validate` reads its declaration
@@ -138,7 +138,9 @@ def _mlp_probe(tap: TapData, hidden: int, epochs: int) -> torch.Tensor:
 ROTATION = Probe(
     "rotation", measure_rotation,
     "4-way rotation prediction (0/90/180/270°), linear and MLP: the paper's guillotine measure",
-    options=RotationSpec, needs=("rotated",), check=check_rotation, cost=115.0,
+    options=RotationSpec, needs=("rotated",), check=check_rotation, cost=115.0, reads=WHOLE,
+    reads_why="the logistic fits, L-BFGS for each C of the grid, and the full-batch MLP need every rotated row "
+              "at once",
     cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("rotation.acc", "test accuracy of a linear probe (logistic regression on the features whitened "

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from headprobe.registry import at_least
 
-from ..declaration import Metric, Probe
+from ..declaration import CHUNKS, Metric, Probe
 from ..tap_data import ProbeOutput, TapData
 
 
@@ -70,7 +70,9 @@ def measure_spectrum(tap: TapData, *, top_k: int | None) -> ProbeOutput:
 
 SPECTRUM = Probe(
     "spectrum", measure_spectrum, "RankMe, alpha-ReQ, effective rank and an honest covariance condition number",
-    options=SpectrumSpec, cost=1.8, cost_source="benchmarks/results/probe_costs.json",
+    options=SpectrumSpec, reads=CHUNKS,
+    reads_why="spectrum.CHUNK_ROWS rows at a time, by a stacked QR; holds RankMe's per-row values",
+    cost=1.8, cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("rankme", "RankMe: exp-entropy of the normalised singular values of the features",
                "effective rank (dims)", "higher = more dimensions used (1 = collapse)", shown_with=("Q-class",),

@@ -8,7 +8,7 @@ from typing import Literal
 
 from headprobe.registry import POSITIVE, at_least
 
-from ..declaration import INVARIANCE, PROTOCOL, Metric, Probe
+from ..declaration import CHUNKS, INVARIANCE, PROTOCOL, Metric, Probe
 from ..tap_data import ProbeOutput, TapData, need_views
 
 
@@ -25,32 +25,45 @@ class ViewMISpec:
 
 
 def measure_view_mi(tap: TapData, *, batch_size: int, temperature: float, pca_dims: int, critic: str,
-                    critic_steps: int) -> ProbeOutput:
+                    critic_steps: int, chunk_rows: int | None = None) -> ProbeOutput:
     """MI between two views of an image: InfoNCE (ceiling log B) with the fixed cosine critic or a trained
     separable critic (held-out pairs), and the Gaussian (CCA) closed form on the top k = min(pca_dims, D, N//10)
     principal components, fitted on the views themselves. The Gaussian value is the plug-in minus its exact
     small-sample bias for Gaussian data, without shrinkage (`gaussian_mi`): k ≤ N/10 keeps the joint 2k×2k
-    correlation matrix invertible, and shrinking it would erase the cross-view correlation that is the MI."""
+    correlation matrix invertible, and shrinking it would erase the cross-view correlation that is the MI.
+
+    The two views are read in blocks: InfoNCE's batches with the cosine critic (the separable critic's training
+    and held-out pairs are held whole), the principal axes at most `chunk_rows` rows at a time (default
+    `spectrum.CHUNK_ROWS`; `spectrum.principal_axes`), and the projections onto them block by block, so beside
+    the views only the (N, k) projections are held."""
     import math
 
     import torch
 
     from headprobe.stats.bootstrap import VIEW_IMAGES, Linearised
 
+    from .. import spectrum
     from ..influence import gaussian_mi_per_pair
     from ..information import gaussian_mi, mutual_information
 
     views = need_views(tap, "view_mi")
-    z1, z2 = views[:, 0].double(), views[:, 1].double()
+    z1, z2 = views[:, 0], views[:, 1]
     batch = min(batch_size, len(z1))
     options = {"temperature": temperature} if critic == "cosine" else {"steps": critic_steps}
-    nce = mutual_information(z1, z2, method="infonce", critic=critic, batch_size=batch, seed=tap.seed, **options)
-    both = torch.cat([z1, z2])
-    k = min(pca_dims, both.shape[1], len(z1) // 10 or 1)
-    mean = both.mean(0)
-    _, _, v = torch.linalg.svd(both - mean, full_matrices=False)
-    basis = v[:k].T
-    gauss = gaussian_mi((z1 - mean) @ basis, (z2 - mean) @ basis, shrinkage=None, bias_correction=True)
+    nce = mutual_information(z1, z2, method="infonce", critic=critic, batch_size=batch, seed=tap.seed,
+                             dtype=torch.float64, **options)
+    k = min(pca_dims, z1.shape[1], len(z1) // 10 or 1)
+    chunk_rows = spectrum.CHUNK_ROWS if chunk_rows is None else chunk_rows
+    mean, vh = spectrum.principal_axes([z1, z2], chunk_rows)
+    basis = vh[:k].T
+
+    def project(z: torch.Tensor) -> torch.Tensor:
+        """(N, D) -> (N, k) float64 scores on the principal axes, `chunk_rows` rows at a time."""
+        return torch.cat([(z[start : start + chunk_rows].double() - mean) @ basis
+                          for start in range(0, len(z), chunk_rows)])
+
+    x1, x2 = project(z1), project(z2)
+    gauss = gaussian_mi(x1, x2, shrinkage=None, bias_correction=True)
     metrics = {"mi.infonce": nce["mi"], "mi.infonce.ceiling": nce["ceiling"], "mi.gaussian": gauss["mi"]}
     protocol = {"infonce": {k2: v2 for k2, v2 in nce.items() if k2 != "mi"},
                 "gaussian": {"pca_dims": k, "pca_fit": "both views pooled", "n_samples": gauss["n_samples"],
@@ -64,7 +77,7 @@ def measure_view_mi(tap: TapData, *, batch_size: int, temperature: float, pca_di
     # gaussian_mi dropped constant components or the MI is infinite. mi.infonce has no per-image values.
     per_unit = {}
     if math.isfinite(gauss["mi"]) and not any(gauss["constant_dims_dropped"].values()):
-        values = gaussian_mi_per_pair((z1 - mean) @ basis, (z2 - mean) @ basis, gauss["mi"])
+        values = gaussian_mi_per_pair(x1, x2, gauss["mi"])
         per_unit["mi.gaussian"] = Linearised(values.cpu(), VIEW_IMAGES)
     return ProbeOutput(metrics, protocol, per_unit)
 
@@ -72,7 +85,10 @@ def measure_view_mi(tap: TapData, *, batch_size: int, temperature: float, pca_di
 VIEW_MI = Probe(
     "view_mi", measure_view_mi,
     "MI between two views: InfoNCE (cosine critic, with its log B ceiling) and Gaussian/CCA",
-    options=ViewMISpec, needs=("views",), cost=1.3, cost_source="benchmarks/results/probe_costs.json",
+    options=ViewMISpec, needs=("views",), reads=CHUNKS,
+    reads_why="blocks of images and InfoNCE batches; holds the (N_v, k) principal scores, and with critic: "
+              "separable the critic's training and held-out pairs",
+    cost=1.3, cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("mi.infonce", "InfoNCE lower bound on the mutual information between two views",
                "nats (at most log batch size)", "higher = views more predictable from each other (more invariance)",
