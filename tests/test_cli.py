@@ -250,6 +250,12 @@ def test_a_bad_recipe_under_torchrun_is_printed_once(tmp_path):
     assert done.returncode != 0
     assert done.stderr.count("error: backbone.pooling") == 1, done.stderr[-3000:]
     assert not (tmp_path / "never").exists()
+    # Each process exits 2 as one process would; torchrun stops a process still running once another has failed
+    # (SIGTERM, -15 in its summary), so a rank may show that instead, but never 1 or a traceback's code.
+    import re
+
+    codes = [int(code) for code in re.findall(r"exitcode\s*:\s*(-?\d+)", done.stderr)]
+    assert codes and 2 in codes and set(codes) <= {2, -15}, done.stderr[-3000:]
 
 
 def test_transformers_bars_and_warnings_are_quiet_unless_asked():
