@@ -88,8 +88,9 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     t0 = time.perf_counter()
     for head, geometry in stages.analyse_geometry(ctx, features, heads):
         record.geometry(head, geometry)
-    record.geometry_claims(ctx.stage("answering Q-split and Q-saddle", answer_geometry_questions, ctx, features,
-                                     {seeds[0]: heads}))
+    with ctx.stage("answering Q-split and Q-saddle"):
+        geometry_claims = answer_geometry_questions(ctx, features, {seeds[0]: heads})
+    record.geometry_claims(geometry_claims)
     ctx.clock("geometry_s", time.perf_counter() - t0)
     record.recorded_geometry(str(checkpoint.relative_to(run.path)))
     if recipe.report:

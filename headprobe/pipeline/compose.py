@@ -287,8 +287,8 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
                     t0 = time.perf_counter()
                     for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
                         record.geometry(head, geometry)
-                    geometry_claims = ctx.stage("answering Q-split and Q-saddle", answer_geometry_questions, ctx,
-                                                features, trained.by_seed)
+                    with ctx.stage("answering Q-split and Q-saddle"):
+                        geometry_claims = answer_geometry_questions(ctx, features, trained.by_seed)
                     ctx.clock("geometry_s", time.perf_counter() - t0)
                 _clock_probing(ctx, probing.probe_heads(ctx, features, trained, backbone=with_heads))
                 if recipe.geometry.final:  # after probing, whose answers replace results["claims"]

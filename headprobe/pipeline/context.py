@@ -1,12 +1,13 @@
 """The context every stage of a run shares: the recipe, the run folder, the results being written, the clock, the
-accelerate state, progress bars and the time estimate. `RunContext.stage` records a failure (or Ctrl-C) in
-`results.json` before it propagates, so finished work stays on disk and `--resume` goes on from it.
+accelerate state, progress bars and the time estimate. `with ctx.stage(name):` around a stage's work records a failure
+(or Ctrl-C) in `results.json` before it propagates, so finished work stays on disk and `--resume` goes on from it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,10 +59,14 @@ class RunContext:
     first_probe_s: float | None = None
     last_stage: str = "starting the run"
 
-    def stage(self, name: str, fn, *args, **kwargs):
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Around one stage's work (`with ctx.stage("extracting train features"): ...`): a failure or Ctrl-C inside
+        is recorded in results.json under `name` before it propagates (a failure as `RunError`, or `PeerStop` when
+        another process was lost); a RecipeError passes as it is."""
         self.last_stage = name
         try:
-            return fn(*args, **kwargs)
+            yield
         except KeyboardInterrupt as stop:
             # Ctrl-C or a scheduler's SIGTERM: say so in results.json (not "running" forever); finished stages stay
             # and --resume goes on. The SIGTERM torchrun sends after a process died is that process's failure.

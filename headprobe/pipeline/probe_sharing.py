@@ -161,8 +161,9 @@ class SharedProbes:
         if failure is not None:
             raise failure
         failed = [(r, message) for r, (_, message) in enumerate(shares) if message is not None]
-        if failed:  # through ctx.stage, so that the main process records it in results.json
-            ctx.stage("running the probes shared among the processes", _raise_failure, *failed[0])
+        if failed:  # inside ctx.stage, so that the main process records it in results.json
+            with ctx.stage("running the probes shared among the processes"):
+                _raise_failure(*failed[0])
         for r, (share, _) in enumerate(shares):
             for i, name, out, uncertainty, seconds in share:
                 outputs.append((i, name, out, r, uncertainty))

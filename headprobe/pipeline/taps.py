@@ -93,7 +93,10 @@ def run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str], proce
         options = dataclasses.asdict(ctx.recipe.probes[name]) | ({} if processes is None else
                                                                  {"processes": processes})
         where = f"tap {tap.name!r}" + ("" if seed is None else f" (seed {seed})")
-        yield name, ctx.stage(f"running probe {name!r} on {where}", PROBES.get(name), data, **options)
+        probe = PROBES.get(name)
+        with ctx.stage(f"running probe {name!r} on {where}"):
+            out = probe(data, **options)
+        yield name, out
 
 
 def tap_intervals(ctx, features, tap_name: str) -> TapSummary:

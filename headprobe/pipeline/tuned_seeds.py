@@ -59,8 +59,8 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
             for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
                 record.geometry(head, geometry)
             # each seed tunes its own backbone: Q-split reads the first seed's heads on its features
-            geometry_claims = ctx.stage("answering Q-split and Q-saddle", answer_geometry_questions, ctx, features,
-                                        {seed: trained.first})
+            with ctx.stage("answering Q-split and Q-saddle"):
+                geometry_claims = answer_geometry_questions(ctx, features, {seed: trained.first})
             ctx.clock("geometry_s", time.perf_counter() - t0)
         units, compared = probing.head_units(ctx, trained.by_seed, seeded=several, tuned=True)
         for part in ([(Tap("backbone"), seed if several else None)], units):
