@@ -22,6 +22,7 @@ import torch
 from headprobe.pipeline.context import RunContext, RunError, write_report  # noqa: F401
 from headprobe.recipe import Recipe
 from headprobe.recipe.null_heads import is_null, trainable_specs
+from headprobe.recipe.probe_inputs import orbit_request, probe_needs
 from headprobe.train.null_heads import NullHead, build_null_heads
 from headprobe.train.objectives import objective_protocol
 from headprobe.train.pretrained_heads import PretrainedHead, load_pretrained_heads
@@ -91,13 +92,6 @@ class TrainedHeads:
         return next(iter(self.by_seed.values()))
 
 
-def probe_needs(recipe: Recipe) -> set[str]:
-    """The inputs the recipe's probes declare in their registry entries ("views", "rotated", "orbits")."""
-    from headprobe.registry import PROBES
-
-    return {need for name in recipe.probes for need in PROBES.entry(name).needs}
-
-
 def load_backbone(ctx: RunContext, backbone: Any = None) -> Inputs:
     """The backbone: `backbone` (a `Backbone` given to `pipeline.run`), else loaded from recipe.backbone; the data
     follows (`load_data`), so that a failure there finds the backbone recorded."""
@@ -162,13 +156,13 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
                     parts.append(rotated.features)
                     cache[f"{split}-rot{angle}"] = {"key": rotated.key, "hit": rotated.cached}
                 out.rotated[split] = (torch.cat(parts), torch.arange(4).repeat_interleave(len(parts[0])))
-        if "orbits" in needs:
-            spec = recipe.probes["orbits"]
+        orbits = orbit_request(recipe)
+        if orbits is not None:
             with ctx.stage("extracting orbits"):
-                out.orbits = extract_orbits(backbone, data.test, sweeps=spec.sweeps, n_images=spec.n_images,
-                                            data_info=data.info, batch_size=f.batch_size, precision=f.precision,
-                                            cache=f.cache, state=ctx.state, progress=progress, record=cache,
-                                            store_dtype=f.store_dtype)
+                out.orbits = extract_orbits(backbone, data.test, sweeps=list(orbits.sweeps),
+                                            n_images=orbits.n_images, data_info=data.info, batch_size=f.batch_size,
+                                            precision=f.precision, cache=f.cache, state=ctx.state,
+                                            progress=progress, record=cache, store_dtype=f.store_dtype)
         out.seconds["extract_s"] = time.perf_counter() - t0
         # Training views feed frozen-path head training and the geometry of trained heads; the tuned path makes its
         # own views on the fly. The view probes measure held-out views (augment.probe_views: the test images') unless

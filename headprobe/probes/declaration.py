@@ -154,6 +154,10 @@ class Probe:
     probe (the scheduler of several processes shares the probes out by it until each has been timed;
     `cost_source` names the measurement in benchmarks/results/). `check(options, train: TrainImages)` raises
     ValueError for options the ranges cannot refuse alone (an empty list, a k above the training images).
+    `shards_bank`: the processes of a multi-process run may run it together, each over 1/W of the training bank
+    (its function takes `processes=(rank, world)`; its option `shard_bank` says whether they do, null: from
+    `pipeline.probe_sharing.SHARD_BANK_ROWS` training rows). A probe that needs orbits names them in its options
+    (`sweeps`, `n_images`: `recipe.probe_inputs.orbit_request`).
 
     Calling a Probe calls its function with the options' defaults filled in for those not given."""
 
@@ -167,6 +171,7 @@ class Probe:
     cost_source: str = ""
     check: Callable[[Any, TrainImages], None] | None = None
     usage: str | None = None
+    shards_bank: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.needs) - set(PROBE_INPUTS)
@@ -176,6 +181,9 @@ class Probe:
         if self.options is not None and not dataclasses.is_dataclass(self.options):
             raise ValueError(f"probe {self.name!r}: options must be a dataclass (each option a field with its "
                              f"default), got {self.options!r}.")
+        if self.shards_bank and "shard_bank" not in self.defaults():
+            raise ValueError(f"probe {self.name!r} shards its bank, so its options declare `shard_bank` (whether "
+                             "the processes share each bank; null: from its size).")
         if not self.cost > 0:
             raise ValueError(f"probe {self.name!r}: cost {self.cost!r} must be > 0 (seconds per tap, k-NN = 1).")
 

@@ -62,7 +62,7 @@ def measure_knn(tap: TapData, *, shard_bank: bool | None, processes: tuple[int, 
 
 KNN = Probe(
     "knn", measure_knn, "DINO weighted k-NN: cosine similarity, top-k votes weighted exp(s/T)",
-    options=KnnSpec, check=check_knn, cost=1.0, cost_source="benchmarks/results/probe_costs.json",
+    options=KnnSpec, check=check_knn, cost=1.0, cost_source="benchmarks/results/probe_costs.json", shards_bank=True,
     metrics=(
         Metric("knn.k{k}.acc", "test accuracy of a weighted {k}-nearest-neighbour vote (cosine, train images as the "
                "neighbours)", "fraction of test images", "higher = more class information", CLASS_CHANCE,
