@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from headprobe.registry import PROBE_INPUTS, PROBES, Registry, UnavailablePluginError
+from headprobe.registry import PROBE_INPUTS, PROBE_QUESTIONS, PROBES, Registry, UnavailablePluginError
 
 # A metric's role: evidence about the head (information the backbone should keep, invariance the head should gain),
 # a description (reported, never evidence), or a protocol value (a chosen hyper-parameter, a validation score, a
@@ -38,8 +38,6 @@ ROLES = (INFORMATION, INVARIANCE, DESCRIPTION, PROTOCOL)
 EVIDENCE_ROLES = (INFORMATION, INVARIANCE)
 # The chance level of a class accuracy: 1 / the run's number of classes.
 CLASS_CHANCE = "1/n_classes"
-# The claim questions a metric may bear on (`stats.claims.QUESTIONS`).
-QUESTION_KEYS = ("Q-aug", "Q-inv", "Q-class")
 
 # "{k}" in a metric's name is one dotless part of the name; "[{sweep}.]" is an optional part.
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -120,9 +118,10 @@ class Metric:
         if isinstance(self.chance, str) and self.chance != CLASS_CHANCE:
             raise ValueError(f"metric {self.name!r} has chance {self.chance!r}; give a number, None or "
                              f"CLASS_CHANCE ({CLASS_CHANCE!r}).")
-        unknown = [q for q in self.answers + self.shown_with if q not in QUESTION_KEYS]
+        unknown = [q for q in self.answers + self.shown_with if q not in PROBE_QUESTIONS]
         if unknown:
-            raise ValueError(f"metric {self.name!r} bears on {unknown}; the questions are {', '.join(QUESTION_KEYS)}.")
+            raise ValueError(f"metric {self.name!r} bears on {unknown}; the questions are "
+                             f"{', '.join(PROBE_QUESTIONS)}.")
 
     @property
     def pattern(self) -> str:
