@@ -60,7 +60,8 @@ class FeatureSet:
     seconds: dict = field(default_factory=dict)
 
     def read(self) -> list[torch.Tensor]:
-        """The memory-mapped cache tensors the run reads (`features.cache.UnchangedCache` guards them)."""
+        """The memory-mapped cache tensors the run reads (`RunContext.reading` guards them:
+        `features.cache.UnchangedCache`)."""
         return [t for part in (self.train, self.test, self.views, self.probe_views) if part is not None
                 for t in vars(part).values() if isinstance(t, torch.Tensor)]
 

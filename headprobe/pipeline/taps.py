@@ -118,3 +118,4 @@ def draw_resamples(ctx, features, per_unit: dict) -> None:
             strata = (features.test.labels[:n] if p.unit in (TEST_IMAGES, ORBIT_IMAGES) else
                       features.train.labels if p.unit == TRAIN_IMAGES else None)
             ctx.resamples[p.unit] = bootstrap_resamples(n, seed=ctx.recipe.seed, strata=strata)
+            ctx.verify_cache()  # the labels read, outside any stage

@@ -35,7 +35,6 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
     features again, analyse the first seed's final geometry, probe the backbone and head taps; then the seeds'
     aggregates, verdicts and answers. `inputs`: the untuned backbone (the first seed tunes it in place) and the
     data."""
-    from headprobe.features.cache import UnchangedCache
     from headprobe.pipeline.geometry_claims import answer_geometry_questions
 
     recipe, record = ctx.recipe, ctx.record
@@ -52,8 +51,9 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
         _record_training(ctx, trained, seed, several, kept_records)
         features = stages.extract_features(ctx, seeded, tuned=True, geometry=i == 0)
         # The first seed's extraction is the one recorded (the settings are every seed's; the weights are
-        # backbone_tuned.seeds); each seed's cache files are guarded while they are read.
-        record.features(features.protocol if i == 0 else {}, features.seconds, UnchangedCache(features.read()).check)
+        # backbone_tuned.seeds); each seed's cache files are verified while they are read.
+        record.features(features.protocol if i == 0 else {}, features.seconds)
+        ctx.reading(features)
         if i == 0 and recipe.geometry.final:
             t0 = time.perf_counter()
             for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
