@@ -418,6 +418,9 @@ QUESTIONS = Registry("question")
 QUESTIONS.declare("Q-aug", "headprobe.stats.claims:Q_AUG")
 QUESTIONS.declare("Q-inv", "headprobe.stats.claims:Q_INV")
 QUESTIONS.declare("Q-class", "headprobe.stats.claims:Q_CLASS")
+# Claim 5's questions (the three above): the probe stage answers them from the probes' metrics, so they are the only
+# questions a metric may bear on (`probes.declaration.Metric.answers`, `shown_with`) and `stats.claims.QUESTIONS`.
+PROBE_QUESTIONS = tuple(QUESTIONS.names())
 QUESTIONS.declare("Q-whiten", "headprobe.stats.whiten_claim:Q_WHITEN")
 QUESTIONS.declare("Q-metric", "headprobe.stats.metric_claim:Q_METRIC")
 QUESTIONS.declare("Q-split", "headprobe.stats.geometry_claims:Q_SPLIT")

@@ -8,8 +8,9 @@ Each allowed one is named below with the reason it is the source or a table of p
 import ast
 from pathlib import Path
 
-from headprobe.probes.declaration import QUESTION_KEYS
-from headprobe.registry import BACKBONES, HEADS, QUESTIONS, UNTRAINED_HEAD_TYPES
+import pytest
+
+from headprobe.registry import BACKBONES, HEADS, PROBE_QUESTIONS, QUESTIONS, UNTRAINED_HEAD_TYPES
 
 PACKAGE = Path(__file__).resolve().parents[1] / "headprobe"
 FAMILIES = {"head type": set(HEADS.names()), "backbone source": set(BACKBONES.names()),
@@ -17,8 +18,6 @@ FAMILIES = {"head type": set(HEADS.names()), "backbone source": set(BACKBONES.na
 ALLOWED = {
     # the source: the head types never trained (a subset of HEADS), read by the recipe checks and the null heads
     ("head type", "registry.py", "UNTRAINED_HEAD_TYPES"),
-    # the source: the questions a probe's metric may bear on; stats.claims checks its declarations against it
-    ("question", "probes/declaration.py", "QUESTION_KEYS"),
     # per-member tables, not lists: the config fields the report shows per head type; claim 5's sentences across runs
     ("head type", "report/training.py", "FIELDS"),
     ("question", "stats/cross_run.py", "ACROSS"),
@@ -66,7 +65,20 @@ def test_each_allowed_list_is_still_there_and_names_declared_members():
     found = {(family, file, name) for family, file, name, _ in family_lists()}
     assert ALLOWED <= found, f"no longer found (take them out of ALLOWED): {sorted(ALLOWED - found)}"
     assert set(UNTRAINED_HEAD_TYPES) <= set(HEADS.names())
-    assert set(QUESTION_KEYS) <= set(QUESTIONS.names())
+
+
+def test_claim_5s_questions_are_the_registrys():
+    """The questions the probe stage answers and a metric may bear on are declared once, in the registry
+    (`PROBE_QUESTIONS`, its first entries): `stats.claims.QUESTIONS` holds the registry's own objects under those keys,
+    and a metric that bears on another question is refused where it is declared."""
+    from headprobe.probes.declaration import Metric
+    from headprobe.stats.claims import QUESTIONS as ANSWERED
+
+    assert PROBE_QUESTIONS == tuple(QUESTIONS.names()[:len(PROBE_QUESTIONS)]) == tuple(ANSWERED)
+    assert all(ANSWERED[key] is QUESTIONS.get(key) and ANSWERED[key].claim == 5 for key in PROBE_QUESTIONS)
+    assert all(QUESTIONS.get(key).claim != 5 for key in QUESTIONS.names() if key not in PROBE_QUESTIONS)
+    with pytest.raises(ValueError, match=r"bears on \['Q-whiten'\]; the questions are Q-aug, Q-inv, Q-class\."):
+        Metric("m", "a test's", "unit", "higher = more", answers=("Q-whiten",))
 
 
 def test_the_scan_finds_a_second_list(tmp_path):

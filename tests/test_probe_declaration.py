@@ -214,3 +214,10 @@ def test_a_plugin_registered_the_old_way_reads_as_a_probe_without_metrics():
         assert (probe.help, probe.needs, probe.metrics, probe.cost) == ("an old-style plug-in", ("views",), (), 1.0)
     finally:
         PROBES.remove("old_style")
+
+
+def test_sharding_the_bank_is_declared_with_its_option():
+    """The multi-process scheduler runs together the probes that declare `shards_bank` (the k-NN), not a name."""
+    assert declared_probe("knn").shards_bank and not declared_probe("linear").shards_bank
+    with pytest.raises(ValueError, match="shards its bank, so its options declare `shard_bank`"):
+        Probe("sharded", lambda tap: None, "a test's", shards_bank=True)

@@ -29,12 +29,12 @@ def test_every_registered_target_imports():
 
 def test_questions_are_declared_once():
     """claim 5's questions are the registry's first entries, the same objects `stats.claims` answers, and the keys
-    a metric may bear on (`probes.declaration.QUESTION_KEYS`)."""
-    from headprobe.probes.declaration import QUESTION_KEYS
+    a metric may bear on (`registry.PROBE_QUESTIONS`)."""
+    from headprobe.registry import PROBE_QUESTIONS
     from headprobe.stats.claims import QUESTIONS
 
     declared = FAMILIES["questions"]
-    assert tuple(declared.names()[:3]) == tuple(QUESTIONS) == QUESTION_KEYS
+    assert tuple(declared.names()[:3]) == tuple(QUESTIONS) == PROBE_QUESTIONS
     assert all(declared.get(key) is QUESTIONS[key] for key in QUESTIONS)
     assert declared.entry("Q-class").help.startswith("claim 5: Does the head keep the class information? primary "
                                                      "linear.acc; equivalence: |head − backbone| < 0.02")

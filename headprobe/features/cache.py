@@ -175,17 +175,17 @@ class CacheChangedError(RuntimeError):
 
 
 # A full re-checksum costs at most 1/FULL_CHECK_SHARE of the time between two of them (the identity check, a few
-# system calls, runs before every write).
+# system calls, runs at every check).
 FULL_CHECK_SHARE = 100
 
 
 class UnchangedCache:
     """Proof that the memory-mapped cache files a run reads are the bytes it verified when it opened them, taken
-    before its results are written (`check`): each file's identity (inode, size, modification time, from the
-    open file) every time, and its checksums again at the end of the run and otherwise as often as
-    costs at most 1/`FULL_CHECK_SHARE` of the run's time. A file replaced by a rename is not a change (the mapping
-    keeps the old inode); a file written in place is. Tensors that are not mapped (loaded whole, or just extracted)
-    cannot change and are not checked."""
+    where they are read (`check`: the run calls it as each stage that read them ends, `RunContext.stage`): each
+    file's identity (inode, size, modification time, from the open file) every time, and its checksums again at
+    the end of the run and otherwise as often as costs at most 1/`FULL_CHECK_SHARE` of the run's time. A file
+    replaced by a rename is not a change (the mapping keeps the old inode); a file written in place is. Tensors that
+    are not mapped (loaded whole, or just extracted) cannot change and are not checked."""
 
     def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
         from headprobe.features.tensor_file import is_mapped

@@ -14,8 +14,8 @@ mapped from the resident set (the kernel's page cache may keep it; the next read
 Writing into a mapped tensor changes this process's copy only, never the file, and `release_pages` discards such
 writes: treat mapped tensors as read-only. A file replaced by a rename (how the feature cache writes) leaves existing
 mappings on the old file; a file edited in place changes them, and truncating it makes their reads fail (SIGBUS), so
-never edit a cache file in place while a run uses it: `changed_mappings` tells (the run checks it before writing
-results, `feature_cache.UnchangedCache`).
+never edit a cache file in place while a run uses it: `changed_mappings` tells (the run checks it as each stage that
+read the files ends, `feature_cache.UnchangedCache`).
 
 Why not safetensors' own reader and writer: `safe_open` and `load_file` hand out whole tensors or contiguous slices,
 and `save_file` needs every tensor in memory; none gathers scattered rows without mapping pages, checksums in chunks

@@ -25,7 +25,6 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
 
 
 def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -> dict:
-    from headprobe.features.cache import UnchangedCache
     from headprobe.parallel.threads import configure_threads, resumed_threads
     from headprobe.pipeline import stages
     from headprobe.pipeline.geometry_claims import answer_geometry_questions
@@ -75,7 +74,8 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     inputs = stages.load_data(ctx, inputs)
     record.data(inputs.data_record())
     features = stages.extract_features(ctx, inputs)
-    record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)
+    record.features(features.protocol, features.seconds)
+    ctx.reading(features)
     heads = {}
     for spec in recipe.heads:
         if spec.name not in saved:
@@ -88,9 +88,12 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     t0 = time.perf_counter()
     for head, geometry in stages.analyse_geometry(ctx, features, heads):
         record.geometry(head, geometry)
-    record.geometry_claims(ctx.stage("answering Q-split and Q-saddle", answer_geometry_questions, ctx, features,
-                                     {seeds[0]: heads}))
+    with ctx.stage("answering Q-split and Q-saddle"):
+        geometry_claims = answer_geometry_questions(ctx, features, {seeds[0]: heads})
+    record.geometry_claims(geometry_claims)
     ctx.clock("geometry_s", time.perf_counter() - t0)
+    with ctx.stage("checking the cached features read"):
+        ctx.verify_cache(final=True)
     record.recorded_geometry(str(checkpoint.relative_to(run.path)))
     if recipe.report:
         stages.write_report(run)

@@ -227,7 +227,6 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     (`RecordWriter`) takes it. The executors of probes and seeds are chosen here, once, for `state`'s processes."""
     from accelerate.utils import set_seed
 
-    from headprobe.features.cache import UnchangedCache
     from headprobe.pipeline.geometry_claims import answer_geometry_questions
     from headprobe.report.trackers import tracking
 
@@ -263,8 +262,8 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
         inputs = stages.load_data(ctx, inputs)
         record.data(inputs.data_record())
         features = stages.extract_features(ctx, inputs)
-        # From here on, results are written only while the memory-mapped cache files read are the bytes verified.
-        record.features(features.protocol, features.seconds, UnchangedCache(features.read()).check)
+        record.features(features.protocol, features.seconds)
+        ctx.reading(features)  # each stage from here on ends by verifying the cache files it read
         if not frozen:
             # Score the untuned backbone; then, once per seed, tune a copy of it with the heads on views made on the
             # fly and extract every feature again from it, so that "backbone" and the head taps are scored on the
@@ -287,13 +286,15 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
                     t0 = time.perf_counter()
                     for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
                         record.geometry(head, geometry)
-                    geometry_claims = ctx.stage("answering Q-split and Q-saddle", answer_geometry_questions, ctx,
-                                                features, trained.by_seed)
+                    with ctx.stage("answering Q-split and Q-saddle"):
+                        geometry_claims = answer_geometry_questions(ctx, features, trained.by_seed)
                     ctx.clock("geometry_s", time.perf_counter() - t0)
                 _clock_probing(ctx, probing.probe_heads(ctx, features, trained, backbone=with_heads))
                 if recipe.geometry.final:  # after probing, whose answers replace results["claims"]
                     record.geometry_claims(geometry_claims)
 
+        with ctx.stage("checking the cached features read"):
+            ctx.verify_cache(final=True)
         record.complete(_orbit_coordinates(results["taps"]))
         trackers.log_results(results)
         if recipe.report:

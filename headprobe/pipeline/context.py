@@ -1,17 +1,19 @@
 """The context every stage of a run shares: the recipe, the run folder, the results being written, the clock, the
-accelerate state, progress bars and the time estimate. `RunContext.stage` records a failure (or Ctrl-C) in
-`results.json` before it propagates, so finished work stays on disk and `--resume` goes on from it.
+accelerate state, progress bars and the time estimate. `with ctx.stage(name):` around a stage's work records a failure
+(or Ctrl-C) in `results.json` before it propagates, so finished work stays on disk and `--resume` goes on from it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headprobe.features.cache import UnchangedCache
 from headprobe.parallel.peers import LOST_WAIT_S, lost_peers, lost_sentence, timed_out, timeout_sentence
 from headprobe.pipeline.executors import LocalProbes, LocalSeeds, ProbeExecutor, SeedExecutor
 from headprobe.recipe import Recipe, RecipeError
@@ -44,7 +46,8 @@ class RunContext:
     state, the executors chosen where the run started (`pipeline.executors`: probes and seeds, local or shared),
     whether progress is shown, the processes' (host, pid) of a multi-process run (`parallel.peers`) and their
     heartbeats (`parallel.liveness`, from `watching_peers`), the bootstrap resamples every tap shares
-    (`taps.draw_resamples`), the first probed tap's seconds (the time estimate) and the last stage begun."""
+    (`taps.draw_resamples`), the first probed tap's seconds (the time estimate), the last stage begun, and the
+    guard of the memory-mapped cache files the stages read (`reading`)."""
 
     recipe: Recipe
     record: RecordWriter
@@ -57,11 +60,18 @@ class RunContext:
     resamples: dict = field(default_factory=dict)
     first_probe_s: float | None = None
     last_stage: str = "starting the run"
+    cache: UnchangedCache | None = None
 
-    def stage(self, name: str, fn, *args, **kwargs):
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Around one stage's work (`with ctx.stage("extracting train features"): ...`): a failure or Ctrl-C inside
+        is recorded in results.json under `name` before it propagates (a failure as `RunError`, or `PeerStop` when
+        another process was lost); a RecipeError passes as it is. The stage ends by verifying the cache files it
+        read (`verify_cache`), so nothing computed from bytes that changed under the run leaves it."""
         self.last_stage = name
         try:
-            return fn(*args, **kwargs)
+            yield
+            self.verify_cache()
         except KeyboardInterrupt as stop:
             # Ctrl-C or a scheduler's SIGTERM: say so in results.json (not "running" forever); finished stages stay
             # and --resume goes on. The SIGTERM torchrun sends after a process died is that process's failure.
@@ -76,6 +86,18 @@ class RunContext:
             if peer_stop is not None:
                 raise peer_stop from err
             raise RunError(name, err, self.record.path if self.record.writable else None) from err
+
+    def reading(self, features) -> None:
+        """From here on the stages read `features` (a `stages.FeatureSet`): its memory-mapped cache files
+        (`FeatureSet.read`) are verified as each stage ends. Only the main process, which records, checks them."""
+        self.cache = UnchangedCache(features.read()) if self.record.writable else None
+
+    def verify_cache(self, final: bool = False) -> None:
+        """`features.cache.CacheChangedError` when a cache file read changed on disk since it was verified
+        (`UnchangedCache.check`: its identity every time, its checksums at most 1/100 of the time, and always when
+        `final`: before the record is completed)."""
+        if self.cache is not None:
+            self.cache.check(final)
 
     @contextmanager
     def recording_stops(self):

@@ -24,6 +24,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from headprobe.recipe import declared_shape, patch_size
+from headprobe.recipe.probe_inputs import orbit_request, probe_needs
+
 __all__ = ["IMPORT_RSS_BYTES", "LOAD_RSS_BYTES", "Plan", "add_plan_parser", "backbone_width", "data_sizes",
            "make_plan"]
 
@@ -88,8 +91,6 @@ def _hf_config(ref: str) -> dict | None:
 
 def backbone_width(spec) -> tuple[int | None, str]:
     """(the width of one pooled feature of `spec` (a `BackboneSpec`), None where unknown; where it comes from)."""
-    from headprobe.recipe import declared_shape
-
     prefix, _, ref = spec.id.partition(":")
     base, source = declared_shape(spec.id).get("dim"), "declared in the registry"
     if base is None and prefix == "hf":
@@ -149,17 +150,13 @@ def _add(*terms) -> int | None:
 
 def make_plan(recipe, name: str = "") -> Plan:
     """The plan of a loaded `Recipe`."""
-    from headprobe.registry import PROBES
-
     dim, dim_source = backbone_width(recipe.backbone)
     n_train, n_test, how = data_sizes(recipe.data)
-    from headprobe.recipe import declared_shape
-
     params = declared_shape(recipe.backbone.id).get("params")
     plan = Plan(name or recipe.name, {"id": recipe.backbone.id, "dim": dim, "dim_source": dim_source,
                                       "params": params},
                 {"source": recipe.data.source, "n_train": n_train, "n_test": n_test, "how": how})
-    needs = {need for probe in recipe.probes for need in PROBES.entry(probe).needs}
+    needs = probe_needs(recipe)
     k = recipe.augment.views
     frozen = recipe.backbone.tune == "frozen"
     heads_views = bool(recipe.heads) and frozen
@@ -203,8 +200,10 @@ def make_plan(recipe, name: str = "") -> Plan:
     plan.totals = {"disk_bytes": disk, "memory_bytes": plan.taps[0].memory_bytes,
                    "images_extracted": _add(n_train, n_test, view_images, _mul(3, _add(n_train, n_test))
                                             if rows["rotated"] else 0)}
-    if "orbits" in needs:
-        plan.notes.append("orbits: their frames (n_images × the sweeps' steps) are not counted.")
+    orbits = orbit_request(recipe)
+    if orbits is not None:
+        plan.notes.append(f"orbits: their frames ({orbits.n_images} images × the steps of {', '.join(orbits.sweeps)})"
+                          " are not counted.")
     plan.rss = _peak_rss(recipe, plan, widest, dim)
     plan.time = _time(recipe, plan.totals["images_extracted"])
     return plan
@@ -235,8 +234,6 @@ def _peak_rss(recipe, plan: Plan, widest: int | None, dim: int | None) -> dict:
 def _time(recipe, images: int | None) -> dict:
     """The extraction's rough seconds from a measured forward-pass rate; training and probing are timed by the run
     itself (`pipeline.time_estimate`) once it has measured its first tap."""
-    from headprobe.recipe import patch_size
-
     known = SECONDS_PER_IMAGE.get(recipe.backbone.id)
     if known is None or images is None:
         return {"extract_s": None, "note": "extraction not estimated: no measured rate for this backbone"}

@@ -3,10 +3,11 @@
 W processes (torchrun, `accelerate launch`) hold the same features. Two kinds of sharing, both giving the
 one-process numbers:
 
-- the k-NN probe on a large bank (`probes.knn.shard_bank`, `shard_knn_bank`) runs on every process at once, each
-  over its 1/W of the training bank, the partial top-k lists merged (`probes.sharded_knn`): the same predictions,
-  1/W of the similarity work and of its memory (the normalised bank, the score blocks) on each process (the
-  features themselves are held whole by every process, as for every probe);
+- a probe that declares it shards its bank (`Probe.shards_bank`: the k-NN) runs on a large bank (its option
+  `shard_bank`, `shard_knn_bank`) on every process at once, each over its 1/W of the training bank, the partial
+  top-k lists merged (`probes.sharded_knn`): the same predictions, 1/W of the similarity work and of its memory
+  (the normalised bank, the score blocks) on each process (the features themselves are held whole by every
+  process, as for every probe);
 - every other (tap, seed, probe) is run by one process (`share_of_probes`): the longest first, each to the process
   with the least work so far, by the time that probe took on an earlier tap (by the probe's declared cost prior,
   `probes.declaration.Probe.cost`, before any was).
@@ -31,8 +32,8 @@ SHARD_BANK_ROWS = 65_536
 
 
 def shard_knn_bank(shard_bank: bool | None, n_train: int) -> bool:
-    """Whether the processes run each k-NN together over 1/W of the bank each: `probes.knn.shard_bank`, or when null,
-    from SHARD_BANK_ROWS training rows.
+    """Whether the processes run each k-NN (a probe that shards its bank) together over 1/W of the bank each: its
+    option `shard_bank` (`probes.knn.shard_bank`), or when null, from SHARD_BANK_ROWS training rows.
 
     Why not always: on a small bank each process's part costs nearly what the whole does (fixed costs: norms,
     certification, merging), so W synchronised k-NNs over 1/W each are slower than one whole k-NN per tap dealt to
@@ -125,8 +126,8 @@ class SharedProbes:
 
         world, rank = self.state.num_processes, self.state.process_index
         order = list(ctx.recipe.probes)
-        together = {"knn"} if "knn" in order and shard_knn_bank(ctx.recipe.probes["knn"].shard_bank,
-                                                                len(features.train.labels)) else set()
+        together = {name for name in order if declared_probe(name).shards_bank
+                    and shard_knn_bank(ctx.recipe.probes[name].shard_bank, len(features.train.labels))}
         costs = self.seconds
         count, self.stages = f"probes-{self.stages}", self.stages + 1
         total = sum(len(names) for names in pending)
@@ -161,8 +162,9 @@ class SharedProbes:
         if failure is not None:
             raise failure
         failed = [(r, message) for r, (_, message) in enumerate(shares) if message is not None]
-        if failed:  # through ctx.stage, so that the main process records it in results.json
-            ctx.stage("running the probes shared among the processes", _raise_failure, *failed[0])
+        if failed:  # inside ctx.stage, so that the main process records it in results.json
+            with ctx.stage("running the probes shared among the processes"):
+                _raise_failure(*failed[0])
         for r, (share, _) in enumerate(shares):
             for i, name, out, uncertainty, seconds in share:
                 outputs.append((i, name, out, r, uncertainty))

@@ -112,8 +112,9 @@ class SharedSeeds:
         if failure is not None:
             raise failure
         failed = [(r, message) for r, (*_, message) in enumerate(shares) if message is not None]
-        if failed:  # through ctx.stage, so that the main process records it in results.json
-            ctx.stage("training the seeds shared among the processes", _raise_failure, *failed[0])
+        if failed:  # inside ctx.stage, so that the main process records it in results.json
+            with ctx.stage("training the seeds shared among the processes"):
+                _raise_failure(*failed[0])
         out = dict(local)
         for r, (share, logged, _) in enumerate(shares):
             for seed, (portable, summary) in share.items():

@@ -2,9 +2,9 @@
 (or tune the backbone with them) → geometry. Probing the taps is `pipeline.probing`; `compose.run` composes both.
 
 A stage writes nothing: it returns what it made, with what the record keeps of it (`recorded`, `seconds`), and
-`compose.run` hands that to the record's one writer (`record.writer.RecordWriter`). Each stage's work runs through
-`RunContext.stage`, which records a failure (or Ctrl-C) in `results.json` before it propagates, so finished work stays
-on disk and `--resume` goes on from it.
+`compose.run` hands that to the record's one writer (`record.writer.RecordWriter`). Each stage's work runs inside
+`with ctx.stage(name):` (`RunContext.stage`), which records a failure (or Ctrl-C) in `results.json` before it
+propagates, so finished work stays on disk and `--resume` goes on from it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from headprobe.pipeline.context import RunContext, RunError, write_report  # noqa: F401
 from headprobe.recipe import Recipe
 from headprobe.recipe.null_heads import is_null, trainable_specs
+from headprobe.recipe.probe_inputs import orbit_request, probe_needs
 from headprobe.train.null_heads import NullHead, build_null_heads
 from headprobe.train.objectives import objective_protocol
 from headprobe.train.pretrained_heads import PretrainedHead, load_pretrained_heads
@@ -59,7 +60,8 @@ class FeatureSet:
     seconds: dict = field(default_factory=dict)
 
     def read(self) -> list[torch.Tensor]:
-        """The memory-mapped cache tensors the run reads (`features.cache.UnchangedCache` guards them)."""
+        """The memory-mapped cache tensors the run reads (`RunContext.reading` guards them:
+        `features.cache.UnchangedCache`)."""
         return [t for part in (self.train, self.test, self.views, self.probe_views) if part is not None
                 for t in vars(part).values() if isinstance(t, torch.Tensor)]
 
@@ -91,13 +93,6 @@ class TrainedHeads:
         return next(iter(self.by_seed.values()))
 
 
-def probe_needs(recipe: Recipe) -> set[str]:
-    """The inputs the recipe's probes declare in their registry entries ("views", "rotated", "orbits")."""
-    from headprobe.registry import PROBES
-
-    return {need for name in recipe.probes for need in PROBES.entry(name).needs}
-
-
 def load_backbone(ctx: RunContext, backbone: Any = None) -> Inputs:
     """The backbone: `backbone` (a `Backbone` given to `pipeline.run`), else loaded from recipe.backbone; the data
     follows (`load_data`), so that a failure there finds the backbone recorded."""
@@ -107,9 +102,9 @@ def load_backbone(ctx: RunContext, backbone: Any = None) -> Inputs:
     spec = recipe.backbone
     extra = {k: v for k, v in (("part", spec.part), ("num_heads", spec.num_heads)) if v is not None}
     if backbone is None:
-        backbone = ctx.stage(f"loading backbone {spec.id}", load, spec.id, pooling=spec.pooling,
-                             resolution=spec.resolution, revision=spec.revision, layer=spec.layer,
-                             layers=spec.layers, seed=recipe.seed, **extra)
+        with ctx.stage(f"loading backbone {spec.id}"):
+            backbone = load(spec.id, pooling=spec.pooling, resolution=spec.resolution, revision=spec.revision,
+                            layer=spec.layer, layers=spec.layers, seed=recipe.seed, **extra)
     return Inputs(backbone, load_s=time.perf_counter() - t0)
 
 
@@ -117,7 +112,8 @@ def load_data(ctx: RunContext, inputs: Inputs) -> Inputs:
     """`inputs` with the recipe's data loaded."""
     from headprobe.data import load_data as load
 
-    data = ctx.stage(f"loading data {ctx.recipe.data.source}", load, ctx.recipe.data)
+    with ctx.stage(f"loading data {ctx.recipe.data.source}"):
+        data = load(ctx.recipe.data)
     return dataclasses.replace(inputs, data=data)
 
 
@@ -143,12 +139,12 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
     options = {"data_info": data.info, "batch_size": f.batch_size, "precision": f.precision, "cache": f.cache,
                "num_workers": f.num_workers, "mapped": f.memory_map, "store_dtype": f.store_dtype, "state": ctx.state}
     needs, cache, clean = probe_needs(recipe), {}, {}
-    out = FeatureSet(None, None, data.n_classes,
-                     inert_params=ctx.stage("reading the training images' colours", grey_params, data.train))
+    with ctx.stage("reading the training images' colours"):
+        out = FeatureSet(None, None, data.n_classes, inert_params=grey_params(data.train))
     with ctx.progress() as progress:
         for split, ds in (("train", data.train), ("test", data.test)):
-            clean[split] = ctx.stage(f"extracting {split} features", extract, backbone, ds, split=split,
-                                     progress=progress, **options)
+            with ctx.stage(f"extracting {split} features"):
+                clean[split] = extract(backbone, ds, split=split, progress=progress, **options)
             cache[split] = {"key": clean[split].key, "hit": clean[split].cached}
         out.train, out.test = clean["train"], clean["test"]
         if "rotated" in needs:
@@ -156,17 +152,18 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
             for split, ds in (("train", data.train), ("test", data.test)):
                 parts = [clean[split].features]
                 for angle in (90, 180, 270):
-                    rotated = ctx.stage(f"extracting {split} features rotated {angle}°", extract, backbone, ds,
-                                        split=split, rotation=angle, progress=progress, **options)
+                    with ctx.stage(f"extracting {split} features rotated {angle}°"):
+                        rotated = extract(backbone, ds, split=split, rotation=angle, progress=progress, **options)
                     parts.append(rotated.features)
                     cache[f"{split}-rot{angle}"] = {"key": rotated.key, "hit": rotated.cached}
                 out.rotated[split] = (torch.cat(parts), torch.arange(4).repeat_interleave(len(parts[0])))
-        if "orbits" in needs:
-            spec = recipe.probes["orbits"]
-            out.orbits = ctx.stage("extracting orbits", extract_orbits, backbone, data.test, sweeps=spec.sweeps,
-                                   n_images=spec.n_images, data_info=data.info, batch_size=f.batch_size,
-                                   precision=f.precision, cache=f.cache, state=ctx.state, progress=progress,
-                                   record=cache, store_dtype=f.store_dtype)
+        orbits = orbit_request(recipe)
+        if orbits is not None:
+            with ctx.stage("extracting orbits"):
+                out.orbits = extract_orbits(backbone, data.test, sweeps=list(orbits.sweeps),
+                                            n_images=orbits.n_images, data_info=data.info, batch_size=f.batch_size,
+                                            precision=f.precision, cache=f.cache, state=ctx.state,
+                                            progress=progress, record=cache, store_dtype=f.store_dtype)
         out.seconds["extract_s"] = time.perf_counter() - t0
         # Training views feed frozen-path head training and the geometry of trained heads; the tuned path makes its
         # own views on the fly. The view probes measure held-out views (augment.probe_views: the test images') unless
@@ -191,16 +188,19 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
                 print(line, file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         if heads_need or (probing and not held_out):
-            out.views = ctx.stage("extracting augmented views", extract_views, backbone, data.train, augment=spec,
-                                  views=recipe.augment.views, seed=recipe.seed, progress=progress, **options)
+            with ctx.stage("extracting augmented views"):
+                out.views = extract_views(backbone, data.train, augment=spec, views=recipe.augment.views,
+                                          seed=recipe.seed, progress=progress, **options)
             out.protocol["views"] = {
                 "augment": dataclasses.asdict(spec) | {"preset": recipe.augment.preset},
                 "views": recipe.augment.views, "cache_key": out.views.key, "hit": out.views.cached}
         if probing:
             seed = held_out_view_seed(recipe.seed) if held_out else recipe.seed
-            out.probe_views = out.views if not held_out else ctx.stage(
-                "extracting augmented views of the test images", extract_views, backbone, data.test, augment=spec,
-                views=recipe.augment.views, seed=seed, progress=progress, **options)
+            out.probe_views = out.views
+            if held_out:
+                with ctx.stage("extracting augmented views of the test images"):
+                    out.probe_views = extract_views(backbone, data.test, augment=spec, views=recipe.augment.views,
+                                                    seed=seed, progress=progress, **options)
             out.protocol["views_probed"] = {
                 "split": "test" if held_out else "train", "n_images": len(out.probe_views.features),
                 "views": recipe.augment.views, "seed": seed, "cache_key": out.probe_views.key,
@@ -236,10 +236,9 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
     def train_one(seed: int, log_seed) -> tuple[dict, dict]:
         checkpoints = record.path / "checkpoints" / (f"seed-{seed}" if several else "")
         resume_from = latest_checkpoint(checkpoints) if record.resume else None
-        with ctx.progress() as progress:
-            states, summary = ctx.stage(
-                "training heads" + (f" (seed {seed})" if several else ""), train_loop, trainable,
-                features.views.features, objective_name=recipe.objective.name,
+        with ctx.progress() as progress, ctx.stage("training heads" + (f" (seed {seed})" if several else "")):
+            states, summary = train_loop(
+                trainable, features.views.features, objective_name=recipe.objective.name,
                 objective_options=recipe.objective.options, train=recipe.train, seed=seed,
                 checkpoint_dir=checkpoints if writes_checkpoints else None, resume_from=resume_from, log=log_seed,
                 progress=progress, track=recipe.geometry, device=ctx.state.device)
@@ -319,14 +318,14 @@ def tune_backbone(ctx: RunContext, inputs: Inputs, seed: int, several: bool = Fa
     recipe, record, spec = ctx.recipe, ctx.record, ctx.recipe.backbone
     lora = dataclasses.asdict(spec.lora) if spec.tune == "lora" else {}
     which = f" (seed {seed})" if several else ""
-    tuning = ctx.stage(f"tuning the backbone ({spec.tune}){which}", apply_tuning, inputs.backbone, spec.tune,
-                       seed=seed, **lora)
+    with ctx.stage(f"tuning the backbone ({spec.tune}){which}"):
+        tuning = apply_tuning(inputs.backbone, spec.tune, seed=seed, **lora)
     checkpoints = record.path / "checkpoints" / (f"seed-{seed}" if several else "")
     resume_from = latest_checkpoint(checkpoints) if record.resume else None
-    with ctx.progress() as progress:
-        states, summary = ctx.stage(
-            f"training the tuned backbone and heads{which}", train_tuned, inputs.backbone, recipe.heads,
-            inputs.data.train, augment=augment_spec(recipe.augment.preset, **recipe.augment.options),
+    augment = augment_spec(recipe.augment.preset, **recipe.augment.options)
+    with ctx.progress() as progress, ctx.stage(f"training the tuned backbone and heads{which}"):
+        states, summary = train_tuned(
+            inputs.backbone, recipe.heads, inputs.data.train, augment=augment,
             views=recipe.augment.views, objective_name=recipe.objective.name,
             objective_options=recipe.objective.options, train=recipe.train, seed=seed,
             precision=recipe.features.precision, num_workers=recipe.features.num_workers,
@@ -338,7 +337,8 @@ def tune_backbone(ctx: RunContext, inputs: Inputs, seed: int, several: bool = Fa
                        seconds=summary.pop("train_s"), resumed=resume_from is not None,
                        track_s=summary.pop("track_s", 0.0), backbone_tuned=inputs.backbone.describe())
     if record.writable:
-        saved = ctx.stage(f"saving the tuned backbone{which}", save_tuned_backbone, inputs.backbone, checkpoints)
+        with ctx.stage(f"saving the tuned backbone{which}"):
+            saved = save_tuned_backbone(inputs.backbone, checkpoints)
         out.backbone_tuned["saved"] = str(saved.relative_to(record.path))
     out.protocol["train"] = _training_protocol(recipe, summary, {"tuning": tuning})
     tracked = _tracked(recipe, {seed: states})
@@ -373,10 +373,11 @@ def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> Iter
                   file=sys.stderr, flush=True)
         with ctx.progress() as progress:
             task = progress.add_task(f"geometry of head {name!r}", total=len(PARTS))
-            geometry = ctx.stage(f"analysing the geometry of head {name!r}", analyse_head, trained.head,
-                                 trained.predictor, objective, ctx.recipe.objective.options, features.train.features,
-                                 features.views.features, rows=ctx.recipe.geometry.rows, seed=ctx.recipe.seed,
-                                 on_part=lambda part, task=task, progress=progress: progress.advance(task))
+            with ctx.stage(f"analysing the geometry of head {name!r}"):
+                geometry = analyse_head(trained.head, trained.predictor, objective, ctx.recipe.objective.options,
+                                        features.train.features, features.views.features,
+                                        rows=ctx.recipe.geometry.rows, seed=ctx.recipe.seed,
+                                        on_part=lambda part, task=task, progress=progress: progress.advance(task))
         yield name, geometry
 
 

@@ -93,7 +93,10 @@ def run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str], proce
         options = dataclasses.asdict(ctx.recipe.probes[name]) | ({} if processes is None else
                                                                  {"processes": processes})
         where = f"tap {tap.name!r}" + ("" if seed is None else f" (seed {seed})")
-        yield name, ctx.stage(f"running probe {name!r} on {where}", PROBES.get(name), data, **options)
+        probe = PROBES.get(name)
+        with ctx.stage(f"running probe {name!r} on {where}"):
+            out = probe(data, **options)
+        yield name, out
 
 
 def tap_intervals(ctx, features, tap_name: str) -> TapSummary:
@@ -115,3 +118,4 @@ def draw_resamples(ctx, features, per_unit: dict) -> None:
             strata = (features.test.labels[:n] if p.unit in (TEST_IMAGES, ORBIT_IMAGES) else
                       features.train.labels if p.unit == TRAIN_IMAGES else None)
             ctx.resamples[p.unit] = bootstrap_resamples(n, seed=ctx.recipe.seed, strata=strata)
+            ctx.verify_cache()  # the labels read, outside any stage

@@ -35,7 +35,6 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
     features again, analyse the first seed's final geometry, probe the backbone and head taps; then the seeds'
     aggregates, verdicts and answers. `inputs`: the untuned backbone (the first seed tunes it in place) and the
     data."""
-    from headprobe.features.cache import UnchangedCache
     from headprobe.pipeline.geometry_claims import answer_geometry_questions
 
     recipe, record = ctx.recipe, ctx.record
@@ -52,15 +51,16 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
         _record_training(ctx, trained, seed, several, kept_records)
         features = stages.extract_features(ctx, seeded, tuned=True, geometry=i == 0)
         # The first seed's extraction is the one recorded (the settings are every seed's; the weights are
-        # backbone_tuned.seeds); each seed's cache files are guarded while they are read.
-        record.features(features.protocol if i == 0 else {}, features.seconds, UnchangedCache(features.read()).check)
+        # backbone_tuned.seeds); each seed's cache files are verified while they are read.
+        record.features(features.protocol if i == 0 else {}, features.seconds)
+        ctx.reading(features)
         if i == 0 and recipe.geometry.final:
             t0 = time.perf_counter()
             for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
                 record.geometry(head, geometry)
             # each seed tunes its own backbone: Q-split reads the first seed's heads on its features
-            geometry_claims = ctx.stage("answering Q-split and Q-saddle", answer_geometry_questions, ctx, features,
-                                        {seed: trained.first})
+            with ctx.stage("answering Q-split and Q-saddle"):
+                geometry_claims = answer_geometry_questions(ctx, features, {seed: trained.first})
             ctx.clock("geometry_s", time.perf_counter() - t0)
         units, compared = probing.head_units(ctx, trained.by_seed, seeded=several, tuned=True)
         for part in ([(Tap("backbone"), seed if several else None)], units):

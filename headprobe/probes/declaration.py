@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from headprobe.registry import PROBE_INPUTS, PROBES, Registry, UnavailablePluginError
+from headprobe.registry import PROBE_INPUTS, PROBE_QUESTIONS, PROBES, Registry, UnavailablePluginError
 
 # A metric's role: evidence about the head (information the backbone should keep, invariance the head should gain),
 # a description (reported, never evidence), or a protocol value (a chosen hyper-parameter, a validation score, a
@@ -42,8 +42,6 @@ CLASS_CHANCE = "1/n_classes"
 # math needs every row at once; `Probe.reads_why` says why).
 CHUNKS, WHOLE = "chunks", "whole"
 READS = (CHUNKS, WHOLE)
-# The claim questions a metric may bear on (`stats.claims.QUESTIONS`).
-QUESTION_KEYS = ("Q-aug", "Q-inv", "Q-class")
 
 # "{k}" in a metric's name is one dotless part of the name; "[{sweep}.]" is an optional part.
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -124,9 +122,10 @@ class Metric:
         if isinstance(self.chance, str) and self.chance != CLASS_CHANCE:
             raise ValueError(f"metric {self.name!r} has chance {self.chance!r}; give a number, None or "
                              f"CLASS_CHANCE ({CLASS_CHANCE!r}).")
-        unknown = [q for q in self.answers + self.shown_with if q not in QUESTION_KEYS]
+        unknown = [q for q in self.answers + self.shown_with if q not in PROBE_QUESTIONS]
         if unknown:
-            raise ValueError(f"metric {self.name!r} bears on {unknown}; the questions are {', '.join(QUESTION_KEYS)}.")
+            raise ValueError(f"metric {self.name!r} bears on {unknown}; the questions are "
+                             f"{', '.join(PROBE_QUESTIONS)}.")
 
     @property
     def pattern(self) -> str:
@@ -161,6 +160,10 @@ class Probe:
     `reads`: CHUNKS (the probe reads its tap in bounded blocks of rows, so its memory beyond what it returns is
     flat in N) or WHOLE (its math needs every row at once), with `reads_why` one line saying why (required for
     WHOLE; for CHUNKS, what it still holds whole, if anything); None only for a plug-in registered the old way.
+    `shards_bank`: the processes of a multi-process run may run it together, each over 1/W of the training bank
+    (its function takes `processes=(rank, world)`; its option `shard_bank` says whether they do, null: from
+    `pipeline.probe_sharing.SHARD_BANK_ROWS` training rows). A probe that needs orbits names them in its options
+    (`sweeps`, `n_images`: `recipe.probe_inputs.orbit_request`).
 
     Calling a Probe calls its function with the options' defaults filled in for those not given."""
 
@@ -176,6 +179,7 @@ class Probe:
     usage: str | None = None
     reads: str | None = None
     reads_why: str = ""
+    shards_bank: bool = False
 
     def __post_init__(self) -> None:
         if self.reads is not None and self.reads not in READS:
@@ -190,6 +194,9 @@ class Probe:
         if self.options is not None and not dataclasses.is_dataclass(self.options):
             raise ValueError(f"probe {self.name!r}: options must be a dataclass (each option a field with its "
                              f"default), got {self.options!r}.")
+        if self.shards_bank and "shard_bank" not in self.defaults():
+            raise ValueError(f"probe {self.name!r} shards its bank, so its options declare `shard_bank` (whether "
+                             "the processes share each bank; null: from its size).")
         if not self.cost > 0:
             raise ValueError(f"probe {self.name!r}: cost {self.cost!r} must be > 0 (seconds per tap, k-NN = 1).")
 

@@ -25,6 +25,7 @@ from ..registry import (
 )
 from .folder_names import folder_name_problem
 from .pretrained_heads import check_pretrained_heads
+from .probe_inputs import orbit_request
 from .schema import (
     NAME_PATTERN,
     BackboneSpec,
@@ -163,7 +164,8 @@ def known_train_size(data: DataSpec) -> tuple[int | None, int | None]:
 
 def _check_probes(recipe: Recipe, n_train: int | None) -> None:
     """The probes' options that each field's range cannot say alone (empty or repeated lists, k against the
-    training images): each probe's own declared `check` (`probes.declaration.Probe.check`)."""
+    training images): each probe's own declared `check` (`probes.declaration.Probe.check`); the probes that need
+    orbits ask for the same ones (`probe_inputs.orbit_request`)."""
     from headprobe.probes.declaration import TrainImages, declared_probe
 
     images = ("data.limit.train" if recipe.data.limit.train is not None and n_train == recipe.data.limit.train
@@ -179,6 +181,7 @@ def _check_probes(recipe: Recipe, n_train: int | None) -> None:
             check(options, TrainImages(n_train, images))
         except ValueError as err:
             raise RecipeError(str(err)) from None
+    orbit_request(recipe)
 
 
 # Registered CNN backbones (their loaders reject token poolings too; this catches it before loading).

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +102,6 @@ class RunDir:
     def __init__(self, path: str | Path, writable: bool = True) -> None:
         self.path = Path(path)
         self.writable = writable
-        # Called (final: bool) before results are written; raises when they were computed from data that changed
-        # under the run (`feature_cache.UnchangedCache.check`, set by `stages.extract_features`).
-        self.guard: Callable[[bool], None] | None = None
         # Called with every record `log_metrics` writes (the experiment trackers: `report.trackers`).
         self.sinks: list = []
 
@@ -131,12 +127,6 @@ class RunDir:
         does not say "running" forever; the error is raised."""
         if not self.writable:
             return
-        if self.guard is not None and results.get("status") in ("running", "complete"):
-            try:
-                self.guard(results["status"] == "complete")
-            except Exception as err:
-                self._refuse(results, err)
-                raise
         from headprobe.record.tidy import results_csv
 
         try:
@@ -151,17 +141,9 @@ class RunDir:
                     atomic_write_text(self.results_path, json.dumps(_jsonable(failed), separators=(",", ":")))
             raise
 
-    def _refuse(self, results: dict, err: Exception) -> None:
-        """`results` failed the guard: results.json keeps the last results written (every one passed it), marked
-        failed with why, and `results` is marked the same so that nothing records it afterwards."""
-        error = {"stage": "checking the cached features before writing results",
-                 "message": f"{type(err).__name__}: {err}"}
-        results["status"], results["error"] = "failed", error
-        self.mark_stopped("failed", error)
-
     def mark_stopped(self, status: str, error: dict) -> None:
-        """The results last written, with `status` and `error`: what a process records when its own results may
-        not be written (they failed the guard), or when it is not the main process and the main one was lost.
+        """The results last written, with `status` and `error`: what a process records when it is not the main
+        process and the main one was lost.
         Nothing when there are none (or they cannot be read)."""
         try:
             last = read_results(self.path)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -214,13 +213,11 @@ class RecordWriter:
         self.record["data"] = data
         self.write()
 
-    def features(self, protocol: dict, seconds: dict[str, float], guard: Callable[[bool], None]) -> None:
-        """What extraction recorded (protocol entries: features, views, views_probed). From here on, results are
-        written only while `guard` passes (the cache files read are the bytes verified)."""
+    def features(self, protocol: dict, seconds: dict[str, float]) -> None:
+        """What extraction recorded (protocol entries: features, views, views_probed)."""
         self.record["protocol"].update(protocol)
         for key, value in seconds.items():
             self.add_time(key, value)
-        self.run_dir.guard = guard
 
     def untuned(self) -> None:
         """Before tuning: the untuned backbone's features and views stay recorded beside the tuned ones."""

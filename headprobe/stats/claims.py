@@ -47,7 +47,9 @@ import math
 import re
 from dataclasses import dataclass
 
-from headprobe.probes.declaration import QUESTION_KEYS, Metric, declared_metrics
+from headprobe.probes.declaration import Metric, declared_metrics
+from headprobe.registry import PROBE_QUESTIONS
+from headprobe.registry import QUESTIONS as DECLARED
 
 DIRECTION, EQUIVALENCE = "direction", "equivalence"
 # A head's answer where the question's primary measure was not measured (its secondary measures are still shown).
@@ -119,12 +121,9 @@ Q_INV = Question("Q-inv", "Is the head more invariant, scale-free?", "is more in
                  DIRECTION, -1, 0.0)
 Q_CLASS = Question("Q-class", "Does the head keep the class information?", "keeps the class information",
                    "linear.acc", EQUIVALENCE, 0, 0.02)
-# Claim 5's questions (each declared in `registry.QUESTIONS` with the geometry stage's); the metrics' declarations
-# name them by key (`probes.declaration.QUESTION_KEYS`), which must be exactly these.
-QUESTIONS: dict[str, Question] = {q.key: q for q in (Q_AUG, Q_INV, Q_CLASS)}
-if tuple(QUESTIONS) != QUESTION_KEYS:
-    raise ImportError(f"stats.claims declares {tuple(QUESTIONS)} but probes.declaration.QUESTION_KEYS names "
-                      f"{QUESTION_KEYS}; keep the two the same.")
+# Claim 5's questions as the registry declares them (`registry.PROBE_QUESTIONS`, each entry pointing at one of the
+# Questions above), the keys the metrics' declarations name.
+QUESTIONS: dict[str, Question] = {key: DECLARED.get(key) for key in PROBE_QUESTIONS}
 OVERRIDABLE = ("primary", "margin")
 
 
@@ -134,7 +133,6 @@ def check_claims_section(section) -> None:
     if not isinstance(section, dict):
         raise ValueError(f"claims must map questions ({', '.join(QUESTIONS)}) to overrides, e.g. "
                          f"claims: {{Q-class: {{margin: 0.03}}}}; got {section!r}.")
-    from headprobe.registry import QUESTIONS as DECLARED  # claim 5's and the geometry stage's (Q-whiten, ...)
     from headprobe.stats.geometry_claims import GEOMETRY_OVERRIDABLE
 
     for key, override in section.items():

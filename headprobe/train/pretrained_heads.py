@@ -48,11 +48,12 @@ def load_pretrained_heads(ctx) -> dict[str, PretrainedHead]:
     spec = ctx.recipe.backbone
     for head_spec in (h for h in ctx.recipe.heads if h.type == "pretrained"):
         what = f"loading the pretrained head {head_spec.name!r}"
-        if spec.id.startswith("ssl:"):
-            head = ctx.stage(what, load_pretrained_head, spec.id, part=spec.part, act=head_spec.act)
-        else:  # a CLIP-family backbone's own image projection
-            head = ctx.stage(what, load_image_projection, spec.id, seed=ctx.recipe.seed, revision=spec.revision,
-                             resolution=spec.resolution)
+        with ctx.stage(what):
+            if spec.id.startswith("ssl:"):
+                head = load_pretrained_head(spec.id, part=spec.part, act=head_spec.act)
+            else:  # a CLIP-family backbone's own image projection
+                head = load_image_projection(spec.id, seed=ctx.recipe.seed, revision=spec.revision,
+                                             resolution=spec.resolution)
         check_expected_features(head_spec.name, spec, getattr(head, "expects", {}) or {})
         if head_spec.taps and max(head_spec.taps) > head.depth:
             message = (f"heads: {head_spec.name!r} ({spec.id}'s own head) has {head.depth} layers, so taps "

@@ -64,7 +64,7 @@ KNN = Probe(
     "knn", measure_knn, "DINO weighted k-NN: cosine similarity, top-k votes weighted exp(s/T)",
     options=KnnSpec, check=check_knn, reads=CHUNKS,
     reads_why="the bank knn.BANK_ROWS rows and the queries chunk_size rows at a time; holds the (M, k) neighbours",
-    cost=1.0, cost_source="benchmarks/results/probe_costs.json",
+    cost=1.0, cost_source="benchmarks/results/probe_costs.json", shards_bank=True,
     metrics=(
         Metric("knn.k{k}.acc", "test accuracy of a weighted {k}-nearest-neighbour vote (cosine, train images as the "
                "neighbours)", "fraction of test images", "higher = more class information", CLASS_CHANCE,
