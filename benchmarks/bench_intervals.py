@@ -118,7 +118,7 @@ INTERVAL_WORK = (("headprobe.pipeline.probing", "tap_intervals"), ("headprobe.pi
                  ("headprobe.probes.influence", "gaussian_mi_per_pair"),
                  ("headprobe.probes.lidar_influence", "lidar_pseudo_values"),
                  ("headprobe.probes.orbit_intervals", "orbit_statistics"),
-                 ("headprobe.probes.spectrum", "sphere_points"))
+                 ("headprobe.probes.view_geometry", "sphere_points"))
 
 
 def quickstart_share(out_dir) -> dict:

@@ -8,8 +8,9 @@ import torch
 
 from headprobe.probes.builtin.invariance import INVARIANCE as invariance
 from headprobe.probes.lidar_influence import lidar_pseudo_values
-from headprobe.probes.spectrum import lidar, sphere_points, uniformity, view_spread
+from headprobe.probes.spectrum import lidar
 from headprobe.probes.tap_data import TapData
+from headprobe.probes.view_geometry import sphere_points, uniformity, view_spread
 from headprobe.stats.bootstrap import (
     VIEW_IMAGES,
     Linearised,

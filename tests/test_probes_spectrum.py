@@ -6,16 +6,8 @@ import scipy.linalg
 import scipy.special
 import torch
 
-from headprobe.probes.spectrum import (
-    alignment,
-    alpha_req,
-    alpha_req_fit_range,
-    covariance_spectrum,
-    lidar,
-    rankme,
-    uniformity,
-    view_cosine,
-)
+from headprobe.probes.spectrum import alpha_req, alpha_req_fit_range, covariance_spectrum, lidar, rankme
+from headprobe.probes.view_geometry import alignment, uniformity, view_cosine
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -23,8 +23,8 @@ _LAZY = {
     "label_mi_lower_bound": "label_mi",
     "LinearProbeResult": "linear", "linear_probe": "linear",
     "fit_logistic": "logistic",
-    "alignment": "spectrum", "alpha_req": "spectrum", "covariance_spectrum": "spectrum", "lidar": "spectrum",
-    "rankme": "spectrum", "uniformity": "spectrum", "view_cosine": "spectrum",
+    "alignment": "view_geometry", "alpha_req": "spectrum", "covariance_spectrum": "spectrum", "lidar": "spectrum",
+    "rankme": "spectrum", "uniformity": "view_geometry", "view_cosine": "view_geometry",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,15 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from headprobe.probes.label_mi import label_mi_lower_bound  # noqa: F401
     from headprobe.probes.linear import LinearProbeResult, linear_probe  # noqa: F401
     from headprobe.probes.logistic import fit_logistic  # noqa: F401
-    from headprobe.probes.spectrum import (  # noqa: F401
-        alignment,
-        alpha_req,
-        covariance_spectrum,
-        lidar,
-        rankme,
-        uniformity,
-        view_cosine,
-    )
+    from headprobe.probes.spectrum import alpha_req, covariance_spectrum, lidar, rankme  # noqa: F401
+    from headprobe.probes.view_geometry import alignment, uniformity, view_cosine  # noqa: F401
 
 
 def __getattr__(name: str):

@@ -109,8 +109,8 @@ class SpreadRatio(OfWeights):
 
 @dataclass
 class Uniformity(OfWeights):
-    """Uniformity log E_{i≠j} exp(−t ‖z_i − z_j‖²) (`probes.spectrum.uniformity`) as a function of which images
-    are drawn: points (n, D) on the unit sphere (`spectrum.sphere_points`). Under resampling weights w the mean
+    """Uniformity log E_{i≠j} exp(−t ‖z_i − z_j‖²) (`probes.view_geometry.uniformity`) as a function of which images
+    are drawn: points (n, D) on the unit sphere (`view_geometry.sphere_points`). Under resampling weights w the mean
     runs over pairs of two different images, Σ_{i≠j} w_i w_j k_ij / Σ_{i≠j} w_i w_j (an image drawn twice is not
     a pair with itself, whose kernel would be 1). Not a mean, so it is bootstrapped by recomputing it on each
     resample; the kernel matrix is rebuilt in row blocks, so memory stays O(block · n) and time O(n_boot · n²)."""

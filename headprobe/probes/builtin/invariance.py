@@ -18,7 +18,7 @@ class InvarianceSpec:
 
 def measure_invariance(tap: TapData, *, uniformity_t: float, chunk_rows: int | None = None) -> ProbeOutput:
     """Alignment, uniformity, view cosine (first two views of each image), LiDAR over all views, and the
-    scale-free `view_spread_rel` (`spectrum.view_spread`): the views' spread relative to random pairs of views of
+    scale-free `view_spread_rel` (`view_geometry.view_spread`): the views' spread relative to random pairs of views of
     different images, in the tap's own space. Raw alignment and view cosine depend on how bunched the whole cloud
     is, so only `view_spread_rel` is invariance evidence for the buffer verdict; the others describe.
 
@@ -31,14 +31,8 @@ def measure_invariance(tap: TapData, *, uniformity_t: float, chunk_rows: int | N
     from headprobe.stats.bootstrap import VIEW_IMAGES, Linearised, PerUnit, SpreadRatio, Uniformity
 
     from ..lidar_influence import lidar_pseudo_values
-    from ..spectrum import (
-        alignment_per_pair,
-        image_blocks,
-        sphere_points,
-        uniformity,
-        view_cosine_per_pair,
-        view_spread,
-    )
+    from ..spectrum import image_blocks
+    from ..view_geometry import alignment_per_pair, sphere_points, uniformity, view_cosine_per_pair, view_spread
 
     views = need_views(tap, "invariance")
     n, k, d = views.shape
