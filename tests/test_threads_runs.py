@@ -19,12 +19,11 @@ from timeouts import HANG_TIMEOUT_S
 pytestmark = pytest.mark.slow
 
 
-def _recipe(tiny_recipe: dict) -> dict:
-    """The tiny recipe with a ReLU head trained under InfoNCE (the quickstart's objective), two seeds, views."""
+def _recipe(tiny_recipe: dict, objective: str = "info_nce") -> dict:
+    """The tiny recipe with a ReLU head (two seeds, views) trained under `objective`."""
     return {**tiny_recipe, "seeds": [0, 1], "heads": [{"name": "relu", "width": 16}],
             "augment": {"preset": "crop-flip", "views": 2}, "train": {"epochs": 1, "batch_size": 32},
-            "objective": {"name": "info_nce", "options": {"temperature": 0.1}},
-            "probes": {**tiny_recipe["probes"], "invariance": {}}}
+            "objective": {"name": objective}, "probes": {**tiny_recipe["probes"], "invariance": {}}}
 
 
 def _run(recipe: dict, folder: Path, threads: str | None, busy: int = 0) -> dict:
@@ -85,8 +84,12 @@ def test_a_busy_machine_changes_neither_the_count_nor_a_bit(tiny_recipe, tmp_pat
 SOLVER_TOLERANCE = {"mi.label": 1e-5}
 
 
-def test_one_and_two_threads_agree_within_1e_6_and_answer_alike(tiny_recipe, tmp_path):
-    recipe = _recipe(tiny_recipe)
+# Under VICReg the last layer's bias has only rounding-noise gradients; before it was kept at its initial value
+# (`train.heads.freeze_unidentified_bias`), Adam turned that noise into lr-sized steps and k-NN, align and uniform of
+# the head's output moved by up to 2e-3 relative between 1 and 2 threads.
+@pytest.mark.parametrize("objective", ["info_nce", "vicreg"])
+def test_one_and_two_threads_agree_within_1e_6_and_answer_alike(objective, tiny_recipe, tmp_path):
+    recipe = _recipe(tiny_recipe, objective)
     one = _run(recipe, tmp_path / "one", "1")
     two = _run(recipe, tmp_path / "two", "2")
     assert (one["environment"]["threads"]["count"], two["environment"]["threads"]["count"]) == (1, 2)

@@ -136,3 +136,40 @@ def test_rankme_is_one_definition_in_the_training_log_the_geometry_record_and_th
     assert abs(float(torch.exp(-(p * p.log()).sum())) - logged) > 0.5  # the centred variant really differs
     assert train_module.collapse_stats(torch.zeros(4, 3))["rankme"] != train_module.collapse_stats(
         torch.zeros(4, 3))["rankme"]  # NaN (logged as null) where RankMe is undefined
+
+
+@pytest.mark.parametrize("name", ["vicreg", "barlow_twins", "info_nce", "simsiam"])
+def test_the_objectives_declared_shift_invariant_are_and_the_others_are_not(name):
+    """h -> h + c for one vector c leaves VICReg's and Barlow Twins' losses unchanged (to float64 round-off) and
+    changes InfoNCE's and SimSiam's: the declaration `freeze_unidentified_bias` reads is true."""
+    from headprobe.registry import OBJECTIVES
+
+    objective = OBJECTIVES.get(name)
+    g = torch.Generator().manual_seed(1)
+    z1, z2 = (torch.randn(32, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    c = 3.0 * torch.randn(8, generator=g, dtype=torch.float64)
+    args = (lambda a, b: (a, b, a, b)) if name == "simsiam" else (lambda a, b: (a, b))
+    before, after = float(objective(*args(z1, z2)).loss), float(objective(*args(z1 + c, z2 + c)).loss)
+    shift_invariant = getattr(objective, "shift_invariant", False)
+    assert shift_invariant == (name in ("vicreg", "barlow_twins"))
+    assert (abs(after - before) <= 1e-10 * abs(before)) == shift_invariant, (before, after)
+
+
+def test_under_a_shift_invariant_loss_the_last_bias_keeps_its_initial_value(views):
+    """Under VICReg the MLP heads' last-layer bias is not trained (its gradient is rounding noise that Adam would
+    scale to lr-sized steps); every other parameter trains; under InfoNCE the bias trains."""
+    from headprobe.train.engine import build_head
+
+    specs = HEADS[:2]
+    states, summary = _train(specs, views)
+    assert summary["output_bias_kept"] == ["relu", "swish"]  # the linear head has no bias
+    for spec in specs:
+        initial, _ = build_head(spec, views.shape[-1], 0)
+        trained = states[spec.name].head
+        assert torch.equal(trained.layers[-1][0].bias, initial.layers[-1][0].bias)
+        assert not torch.equal(trained.layers[-1][0].weight, initial.layers[-1][0].weight)
+        assert not torch.equal(trained.layers[0][1].bias, initial.layers[0][1].bias)  # the hidden BatchNorm
+    nce, summary = train_heads(specs[:1], views, objective_name="info_nce", objective_options={}, train=TRAIN, seed=0)
+    assert "output_bias_kept" not in summary
+    initial, _ = build_head(specs[0], views.shape[-1], 0)
+    assert not torch.equal(nce["relu"].head.layers[-1][0].bias, initial.layers[-1][0].bias)

@@ -32,7 +32,7 @@ from headprobe.train.engine import (
     run_training,
     steps_of,
 )
-from headprobe.train.heads import ProjectionHead
+from headprobe.train.heads import ProjectionHead, freeze_unidentified_bias
 
 __all__ = ["CheckpointError", "CachedSteps", "HeadState", "batch_for_step", "build_head", "collapse_stats",
            "head_taps", "latest_checkpoint", "load_checkpoint", "make_states", "train_heads"]
@@ -120,6 +120,8 @@ def train_heads(
     n, _, dim = views.shape
     per_epoch, total = steps_of(train, n)
     states = make_states(specs, dim, train, -(-total // train.grad_accum), seed)
+    objective = OBJECTIVES.get(objective_name)
+    frozen = [name for name, state in states.items() if freeze_unidentified_bias(state.head, objective)]
     # Train where the process's accelerator is; the heads come back to the CPU, where the features live.
     # Mapped views stay mapped (each batch is copied to the device); the others move there whole.
     device = torch.device(device) if device is not None else views.device
@@ -128,12 +130,14 @@ def train_heads(
         state.modules().to(device)
     groups = [Optimisation(name, [s], s.optimizer, s.scheduler, torch.amp.GradScaler(device.type, enabled=False))
               for name, s in states.items()]
-    source = CachedSteps(views, objective=OBJECTIVES.get(objective_name), objective_options=objective_options,
+    source = CachedSteps(views, objective=objective, objective_options=objective_options,
                          batch_size=train.batch_size, seed=seed, device=device)
     states, summary = run_training(
         source, groups, specs, objective_name=objective_name, objective_options=objective_options, train=train,
         seed=seed, total=total, per_epoch=per_epoch, label=f"train {len(states)} heads",
         checkpoint_dir=checkpoint_dir, resume_from=resume_from, log=log, progress=progress, track=track)
+    if frozen:
+        summary["output_bias_kept"] = frozen
     return states, summary
 
 

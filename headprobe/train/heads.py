@@ -125,6 +125,23 @@ class Predictor(nn.Module):
         return self.net(x)
 
 
+def freeze_unidentified_bias(head: nn.Module, objective) -> bool:
+    """Under an objective that does not change when every output is shifted by one vector (`shift_invariant` on its
+    function: VICReg, Barlow Twins), the last layer's bias has zero gradient but for rounding noise; Adam scales that
+    noise to steps of the learning rate's size, so the bias would drift with the order of float reductions (1 thread
+    against 2: 1.3% apart after 6 steps), and with it every measure that is not translation-invariant (k-NN, align,
+    uniform). That bias keeps its initial value instead (`requires_grad` off; the optimiser skips it), the same
+    value the head's untrained copy has; the official VICReg and Barlow Twins projectors have no last-layer bias at
+    all. Returns whether a bias was frozen (a `ProjectionHead` whose output layer has one)."""
+    if not getattr(objective, "shift_invariant", False) or not isinstance(head, ProjectionHead) or not head.layers:
+        return False
+    bias = head.layers[-1][0].bias
+    if bias is None:
+        return False
+    bias.requires_grad_(False)
+    return True
+
+
 def registered_head(spec, in_dim: int) -> nn.Module:
     """A head of the type `spec.type` from the HEADS registry, built-in (`projection_head`) or registered by a
     plug-in (`headprobe.plugins`): ``factory(in_dim, spec)``, checked to be a module with ``taps(x)`` (every layer's

@@ -315,6 +315,14 @@ def simsiam(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tens
     return LossTerms(loss, {"simsiam": loss})
 
 
+# Losses unchanged when every output of both views is shifted by one vector c (h -> h + c): VICReg's terms are a
+# difference, a standard deviation and a centred covariance; Barlow Twins standardises each dimension over the
+# batch. Under them the last layer's bias has no gradient but rounding noise (`train.heads.freeze_unidentified_bias`).
+# A plug-in objective may say the same by setting `shift_invariant = True` on its function.
+vicreg.shift_invariant = True
+barlow_twins.shift_invariant = True
+
+
 def objective_protocol(name: str, options: dict) -> dict:
     """Every keyword of objective `name` with the value a run uses (its default unless `options` sets it), so
     `results.json` records conventions such as VICReg's `variance` even where the recipe left them implicit."""

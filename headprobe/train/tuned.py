@@ -54,6 +54,7 @@ from headprobe.train.engine import (
     seed_of,
     steps_of,
 )
+from headprobe.train.heads import freeze_unidentified_bias
 
 __all__ = ["StepViews", "TunedSteps", "rank_shard", "save_tuned_backbone", "train_tuned", "trainable_state"]
 
@@ -240,6 +241,7 @@ def train_tuned(
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     heads = {spec.name: build_head(spec, backbone.dim, seed) for spec in specs}
+    kept = [name for name, (head, _) in heads.items() if freeze_unidentified_bias(head, objective)]
     groups = [{"params": [p for p in backbone.parameters() if p.requires_grad], "name": "backbone"}]
     groups += [{"params": [p for m in pair if m is not None for p in m.parameters()], "name": name}
                for name, pair in heads.items()]
@@ -267,5 +269,6 @@ def train_tuned(
         progress=progress, track=track, backbone=backbone)
     # One set of modules on every rank: rank 0's BatchNorm running statistics (what it checkpoints) everywhere.
     broadcast_buffers([backbone, *(m for s in states.values() for m in (s.head, s.predictor) if m is not None)], world)
-    return states, {**summary, "processes": world, "batch_per_process": train.batch_size // world,
+    return states, {**summary, **({"output_bias_kept": kept} if kept else {}), "processes": world,
+                    "batch_per_process": train.batch_size // world,
                     "precision": precision, "optimizer_groups": [g["name"] for g in optimizer.param_groups]}
