@@ -212,3 +212,17 @@ def test_on_real_dinov2_features_a_lossless_map_moves_the_whitened_probe_by_at_m
         moved = linear_probe(mapped(x, A), y, mapped(q, A), yq, C_grid=GRID)
         assert changed(moved, base) <= 1, name
         assert moved.metrics["linear.C"] == base.metrics["linear.C"], name
+
+
+@pytest.mark.parametrize("shape", [(300, 24), (40, 90)])  # the covariance and the Gram method
+def test_whitening_stored_in_float32_is_the_float64_result_rounded(shape):
+    """`whiten(..., dtype=float32)` (what the linear probe asks for, with no float64 copy of the tap) holds exactly
+    the float64 whitening rounded to float32, for the train rows and the other splits."""
+    from headprobe.probes.whitening import whiten
+
+    g = torch.Generator().manual_seed(3)
+    train, test = torch.randn(*shape, generator=g), torch.randn(17, shape[1], generator=g)
+    (z64, t64), record64 = whiten(train, test)
+    (z32, t32), record32 = whiten(train, test, dtype=torch.float32)
+    assert z64.dtype == torch.float64 and z32.dtype == torch.float32 and record32 == record64
+    assert torch.equal(z32, z64.to(torch.float32)) and torch.equal(t32, t64.to(torch.float32))
