@@ -218,7 +218,6 @@ def test_on_real_dinov2_features_a_lossless_map_moves_the_whitened_probe_by_at_m
 def test_whitening_stored_in_float32_is_the_float64_result_rounded(shape):
     """`whiten(..., dtype=float32)` (what the linear probe asks for, with no float64 copy of the tap) holds exactly
     the float64 whitening rounded to float32, for the train rows and the other splits."""
-    from headprobe.probes.whitening import whiten
 
     g = torch.Generator().manual_seed(3)
     train, test = torch.randn(*shape, generator=g), torch.randn(17, shape[1], generator=g)
