@@ -198,9 +198,11 @@ def bank_search(bank: torch.Tensor, queries: torch.Tensor, k: int, *, chunk_size
     indices (M, k), by similarity (descending) and index (ascending), and the prefilter's statistics (None without
     it; over several blocks their sums, `candidates` the largest). The bank is read `bank_rows` rows at a time
     (default `BANK_ROWS`), the queries `chunk_size` at a time; each block's lists are merged into the running
-    ones (`merge_topk`), which keeps every row of the global top-k (it is in its own block's top-k) and changes no
-    bit. A bank with fewer than k rows pads its lists with similarity -inf and index -1, which a merge puts last.
-    Memory beyond the (M, k) lists is O(bank_rows × (D + chunk_size)), on `device` (default: the bank's).
+    ones a query chunk at a time (`merge_topk`), which keeps every row of the global top-k (it is in its own
+    block's top-k) and changes no bit. A bank with fewer than k rows pads its lists with similarity -inf and index
+    -1, which a merge puts last.
+    Memory beyond the (M, k) lists is O(bank_rows × (D + chunk_size) + chunk_size × k), on `device` (default:
+    the bank's).
     """
     bank_rows = BANK_ROWS if bank_rows is None else bank_rows
     device = bank.device if device is None else torch.device(device)
@@ -211,13 +213,20 @@ def bank_search(bank: torch.Tensor, queries: torch.Tensor, k: int, *, chunk_size
         block = canonical_normalize(bank[first : first + bank_rows].to(device, torch.float32))
         width = min(k, len(block))
         search = Bf16Prefilter(block, width) if prefilter else Float32TopK(block, width)
-        found = (torch.full_like(sims, float("-inf")), torch.full_like(idx, -1)) if first else (sims, idx)
         for start in range(0, len(queries), chunk_size):
             q = canonical_normalize(queries[start : start + chunk_size].to(device, torch.float32))
             s, i = search.topk(q)
-            found[0][start : start + len(q), :width], found[1][start : start + len(q), :width] = s, i + offset + first
-        if first:
-            sims, idx, _ = merge_topk(torch.stack([sims, found[0]]), torch.stack([idx, found[1]]), k)
+            rows = slice(start, start + len(q))
+            if not first:
+                sims[rows, :width], idx[rows, :width] = s, i + offset
+                continue
+            # Merged a query chunk at a time: the merge's sort keys and orders are (chunk, 2k), not (M, 2k)
+            # (at M = 100k queries and k = 200 those were 3 GiB); rows merge independently, so no bit changes.
+            block_sims = torch.full((len(q), k), float("-inf"), device=device)
+            block_idx = torch.full((len(q), k), -1, dtype=torch.int64, device=device)
+            block_sims[:, :width], block_idx[:, :width] = s, i + offset + first
+            sims[rows], idx[rows], _ = merge_topk(torch.stack([sims[rows], block_sims]),
+                                                  torch.stack([idx[rows], block_idx]), k)
         parts.append(search.stats)
     if not prefilter:
         return sims, idx, None
