@@ -44,6 +44,7 @@ def results_dict(rng: np.random.Generator | None = None) -> dict:
     head_config = {"type": "mlp", "depth": 2, "width": 512, "out_dim": 128, "act": "swish"}
     return {
         "headprobe_version": "0.1.0",
+        "schema_version": 3,
         "status": "complete",
         "recipe": {"name": "synthetic", "seed": 0, "backbone": {"id": "offline:dinov2-vits14", "pooling": "cls"},
                    "data": {"source": "sklearn-digits"}, "objective": {"name": "vicreg", "options": {}},
