@@ -98,7 +98,8 @@ def train_records(steps: int = 40, every: int = 4) -> list[dict]:
             if step % 8 == 0:  # what `engine.track_curvature` logs: its own record, stage "geometry"
                 records.append({"time": 1.0e9 + step, "stage": "geometry", "head": head, "step": step,
                                 "epoch": step // 20, "lambda_min": -1e-6 / step, "lambda_max": 3.0 + step / 40,
-                                "converged": step != 16, "out_std": 0.08, "rankme": 50.0})
+                                "converged": step != 16, "lambda_min_converged": step != 16,
+                                "lambda_max_converged": True, "out_std": 0.08, "rankme": 50.0})
     return records
 
 

@@ -58,7 +58,7 @@ class TapSummary:
 
 def _what_it_computes(recipe: dict | None) -> dict | None:
     """A recorded recipe without `runtime` (how the machine is used, not what is computed): a resumed run may use
-    other threads, and runs recorded before `runtime` existed resume."""
+    other threads."""
     return {k: v for k, v in recipe.items() if k != "runtime"} if isinstance(recipe, dict) else recipe
 
 
@@ -139,10 +139,7 @@ class RecordWriter:
         remove_stale_temporaries(path)  # a killed run's half-written files (kill -9: no clean-up ran)
         results["taps"] = metrics_from_json(previous.get("taps", {}))  # null (NaN in JSON) back to NaN
         results["timing"] = {k: v for k, v in previous.get("timing", {}).items() if k in KEPT_ON_RESUME}
-        # Every invocation keeps the time of the stages it ran (a run from before `invocations` had one).
-        earlier = previous.get("invocations") or [{"started": None, "resume": False, "status": previous.get("status"),
-                                                   "timing": previous.get("timing", {})}]
-        results["invocations"] = [*earlier, invocation]
+        results["invocations"] = [*previous.get("invocations", []), invocation]  # each keeps its stages' time
         return results, invocation, None
 
     @property
