@@ -94,10 +94,11 @@ class RecordWriter:
         # probe name, its metric names). results.json never lists a probe before its store holds its values, or a
         # resumed run would take the probe as done and its intervals as unavailable.
         self._unsaved: dict[str, list[tuple[dict, str, list[str]]]] = {}
-        # results.json is rewritten whole with the stores of the probes since (0.8 MB and ~50 ms a write on the
-        # quickstart's 25 taps × 6 probes: 8 s of its 43 s of probing when every probe wrote): a probe's output
-        # waits up to `write_interval_s` for the next write; `flush`, `stop` and every other write take it along, so
-        # only a process killed outright (SIGKILL) loses those seconds of probing, which a resumed run redoes.
+        # results.json is rewritten whole with the stores of the probes since (a write after every probe took a
+        # fifth of the quickstart's probing: benchmarks/README.md, "Measurements quoted by the modules"): a probe's
+        # output waits up to `write_interval_s` for the next write; `flush`, `stop` and every other write take it
+        # along, so only a process killed outright (SIGKILL) loses those seconds of probing, which a resumed run
+        # redoes.
         self.write_interval_s = WRITE_INTERVAL_S
         self._written_at = -math.inf
         self._write_pending = False
