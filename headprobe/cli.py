@@ -199,11 +199,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from headprobe.record.directory import atomic_write_text, read_results
+    from headprobe.record.directory import read_results
     from headprobe.record.lock import RunLock
 
     from .recipe import RecipeError
-    from .record.tidy import results_csv
     from .report.html import write_report
     from .report.table import print_summary
 
@@ -216,7 +215,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         with RunLock(args.run_dir, "report"):  # not while a run, resume or geometry writes there
             path = write_report(args.run_dir)
-            atomic_write_text(Path(args.run_dir) / "results.csv", results_csv(results))  # for runs made before it
     except RecipeError as err:  # the folder is locked, or HEADPROBE_LOCK_TIMEOUT is no number of seconds
         return _error(str(err), EXIT_USAGE)
     except OSError as err:

@@ -44,6 +44,7 @@ def results_dict(rng: np.random.Generator | None = None) -> dict:
     head_config = {"type": "mlp", "depth": 2, "width": 512, "out_dim": 128, "act": "swish"}
     return {
         "headprobe_version": "0.1.0",
+        "schema_version": 3,
         "status": "complete",
         "recipe": {"name": "synthetic", "seed": 0, "backbone": {"id": "offline:dinov2-vits14", "pooling": "cls"},
                    "data": {"source": "sklearn-digits"}, "objective": {"name": "vicreg", "options": {}},
@@ -97,7 +98,8 @@ def train_records(steps: int = 40, every: int = 4) -> list[dict]:
             if step % 8 == 0:  # what `engine.track_curvature` logs: its own record, stage "geometry"
                 records.append({"time": 1.0e9 + step, "stage": "geometry", "head": head, "step": step,
                                 "epoch": step // 20, "lambda_min": -1e-6 / step, "lambda_max": 3.0 + step / 40,
-                                "converged": step != 16, "out_std": 0.08, "rankme": 50.0})
+                                "converged": step != 16, "lambda_min_converged": step != 16,
+                                "lambda_max_converged": True, "out_std": 0.08, "rankme": 50.0})
     return records
 
 

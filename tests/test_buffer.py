@@ -23,12 +23,13 @@ def taps(backbone: dict, head: dict) -> dict:
 def test_any_sweep_spread_is_its_own_piece_of_evidence():
     result = buffer_verdict(taps(
         {"linear.acc": 0.9, "rotation45.orbit.spread_rel": 0.30, "hue.orbit.spread_rel": 0.20,
-         "orbit.spread_rel": 0.25, "rotation45.orbit.curvature": 1.0, "blur.orbit.spread_rel": 0.1},
+         "saturation.orbit.spread_rel": 0.25, "rotation45.orbit.curvature": 1.0, "blur.orbit.spread_rel": 0.1},
         {"linear.acc": 0.8, "rotation45.orbit.spread_rel": 0.10, "hue.orbit.spread_rel": 0.25,
-         "orbit.spread_rel": 0.25, "rotation45.orbit.curvature": 2.0},
+         "saturation.orbit.spread_rel": 0.25, "rotation45.orbit.curvature": 2.0},
     ), "relu")
     evidence = result["evidence"]
-    assert set(evidence) == {"linear.acc", "rotation45.orbit.spread_rel", "hue.orbit.spread_rel", "orbit.spread_rel"}
+    assert set(evidence) == {"linear.acc", "rotation45.orbit.spread_rel", "hue.orbit.spread_rel",
+                             "saturation.orbit.spread_rel"}
     assert evidence["rotation45.orbit.spread_rel"]["margin"] == pytest.approx(0.20)  # lower at the head: as claimed
     assert evidence["hue.orbit.spread_rel"]["margin"] == pytest.approx(-0.05)
     assert all(e["claim"] == "head more invariant" for k, e in evidence.items() if "orbit" in k)

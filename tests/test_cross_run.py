@@ -31,7 +31,8 @@ def fake_run(root: Path, name: str, heads: list, seed: int, tap_values: dict, da
     path = root / name
     (path / "per_unit").mkdir(parents=True)
     taps = {tap: {"metrics": {m: x.value() for m, x in stats.items()}} for tap, stats in tap_values.items()}
-    results = {"status": "complete", "recipe": {"seed": seed, "heads": heads}, "data": data, "taps": taps,
+    results = {"schema_version": 3, "status": "complete", "recipe": {"seed": seed, "heads": heads}, "data": data,
+               "taps": taps,
                "protocol": {"views_probed": {"split": "test", "n_images": 6, "views": 2, "seed": 100 + seed}}}
     if {"backbone", "head"} <= set(taps):
         results["claims"] = answer_questions(taps, tap_values, {}, {"head": "head"})

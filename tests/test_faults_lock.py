@@ -31,7 +31,8 @@ def _holder(pid, host=None) -> dict:
 def _run_folder(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "results.json").write_text(json.dumps({"status": "complete", "taps": {"backbone": {"metrics": {}}}}))
+    (run / "results.json").write_text(json.dumps({"schema_version": 3, "status": "complete",
+                                                  "taps": {"backbone": {"metrics": {}}}}))
     return run
 
 

@@ -69,7 +69,8 @@ def test_submit_refuses_options_it_cannot_honour_and_submits_nothing(args, words
 def test_a_warning_prints_as_one_clean_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "results.json").write_text(json.dumps({"status": "complete", "taps": {"backbone": {"metrics": {}}}}))
+    (run / "results.json").write_text(json.dumps({"schema_version": 3, "status": "complete",
+                                                  "taps": {"backbone": {"metrics": {}}}}))
     lock = run / "headprobe.lock"
     lock.write_text(json.dumps({"pid": 4321, "host": "node-elsewhere", "purpose": "run", "started": "then"}))
     old = time.time() - 3600

@@ -126,7 +126,8 @@ def test_report_skips_non_utf8_garbage_in_metrics_jsonl(tmp_path, capsys):
 
     run = tmp_path / "a"
     run.mkdir()
-    (run / "results.json").write_text(json.dumps({"status": "complete", "taps": {"backbone": {"metrics": {}}}}))
+    (run / "results.json").write_text(json.dumps({"schema_version": 3, "status": "complete",
+                                                  "taps": {"backbone": {"metrics": {}}}}))
     (run / "metrics.jsonl").write_bytes(b'{"stage": "probe", "x": 1}\n\xff\xfe\x00garbage\x80\n{"stage": "t"}\n{"half')
     assert read_records(run) == [{"stage": "probe", "x": 1}, {"stage": "t"}]
     assert main(["report", str(run)]) == 0
@@ -166,7 +167,8 @@ def test_compare_without_out_says_where_it_writes_first(tmp_path, capsys, monkey
     monkeypatch.chdir(tmp_path)
     for name in ("x/a", "y/b"):
         (tmp_path / "runs" / name).mkdir(parents=True)
-        (tmp_path / "runs" / name / "results.json").write_text(json.dumps({"taps": {"backbone": {"metrics": {}}}}))
+        (tmp_path / "runs" / name / "results.json").write_text(json.dumps({"schema_version": 3,
+                                                                           "taps": {"backbone": {"metrics": {}}}}))
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert main(["compare", str(tmp_path / "runs/x/a"), str(tmp_path / "runs/y/b")]) == 0
@@ -187,3 +189,25 @@ def test_a_single_class_imagefolder_says_so(tmp_path):
         Image.new("RGB", (8, 8), (i, i, i)).save(tmp_path / "only" / "cat" / f"{i}.png")
     with pytest.raises(DataSourceError, match="holds one class folder.*at least 2 classes"):
         load_data(DataSpec(source=f"imagefolder:{tmp_path / 'only'}"))
+
+
+@pytest.mark.parametrize("version", [2, None])
+@pytest.mark.parametrize("command", ["report", "claims", "compare", "export-heads", "geometry", "resume"])
+def test_a_run_written_before_schema_3_is_refused_by_every_reader_with_exit_2(command, version, tmp_path, capsys):
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(_tiny()))
+    record = {"headprobe_version": "0.0.9", "status": "failed", "recipe": _tiny(),
+              "taps": {"backbone": {"metrics": {}}}, "heads": {}, "buffer": {}}
+    record |= {} if version is None else {"schema_version": version}
+    (run / "results.json").write_text(json.dumps(record))
+    before = sorted(p.name for p in run.iterdir())
+    argv = {"report": ["report", str(run)], "claims": ["claims", str(run)],
+            "compare": ["compare", str(run), "--out", str(tmp_path / "cmp")],
+            "export-heads": ["export-heads", str(run)], "geometry": ["geometry", str(run)],
+            "resume": ["run", "--resume", "--out", str(run)]}[command]
+    assert main(argv) == 2
+    written = "no schema_version" if version is None else "schema_version 2"
+    assert (f"{run / 'results.json'} has {written} (headprobe 0.0.9), and this headprobe reads only schema_version 3: "
+            "run the study again with this version") in _one_sentence(capsys)
+    assert sorted(p.name for p in run.iterdir()) == before and json.loads((run / "results.json").read_text()) == record

@@ -1,5 +1,5 @@
-"""`results.json["invocations"]`: each `headprobe run` of a run keeps the stage times it measured itself, a resumed
-run adds its own, and a run recorded before invocations existed keeps its timing as the first one."""
+"""`results.json["invocations"]`: each `headprobe run` of a run keeps the stage times it measured itself, and a
+resumed run adds its own after the earlier ones, which it keeps as recorded."""
 
 import json
 
@@ -20,30 +20,28 @@ def test_a_resume_keeps_the_earlier_invocations_timing(tiny_recipe, tmp_path):
     assert set(only["timing"]) == set(first["timing"])  # one invocation ran every stage
     assert all(only["timing"][k] == pytest.approx(v) for k, v in first["timing"].items())
 
-    # As a run from before `invocations` existed, stopped after extraction: its timing becomes the first entry.
+    # As if stopped after extraction: the recorded invocation stays the first entry, as it was.
     path = out / "results.json"
     recorded = json.loads(path.read_text())
-    recorded.pop("invocations")
     recorded["status"] = "interrupted"
     recorded["timing"]["extract_s"] = 123.0
+    recorded["invocations"][0]["timing"]["extract_s"] = 123.0
     path.write_text(json.dumps(recorded))
     resumed = run(tiny_recipe, out=out, resume=True, quiet=True)
     earlier, now = resumed["invocations"]
-    assert (earlier["started"], earlier["status"], earlier["timing"]["extract_s"]) == (None, "interrupted", 123.0)
+    assert earlier == recorded["invocations"][0] and earlier["timing"]["extract_s"] == 123.0
     assert (now["resume"], now["status"]) == (True, "complete")
     assert now["timing"]["extract_s"] != 123.0  # extraction was redone (a cache hit) and timed again
     assert resumed["timing"]["extract_s"] == now["timing"]["extract_s"]  # `timing` is the run's own clock
 
 
-def test_resume_keeps_the_recorded_threads_and_accepts_a_run_recorded_before_runtime_existed(tiny_recipe, tmp_path,
-                                                                               monkeypatch):
+def test_resume_keeps_the_recorded_threads_and_ignores_the_runtime_section(tiny_recipe, tmp_path, monkeypatch):
     monkeypatch.delenv("HEADPROBE_THREADS", raising=False)
     out, threads = tmp_path / "run", torch.get_num_threads()
     try:
         run({**tiny_recipe, "runtime": {"threads": 1}}, out=out, quiet=True)
         path = out / "results.json"
         recorded = json.loads(path.read_text())
-        recorded["recipe"].pop("runtime")  # as written before the section existed
         recorded["status"] = "interrupted"
         path.write_text(json.dumps(recorded))
         resumed = run({**tiny_recipe, "runtime": {"threads": 2}}, out=out, resume=True, quiet=True)

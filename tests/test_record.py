@@ -18,6 +18,7 @@ from headprobe.record.results import (
     TapRecord,
     Uncertainty,
     check_record,
+    check_version,
     fields,
 )
 
@@ -70,3 +71,11 @@ def test_check_record_names_the_key_that_is_not_a_mapping(bad, words):
 
 def test_check_record_accepts_unknown_keys_and_scalars_where_scalars_belong():
     check_record({"status": "complete", "geometry_from": "checkpoints/x", "newer_key": [1]}, "results.json")
+
+
+def test_check_version_refuses_a_layout_older_than_3_or_none_and_names_the_file():
+    for ok in (3, 4):
+        check_version({"schema_version": ok}, "results.json")
+    for old in ({"schema_version": 2}, {}, {"schema_version": "3"}, {"schema_version": True}):
+        with pytest.raises(ValueError, match=r"^results\.json has .*this headprobe reads only schema_version 3: run "):
+            check_version(old, "results.json")

@@ -61,7 +61,8 @@ def test_markdown_and_latex_cells_are_the_paper_layout():
 
 def test_a_run_without_answers_is_refused_with_a_sentence(tmp_path, capsys):
     (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "results.json").write_text(json.dumps({"status": "complete", "taps": {}}))
+    (tmp_path / "old" / "results.json").write_text(json.dumps({"schema_version": 3, "status": "complete",
+                                                                          "taps": {}}))
     assert main(["claims", str(tmp_path / "old")]) == 2
     assert "has no answers" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--format 'html' is not one of md, latex, csv"):
@@ -125,7 +126,8 @@ def test_every_training_flag_reaches_every_format():
 ])
 def test_damaged_claims_are_refused_with_a_sentence(claims, words, tmp_path, capsys):
     (tmp_path / "r").mkdir()
-    (tmp_path / "r" / "results.json").write_text(json.dumps({"status": "complete", "claims": claims}))
+    (tmp_path / "r" / "results.json").write_text(json.dumps({"schema_version": 3, "status": "complete",
+                                                                        "claims": claims}))
     assert main(["claims", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and words in " ".join(err.split())

@@ -22,8 +22,7 @@ RECORDS = [
     _point("relu", "predictor_bn", 7), _point("relu", "none", 14), _point("relu", "objective", 21),
     _point("relu", "none", 28), _point("relu", "objective", 35, collapsed=False),
     _point("swish", "head", 7), _point("swish", "objective", 14), _point("swish", "head", 21, collapsed=False),
-    {**_point("swish", "head", 28, collapsed=None), "out_std": 0.01},  # older record: out_std vs the step-0 threshold
-    {**_point("swish", "head", 35, collapsed=None), "out_std": 0.03},
+    _point("swish", "head", 28), _point("swish", "head", 35, collapsed=False),
     {"stage": "geometry", "head": "plain", "step": 7, "lambda_min": -1.0},  # no split: not a collapse record
     {"stage": "train", "head": "relu", "step": 5, "out_std": 0.002},
     {"stage": "train", "head": "relu", "step": 30, "out_std": 0.01},
@@ -41,10 +40,16 @@ def test_summary_counts_collapsed_points_only_by_largest_share_and_escape_from_c
     assert relu["answer"] == "λ_min < −bound at 2 of 4 collapsed points; the head's share the largest at 0"
     assert relu["collapsed_start"] is True and relu["out_std_end"] == 0.01 and relu["escaped"] is False
     assert relu["m_norm_ratio_median"] == 0.0 and relu["paper"].startswith("1/100")
-    # swish: steps 7, 14 collapsed by flag; 28 by out_std 0.01 ≤ 0.025; 21 (flag) and 35 (0.03) after escape
+    # swish: steps 7, 14 and 28 collapsed; 21 and 35 after escape
     assert (swish["n_collapsed"], swish["negative"], swish["from_head"], swish["negative_after_escape"]) == (3, 3, 2, 2)
     assert (swish["escaped"], swish["collapsed_start"], swish["n_unknown"]) == (True, False, 0)
     assert swish["paper"].startswith("72/100")
+
+
+def test_a_point_without_the_collapsed_flag_is_unknown_whatever_its_out_std():
+    records = [{**_point("relu", "head", 7, collapsed=None), "out_std": 0.001}]
+    relu = summarise_collapse(RESULTS, records)["relu"]
+    assert (relu["n_points"], relu["n_collapsed"], relu["n_unknown"]) == (1, 0, 1)
 
 
 def test_a_head_without_any_collapsed_point_says_so():

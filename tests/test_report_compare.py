@@ -92,6 +92,7 @@ def test_a_head_ablation_with_a_no_head_arm_gets_the_paired_cross_run_comparison
             save_per_unit(path / "per_unit" / "backbone.safetensors",
                           {"rotation.acc": PerUnit((values + shift).clamp(max=1.0), "test images")})
             (path / "results.json").write_text(json.dumps({
+                "schema_version": 3,
                 "status": "complete", "recipe": {"seed": seed, "heads": heads}, "data": {"source": "x", "n_test": 20},
                 "protocol": {"views_probed": {"seed": seed}},
                 "taps": {"backbone": {"metrics": {"rotation.acc": float(((values + shift).clamp(max=1.0)).mean())}}}}))

@@ -94,7 +94,7 @@ def test_lambda_plot_is_drawn_from_geometry_records_with_unconverged_points_holl
     newer = [{**r, "lambda_min_converged": r["step"] == 8, "lambda_max_converged": True} for r in tracked["mlp"]]
     assert convergence_flags(newer, "lambda_min") == [True, False, False, False, False]  # each end's own key wins
     assert convergence_flags(newer, "lambda_max") == [True] * 5
-    assert convergence_flags([{"lambda_min": -1.0}, {"lambda_max": 2.0}], "lambda_min") == [None]
+    assert convergence_flags([{"lambda_min": -1.0, "converged": True}, {"lambda_max": 2.0}], "lambda_min") == [None]
     plots = {p.name: p for p in render_plots({"taps": {}}, records, tmp_path)}
     assert plots["lambda_over_training"].error is None and plots["lambda_over_training"].path.is_file()
     only_train = [r for r in records if r["stage"] == "train"]

@@ -7,7 +7,6 @@ import math
 import pytest
 from report_run import results_dict, write_run
 
-from headprobe.cli import main
 from headprobe.record.directory import RunDir
 from headprobe.record.tidy import TIDY_COLUMNS, results_csv
 from headprobe.report.compare import write_compare
@@ -94,12 +93,3 @@ def test_compare_csv_is_long_with_a_run_column(tmp_path):
     means = table[table.seed.isna()]
     wide = means.pivot(index=["tap", "metric"], columns="run", values="value")  # the old side-by-side view
     assert wide.loc[("mlp", "linear.acc")].tolist() == [0.81, 0.77]
-
-
-def test_headprobe_report_writes_results_csv_for_an_older_run(tmp_path):
-    run = write_run(tmp_path / "old", _with_seeds_and_gaps(), records=[])
-    assert not (run / "results.csv").exists()
-    assert main(["report", str(run)]) == 0
-    from headprobe.record.directory import read_results
-
-    assert (run / "results.csv").read_text() == results_csv(read_results(run))

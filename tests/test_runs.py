@@ -62,7 +62,7 @@ def test_atomic_write_creates_the_folder_replaces_the_file_and_leaves_no_tempora
 
 def test_write_results_stores_plain_json_and_leaves_no_temporary(tmp_path):
     run_dir = RunDir.create(tmp_path / "r")
-    run_dir.write_results({"status": "complete", "taps": {"backbone": {"metrics": {
+    run_dir.write_results({"schema_version": 3, "status": "complete", "taps": {"backbone": {"metrics": {
         "linear.acc": torch.tensor(0.75), "rankme": float("nan"), "cond": float("inf")}}},
         "where": tmp_path, "shape": (2, 3), "ids": {1: "one"}})
     on_disk = json.loads(run_dir.results_path.read_text())
@@ -150,7 +150,7 @@ def test_read_results_refuses_what_is_not_a_run_record(content, words, tmp_path)
 
 
 def test_read_results_accepts_a_minimal_record_and_says_when_there_is_none(tmp_path):
-    record = {"taps": {"backbone": {}}, "heads": None}
+    record = {"schema_version": 3, "taps": {"backbone": {}}, "heads": None}
     assert read_results(_results_json(tmp_path, record)) == record
     with pytest.raises(FileNotFoundError, match="pass a run directory written by `headprobe run`"):
         read_results(tmp_path / "nothing")
@@ -158,7 +158,8 @@ def test_read_results_accepts_a_minimal_record_and_says_when_there_is_none(tmp_p
 
 def test_metrics_from_json_restores_nan_and_keeps_everything_else(tmp_path):
     run_dir = RunDir.create(tmp_path / "r")
-    run_dir.write_results({"taps": {"backbone": {"head": None, "depth": 0,
+    run_dir.write_results({"schema_version": 3,
+                           "taps": {"backbone": {"head": None, "depth": 0,
                                                  "metrics": {"linear.acc": 0.5, "rankme": float("nan")}},
                                     "relu": {"head": "relu"}}})
     taps = metrics_from_json(run_dir.read_results()["taps"])

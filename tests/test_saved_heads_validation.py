@@ -114,7 +114,8 @@ def test_export_heads_into_a_read_only_folder_exits_1_with_a_sentence(tmp_path, 
     head = ProjectionHead(5, kind="mlp", depth=2, width=12, out_dim=6, act="relu")
     torch.save({"step": 1, "heads": {"mlp": {"head": head.state_dict(), "predictor": None}}},
                run / "checkpoints" / "step-1.pt")
-    results = {"recipe": {"seed": 0}, "backbone": {"dim": 5}, "heads": {"mlp": {"config": {"name": "mlp", **CONFIG}}}}
+    results = {"schema_version": 3,
+               "recipe": {"seed": 0}, "backbone": {"dim": 5}, "heads": {"mlp": {"config": {"name": "mlp", **CONFIG}}}}
     (run / "results.json").write_text(json.dumps(results))
 
     def read_only(tensors, filename, metadata=None):  # what safetensors raises there (chmod binds no root)

@@ -15,13 +15,12 @@ can come out differently at a collapsed state, where the two views' outputs coin
   at collapse. It asks whether the head's own curvature at this state is strong enough to make *some* loss with
   a gradient bend down, i.e. it reads claim 3's M-term at the collapsed state (0 for linear and ReLU heads without
   BatchNorm), not whether the training loss's collapse is a saddle. Rules out "the head cannot bend the loss down
-  on its own at this state" (runs recorded before the rename say "target_loss": `lambda_min_target_loss`).
+  on its own at this state".
 
 Dropped: "no_predictor" (SimSiam's cosine on h itself). At collapse h1 = h2, so −cos(h1, h2) is at its minimum:
 ∇_h L = 0 (the M-term vanishes for every head) and ∇²_h L ⪰ 0, so its λ_min is ≥ 0 up to the views' spread for
 any head and cannot separate anything (`tests/test_geometry_controls.py` checks it on a collapsed Swish+BN head).
-The predictor's BatchNorm is ruled in or out by "lambda_min_predictor_bn_running" (`gm_split`); runs recorded
-before keep their `lambda_min_no_predictor` keys, which nothing reads.
+The predictor's BatchNorm is ruled in or out by "lambda_min_predictor_bn_running" (`gm_split`).
 """
 
 from __future__ import annotations

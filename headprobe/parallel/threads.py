@@ -207,7 +207,7 @@ def load_warning(choice: ThreadChoice, busy: float, machine_cpus: int) -> str | 
 
 def resumed_threads(run_dir: Path, environ: Mapping[str, str] | None = None) -> int | None:
     """The thread count a run in `run_dir` recorded (``results.json["environment"]["threads"]["count"]``), for
-    `--resume` to reuse; None where there is none (no run yet, or one written before the count was recorded).
+    `--resume` to reuse; None where there is none (no run yet, or none readable).
     Warns where HEADPROBE_THREADS asks for another count."""
     import json
     import warnings

@@ -37,7 +37,7 @@ def shard_knn_bank(shard_bank: bool | None, n_train: int) -> bool:
 
     Why not always: on a small bank each process's part costs nearly what the whole does (fixed costs: norms,
     certification, merging), so W synchronised k-NNs over 1/W each are slower than one whole k-NN per tap dealt to
-    one process (measured on the sharded-probes benchmark, 1,400 rows: 0.08 s per shard against 0.05 s whole).
+    one process (figures: `benchmarks/README.md`, "Measurements quoted by the modules").
     """
     return n_train >= SHARD_BANK_ROWS if shard_bank is None else shard_bank
 

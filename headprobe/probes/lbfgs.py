@@ -40,9 +40,9 @@ def minimize(
     eq. 2.6) rather than the two-loop recursion: the same matrix, but a handful of matrix products over the
     stored pairs instead of 4 · memory vector operations, each dispatched from Python (with 100 pairs these
     cost about a quarter of an evaluation: `benchmarks/results/choices.json`, `lbfgs_two_loop`). What remains is
-    reading the stored pairs about seven times per iteration, so `memory` is 50 rather than torch's 100: over
-    `benchmarks/bench_linear.py`'s grid on three data seeds that took 222/241/206 loss evaluations against
-    232/248/200 with 100 pairs (and 238/269/230 with 30).
+    reading the stored pairs about seven times per iteration, so `memory` is 50 rather than torch's 100, which
+    takes about as many loss evaluations over `benchmarks/bench_linear.py`'s grid (figures:
+    `benchmarks/README.md`, "Measurements quoted by the modules").
     """
     size, dtype = theta.shape[0], theta.dtype
     # Pairs live in rows [first, last) of buffers twice the memory, oldest first, so every product below takes

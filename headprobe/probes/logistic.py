@@ -214,11 +214,11 @@ def refit_curvature_pairs(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Curvature pairs of the fit on the fitting part -> approximate pairs for the refit on all of train.
 
-    The refit's variables are the fit's under the change of standardisation θ' = Tθ, Wᵀ' = Wᵀ diag(ratio),
-    b' = b + Wᵀ shift (the start of the refit), so a step maps to Ts and a gradient change to T⁻ᵀy, which keeps
-    sᵀy; the penalty's part of y is exchanged for the refit's exactly, and the cross-entropy's part is the
-    fitting part's curvature standing in for all of train's. On the quickstart's DINOv2 features the refit
-    took 58 loss evaluations from the transformed start alone, 50 with these pairs. Pairs that lose positive
+    The refit's variables are the fit's under the change of standardisation θ' = Tθ, Wᵀ' = Wᵀ diag(ratio), b' = b +
+    Wᵀ shift (the start of the refit), so a step maps to Ts and a gradient change to T⁻ᵀy, which keeps sᵀy; the
+    penalty's part of y is exchanged for the refit's exactly, and the cross-entropy's part is the fitting part's
+    curvature standing in for all of train's; the refit then takes fewer loss evaluations than from the transformed
+    start alone (figures: `benchmarks/README.md`, "Measurements quoted by the modules"). Pairs that lose positive
     curvature are dropped.
     """
     d = ratio.shape[0]
@@ -244,8 +244,8 @@ def _class_preconditioner(A: torch.Tensor, moments: FeatureMoments, penalty: flo
     eigenbasis plus a bulk level) -- the softmax curvature and the features taken as independent -- whose
     inverse is cheap in the eigenbases of A and M; the intercept block by A (plus a multiple of 11ᵀ on the one
     direction the softmax cannot see). It only shapes L-BFGS's first guess of the inverse Hessian, so the
-    optimum is unchanged. With the diagonal alone it saves about an eighth of the loss evaluations over the
-    default grid on 8000 × 768 isotropic features; `feature_moments` says what the eigenbasis adds.
+    optimum is unchanged. With the diagonal alone it saves loss evaluations over the default grid; `feature_moments`
+    says what the eigenbasis adds (figures: `benchmarks/README.md`, "Measurements quoted by the modules").
     """
     free, d = A.shape[0], (moments.values if moments.basis is None else moments.basis).shape[0]
     dtype = moments.values.dtype
@@ -277,14 +277,13 @@ def feature_moments(x: torch.Tensor, *, max_rows: int = 2048, max_dim: int = 102
     and one level for the rest; just the diagonal when D > max_dim.
 
     Standardised backbone features are strongly correlated, and L-BFGS spends most of its iterations on the
-    directions the correlations squeeze; the eigenbasis lets the preconditioner undo them. On the quickstart's
-    DINOv2 features (1078 × 384) the grid at tol 1e-6 takes 211 loss evaluations instead of 431 with the
-    diagonal. Sample eigenvalues of isotropic features still spread over the band σ²(1 ± sqrt(D / rows))²;
-    taken at face value they precondition noise (8000 × 768 isotropic features: 238 → 282 evaluations), so
-    the ones inside it are replaced by their mean (233). A preconditioner needs only the shape of the
-    Hessian, so a subsample of rows is enough, and it is computed once per probe. Above `max_dim` the dense
-    eigendecomposition stops paying for itself (its time at D = 1024: `benchmarks/results/choices.json`,
-    `logistic_eigh`).
+    directions the correlations squeeze; the eigenbasis lets the preconditioner undo them (on the quickstart's
+    DINOv2 features the grid takes about half the loss evaluations it takes with the diagonal). Sample eigenvalues
+    of isotropic features still spread over the band σ²(1 ± sqrt(D / rows))²; taken at face value they precondition
+    noise, so the ones inside it are replaced by their mean (figures: `benchmarks/README.md`, "Measurements quoted
+    by the modules"). A preconditioner needs only the shape of the Hessian, so a subsample of rows is enough, and it
+    is computed once per probe. Above `max_dim` the dense eigendecomposition stops paying for itself (its time at
+    D = 1024: `benchmarks/results/choices.json`, `logistic_eigh`).
     """
     n, d = x.shape
     if d > max_dim:

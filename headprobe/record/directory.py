@@ -84,8 +84,8 @@ def _is_temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-# Version of the results.json layout (docs/reference.md, "results.json"; typed layout: `headprobe.record.results`):
-# 2 added uncertainty, seeds and the evidence-based verdict.
+# Version of the results.json layout (docs/reference.md, "results.json"; typed layout: `headprobe.record.results`);
+# `read_results` refuses an older one or none.
 SCHEMA_VERSION = record.SCHEMA_VERSION
 
 
@@ -165,7 +165,7 @@ class RunDir:
 
 def read_results(run_dir: str | Path) -> record.RunRecord:
     """A run's results.json, checked to have the shape every reader relies on (a mapping; `taps` a mapping of
-    taps, each with a `metrics` mapping); ValueError with a sentence otherwise."""
+    taps, each with a `metrics` mapping) and the current `schema_version`; ValueError with a sentence otherwise."""
     path = Path(run_dir) / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; pass a run directory written by `headprobe run`.")
@@ -179,6 +179,7 @@ def read_results(run_dir: str | Path) -> record.RunRecord:
     except OSError as err:
         raise ValueError(f"{path} cannot be read ({err.strerror or err}).") from None
     record.check_record(results, str(path))
+    record.check_version(results, str(path))
     return results
 
 

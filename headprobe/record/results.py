@@ -1,9 +1,9 @@
-"""The run record: the typed layout of `results.json` (schema_version 3: 2 plus `claims`), one class per level.
+"""The run record: the typed layout of `results.json` (schema_version 3), one class per level.
 
 `results.json` stays plain JSON (a researcher reads it with `json.load`), so the record is a set of
-`TypedDict`s rather than objects: `runs.new_results` builds a `RunRecord`, `runs.read_results` checks a file
-against it (`check_record`), and the report, `headprobe compare` and the tests read the same names. The
-example in docs/reference.md ("results.json") is checked against these classes by `tests/test_record.py`, and
+`TypedDict`s rather than objects: `directory.new_results` builds a `RunRecord`, `directory.read_results` checks a
+file against it (`check_version`, `check_record`), and the report, `headprobe compare` and the tests read the same
+names. The example in docs/reference.md ("results.json") is checked against these classes by `tests/test_record.py`, and
 every key a real run writes must be one of them (`tests/test_runs.py`).
 """
 
@@ -164,6 +164,19 @@ def fields(cls: type) -> dict[str, Any]:
 
 def _is_mapping(hint: Any) -> bool:
     return typing.get_origin(hint) is dict or (isinstance(hint, type) and issubclass(hint, dict))
+
+
+def check_version(results: dict, where: str) -> None:
+    """Raise ValueError with a sentence when `results` was written with a layout older than `SCHEMA_VERSION` (or
+    says none): headprobe is an unreleased 0.x and reads no earlier layout."""
+    version = results.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version >= SCHEMA_VERSION:
+        return
+    written = "no schema_version" if version is None else f"schema_version {version!r}"
+    by = results.get("headprobe_version")
+    raise ValueError(f"{where} has {written}{f' (headprobe {by})' if by else ''}, and this headprobe reads only "
+                     f"schema_version {SCHEMA_VERSION}: run the study again with this version "
+                     "(`headprobe run RECIPE --out NEW_DIR`).")
 
 
 def check_record(results: Any, where: str) -> None:

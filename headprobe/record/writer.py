@@ -58,7 +58,7 @@ class TapSummary:
 
 def _what_it_computes(recipe: dict | None) -> dict | None:
     """A recorded recipe without `runtime` (how the machine is used, not what is computed): a resumed run may use
-    other threads, and runs recorded before `runtime` existed resume."""
+    other threads."""
     return {k: v for k, v in recipe.items() if k != "runtime"} if isinstance(recipe, dict) else recipe
 
 
@@ -94,10 +94,11 @@ class RecordWriter:
         # probe name, its metric names). results.json never lists a probe before its store holds its values, or a
         # resumed run would take the probe as done and its intervals as unavailable.
         self._unsaved: dict[str, list[tuple[dict, str, list[str]]]] = {}
-        # results.json is rewritten whole with the stores of the probes since (0.8 MB and ~50 ms a write on the
-        # quickstart's 25 taps × 6 probes: 8 s of its 43 s of probing when every probe wrote): a probe's output
-        # waits up to `write_interval_s` for the next write; `flush`, `stop` and every other write take it along, so
-        # only a process killed outright (SIGKILL) loses those seconds of probing, which a resumed run redoes.
+        # results.json is rewritten whole with the stores of the probes since (a write after every probe took a
+        # fifth of the quickstart's probing: benchmarks/README.md, "Measurements quoted by the modules"): a probe's
+        # output waits up to `write_interval_s` for the next write; `flush`, `stop` and every other write take it
+        # along, so only a process killed outright (SIGKILL) loses those seconds of probing, which a resumed run
+        # redoes.
         self.write_interval_s = WRITE_INTERVAL_S
         self._written_at = -math.inf
         self._write_pending = False
@@ -139,10 +140,7 @@ class RecordWriter:
         remove_stale_temporaries(path)  # a killed run's half-written files (kill -9: no clean-up ran)
         results["taps"] = metrics_from_json(previous.get("taps", {}))  # null (NaN in JSON) back to NaN
         results["timing"] = {k: v for k, v in previous.get("timing", {}).items() if k in KEPT_ON_RESUME}
-        # Every invocation keeps the time of the stages it ran (a run from before `invocations` had one).
-        earlier = previous.get("invocations") or [{"started": None, "resume": False, "status": previous.get("status"),
-                                                   "timing": previous.get("timing", {})}]
-        results["invocations"] = [*earlier, invocation]
+        results["invocations"] = [*previous.get("invocations", []), invocation]  # each keeps its stages' time
         return results, invocation, None
 
     @property

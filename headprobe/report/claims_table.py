@@ -60,9 +60,8 @@ def claims_rows(runs: Mapping[str, Mapping], secondary: bool = False,
     for label, results in runs.items():
         claims = results.get("claims") or {}
         if not claims:
-            raise ValueError(f"run {label} has no answers (results.json has no \"claims\"): it trained no head, "
-                             "stopped before probing them, or was made by a headprobe older than the questions; "
-                             "rerun it with this headprobe.")
+            raise ValueError(f"run {label} has no answers (results.json has no \"claims\"): it trained no head, or "
+                             "stopped before probing them (`headprobe run --resume --out RUN_DIR` finishes it).")
         _check_shape(label, claims)
         trained = (training or {}).get(label, {})
         for question, claim in claims.items():

@@ -34,15 +34,11 @@ def _paper(config: dict) -> str:
 SOURCES = ("head", "objective", "predictor_bn")
 
 
-def point_collapsed(record: dict, threshold: float | None) -> bool | None:
-    """Whether a tracked point's state is collapsed: its "collapsed" flag, else out_std ≤ the run's step-0 threshold
-    (records written before the flag); None when neither is known."""
-    if isinstance(record.get("collapsed"), bool):
-        return record["collapsed"]
-    value = record.get("out_std")
-    if threshold is None or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return bool(value <= threshold)
+def point_collapsed(record: dict) -> bool | None:
+    """Whether a tracked point's state is collapsed: its "collapsed" flag (tracking writes it with
+    `geometry.collapse_threshold`); None when the record has none."""
+    flag = record.get("collapsed")
+    return flag if isinstance(flag, bool) else None
 
 
 def summarise_collapse(results: dict, records: Sequence[dict]) -> dict:
@@ -65,7 +61,7 @@ def summarise_collapse(results: dict, records: Sequence[dict]) -> dict:
                  and isinstance(r.get("out_std"), (int, float)) and math.isfinite(r["out_std"])]
         begin = start.get(name, {})
         threshold = begin.get("threshold")
-        states = [point_collapsed(r, r.get("collapse_bound", threshold)) for r in points]
+        states = [point_collapsed(r) for r in points]
         collapsed = [r for r, c in zip(points, states, strict=True) if c]
         negative = [r for r in collapsed if r["curvature_source"] != "none"]
         counts = {src: sum(r["curvature_source"] == src for r in negative) for src in SOURCES}

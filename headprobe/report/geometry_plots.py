@@ -18,11 +18,12 @@ from .canvas import BACKBONE_COLOR, head_colors, new_figure, save, series
 def convergence_flags(records: Sequence[dict], key: str) -> list[bool | None]:
     """For each record holding a number for `key` (the points `series` returns): whether its Lanczos run converged
     on that end: the record's "<key>_converged" (tracking writes "lambda_min_converged", "lambda_max_converged"),
-    else its "converged" (both ends, older runs), else None (the record says nothing)."""
+    else None (the record says nothing)."""
     flags = []
     for r in records:
         if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool):
-            flags.append(next((r[c] for c in (f"{key}_converged", "converged") if isinstance(r.get(c), bool)), None))
+            flag = r.get(f"{key}_converged")
+            flags.append(flag if isinstance(flag, bool) else None)
     return flags
 
 

@@ -18,9 +18,10 @@ def grouped_ridge_cv(x, y, groups, alphas, folds: int, seed: int):
     """Validation mean squared error (len(alphas), T) of ridge (intercept, features standardised on each
     fitting part) under K-fold cross-validation that keeps all rows of a group (an image) in one fold.
     x: (n, d), y: (n, T), groups: (n,) ints. One eigendecomposition of the fitting part's Gram matrix per fold
-    serves every alpha and every target: 3x faster than an SVD at the quickstart's 1,080 × 512 and as accurate as
-    sklearn's own ridge solver (it factors the same X^T X + αI), whose relative error ~ε·λ_max/α reaches ~1e-8
-    only at the grid's smallest α on a ReLU tap, 1e-16 at the largest, where near-ties between α are decided."""
+    serves every alpha and every target, faster than an SVD (`benchmarks/README.md`, "Measurements quoted by the
+    modules") and as accurate as sklearn's own ridge solver (it factors the same X^T X + αI), whose relative error
+    ~ε·λ_max/α reaches ~1e-8 only at the grid's smallest α on a ReLU tap, 1e-16 at the largest, where near-ties
+    between α are decided."""
     import numpy as np
 
     unique = np.unique(groups)
@@ -46,7 +47,8 @@ def ridge_predictions(x_fit, y_fit, x_eval, alphas):
     """Predictions (m, T) at x_eval (m, d) of ridge regressions with intercept fitted on x_fit (n, d), y_fit (n, T),
     target t with penalty alphas[t]: what sklearn's `Ridge(alpha=alphas[t]).fit(x_fit, y_fit[:, t]).predict(x_eval)`
     gives (to rounding), from one SVD of the centred x_fit for every target and penalty. Why not sklearn: it factors
-    X^T X + αI once per target, 16 solves that cost ten times this one SVD at the quickstart's 1,350 × 512."""
+    X^T X + αI once per target, which costs several times this one SVD (`benchmarks/README.md`, "Measurements quoted
+    by the modules")."""
     import numpy as np
 
     mean, y_mean = x_fit.mean(0), y_fit.mean(0)

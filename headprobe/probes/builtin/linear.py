@@ -3,13 +3,12 @@ validation split of the training images), the label-MI lower bound I(Z;Y) >= H(Y
 and, as a description, the same regression on per-coordinate standardised features (`linear.standardized.*`).
 
 The whitened probe is the primary (Q-class reads `linear.acc`): no invertible linear map of the features, nor one
-injective on the span of the training features, changes it beyond rounding (`headprobe.probes.whitening`), so a
-head that is such a map cannot be read as losing class information. The standardised probe is the one headprobe
-reported as `linear.acc` before; it is kept as a description because an L2 penalty after per-coordinate scaling
-depends on the coordinates (a random invertible map of the 64 digit pixels moves it by a few test images).
-`standardized_probe: false` skips it. Cost on the quickstart's DINOv2 features (1,347 × 384, 7 C values, one
-thread, load ~8): 1.9 s per tap with the description, 0.97 s without (the whitened fit 0.4 s, its refit at the
-bound's C 0.55 s), against 0.9–1.0 s for this probe before whitening; about 2x in all."""
+injective on the span of the training features, changes it beyond rounding (`headprobe.probes.whitening`), so a head
+that is such a map cannot be read as losing class information. The standardised probe is the one headprobe reported
+as `linear.acc` before; it is kept as a description because an L2 penalty after per-coordinate scaling depends on
+the coordinates (a random invertible map of the 64 digit pixels moves it by a few test images). `standardized_probe:
+false` skips it, which about halves the probe's time per tap (figures: `benchmarks/README.md`, "Measurements quoted
+by the modules")."""
 
 from __future__ import annotations
 
@@ -29,10 +28,10 @@ class LinearProbeSpec:
     # Also fit the standardised probe, reported as the description linear.standardized.{acc,val_acc,C}.
     standardized_probe: bool = True
     max_iter: int = field(default=1000, metadata=at_least(1))
-    # At scikit-learn's default 1e-4 the answer depends on where each fit starts: on the quickstart's backbone,
-    # the path-warm-started fits at large C already meet it at their start, so C = 100 won (linear.acc 0.973)
-    # where sklearn from zero picks C = 1 (0.980). At 1e-6 headprobe and sklearn agree on every validation
-    # accuracy, the C and the test accuracy; it costs ~0.3 s per tap there, against 0.21 s at 1e-4.
+    # At scikit-learn's default 1e-4 the answer depends on where each fit starts: the path-warm-started fits at
+    # large C already meet it at their start, so another C can win than sklearn's from zero. At 1e-6 headprobe and
+    # sklearn agree on every validation accuracy, the C and the test accuracy, for a little more time (figures:
+    # benchmarks/README.md, "Measurements quoted by the modules").
     tol: float = field(default=1e-6, metadata=POSITIVE)
 
 

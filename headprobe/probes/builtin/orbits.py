@@ -67,8 +67,8 @@ def measure_orbits(tap: TapData, *, sweeps: list[str], n_images: int, pca_images
 
 def _orbit(measure: str, meaning: str, unit: str, direction: str, chance: float | None = None, note: str = "",
            **evidence) -> Metric:
-    """`<sweep>.orbit.<measure>` (every sweep), and `orbit.<measure>` as earlier runs wrote it."""
-    return Metric("[{sweep}.]orbit." + measure, meaning + "[ ({sweep} sweep)]", unit, direction, chance, note,
+    """`<sweep>.orbit.<measure>`, one per sweep."""
+    return Metric("{sweep}.orbit." + measure, meaning + " ({sweep} sweep)", unit, direction, chance, note,
                   **evidence)
 
 
