@@ -16,6 +16,7 @@ from headprobe.stats.cross_run import (
     group_runs,
     paired_changes,
 )
+from headprobe.stats.measures import tap_measures
 from headprobe.stats.retraining import HIERARCHICAL, IMAGES_ONLY, T_SEEDS, change_interval
 
 DATA = {"source": "fashion-mnist", "fingerprint": "f", "limit": {"train": 10, "test": 6}, "split_seed": 0, "n_test": 6}
@@ -34,7 +35,7 @@ def fake_run(root: Path, name: str, heads: list, seed: int, tap_values: dict, da
     results = {"status": "complete", "recipe": {"seed": seed, "heads": heads}, "data": data, "taps": taps,
                "protocol": {"views_probed": {"split": "test", "n_images": 6, "views": 2, "seed": 100 + seed}}}
     if {"backbone", "head"} <= set(taps):
-        results["claims"] = answer_questions(taps, tap_values, {}, {"head": "head"})
+        results["claims"] = answer_questions(tap_measures(taps, tap_values), {}, {"head": "head"})
     (path / "results.json").write_text(json.dumps(results))
     for tap, stats in tap_values.items():
         save_per_unit(path / "per_unit" / f"{tap}.safetensors", stats)

@@ -146,7 +146,7 @@ def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: d
     from headprobe.stats.claims import answer_questions
     from headprobe.stats.verdict import buffer_verdict
 
-    record, taps = ctx.record, ctx.record.record["taps"]
+    record = ctx.record
     for tap, seed in every:  # on every process: each verdict resamples them
         draw_resamples(ctx, features, record.per_unit[unit_key(tap.name, seed)])
     once, averaged = [], []
@@ -154,22 +154,23 @@ def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: d
         names = once if seed is None else averaged
         if tap.name not in names:
             names.append(tap.name)
-    computed = []
+    computed, probed = [], record.measures()
     for name in once:
-        known = ctx.probes.probed_intervals(name, taps[name]["metrics"])
+        known = ctx.probes.probed_intervals(name, probed[name].metrics)
         if known is None:
             computed.append(name)
         else:
             record.summary(TapSummary(name, known))
     ctx.probes.summaries(computed, lambda name: tap_intervals(ctx, features, name), record)
     ctx.probes.summaries(averaged, lambda name: aggregate_seeds(ctx, features, name), record)
-    buffer = {head: buffer_verdict(taps, tap, record.per_unit, ctx.resamples) | ({} if tap == head else {"tap": tap})
+    taps = record.measures()  # the seeds' aggregates included
+    buffer = {head: buffer_verdict(taps, tap, ctx.resamples) | ({} if tap == head else {"tap": tap})
               for head, tap in compared.items()}
     # The paper's questions, each answered from its primary measure with an interval over seeds and test images.
     # Null heads are nulls on a frozen backbone; on a tuned one a `type: random` head trains the backbone like any.
     frozen, heads = ctx.recipe.backbone.tune == "frozen", ctx.recipe.heads
     nulls = {spec.name: null for spec in heads if frozen and (null := null_of(heads, spec.name))}
-    claims = answer_questions(taps, record.per_unit, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed,
+    claims = answer_questions(taps, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed,
                               nulls=nulls, null_heads=tuple(s.name for s in heads if frozen and is_null(s)))
     record.verdicts(buffer, claims)
 
