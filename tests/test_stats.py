@@ -308,10 +308,10 @@ def test_taps_share_the_training_image_resamples_so_rankme_margins_are_paired():
     results = {"taps": {name: {"metrics": dict(o.metrics)} for name, o in outs.items()}}
     writer = RecordWriter(RunDir("unused", writable=False), results | {"timing": {}}, None)
     writer.per_unit = {name: dict(o.per_unit) for name, o in outs.items()}
-    ctx = SimpleNamespace(resamples={}, recipe=SimpleNamespace(seed=0), record=writer)
+    ctx = SimpleNamespace(resamples={}, recipe=SimpleNamespace(seed=0), record=writer, verify_cache=lambda: None)
     features = SimpleNamespace(train=SimpleNamespace(labels=y), test=SimpleNamespace(labels=y[:10]))
-    for name in outs:
-        writer.summary(tap_intervals(ctx, features, name))
+    for name, measured in writer.measures().items():
+        writer.summary(tap_intervals(ctx, features, name, measured))
     resamples = ctx.resamples[TRAIN_IMAGES]
     assert resamples.stratified and list(ctx.resamples) == [TRAIN_IMAGES]  # one set, drawn once, for both taps
     record = results["taps"]["backbone"]["uncertainty"]["rankme"]

@@ -28,11 +28,13 @@ Value = float | None
 
 @dataclass(frozen=True)
 class Measures:
-    """One probed unit's measurements (a tap, or one seed of it): metrics {name: value} and the per-unit
-    statistics of those that have them ({name: `bootstrap.PerUnit` or a statistic recomputed per resample})."""
+    """One probed unit's measurements (a tap, or one seed of it): metrics {name: value}, the per-unit statistics
+    of those that have them ({name: `bootstrap.PerUnit` or a statistic recomputed per resample}) and each probe's
+    protocol ({probe: its settings and splits})."""
 
     metrics: Mapping[str, Value]
     per_unit: Mapping[str, Any] = field(default_factory=dict)
+    protocol: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,10 @@ def tap_measures(taps: Mapping[str, Mapping], per_unit: Mapping[str, Mapping[str
     callers use for a finished run."""
     per_unit = per_unit or {}
     return {name: TapMeasures(metrics=dict(tap["metrics"]), per_unit=dict(per_unit.get(name, {})),
+                              protocol=dict(tap.get("protocol", {})),
                               seeds={s: Measures(dict(record.get("metrics", {})),
-                                                 dict(per_unit.get(seed_unit(name, s), {})))
+                                                 dict(per_unit.get(seed_unit(name, s), {})),
+                                                 dict(record.get("protocol", {})))
                                      for s, record in (tap.get("seeds") or {}).items()},
                               head=tap.get("head"))
             for name, tap in taps.items()}
