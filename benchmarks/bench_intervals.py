@@ -35,6 +35,7 @@ from headprobe.stats.bootstrap import (
     bootstrap_resamples,
     tap_uncertainty,
 )
+from headprobe.stats.measures import tap_measures
 from headprobe.stats.verdict import buffer_verdict
 
 TARGET = 0.10
@@ -108,7 +109,7 @@ def intervals(taps: dict[str, TapData], probed: dict) -> None:
                          "uncertainty": tap_uncertainty(metrics, per_unit, resamples)}
     samples = {name: per_unit for name, (_, per_unit) in probed.items()}
     for head in HEADS:
-        buffer_verdict(records, head, samples, resamples)
+        buffer_verdict(tap_measures(records, samples), head, resamples)
 
 
 # What the intervals cost inside a real run: the functions that exist only for them, timed where the run calls them

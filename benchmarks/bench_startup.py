@@ -37,6 +37,7 @@ CLI = "\n".join([
 def write_run(path: Path) -> Path:
     """A small finished run with answers (one head), as `claims` and `report` read it."""
     from headprobe.stats.claims import answer_questions
+    from headprobe.stats.measures import tap_measures
 
     metrics = {"backbone": {"linear.acc": 0.95, "rotation.acc": 0.80, "knn.k20.acc": 0.90, "linear.C": 1.0},
                "h": {"linear.acc": 0.94, "rotation.acc": 0.70, "knn.k20.acc": 0.91, "linear.C": 10.0}}
@@ -45,7 +46,7 @@ def write_run(path: Path) -> Path:
     results = {"status": "complete", "recipe": {"name": "startup", "heads": [{"name": "h", "type": "mlp"}]},
                "backbone": {"id": "scratch:vit-tiny"}, "data": {"source": "sklearn-digits"}, "taps": taps,
                "heads": {"h": {"train": {"steps": 10, "status": "complete"}}},
-               "claims": answer_questions(taps, {}, {}, {"h": "h"})}
+               "claims": answer_questions(tap_measures(taps), {}, {"h": "h"})}
     path.mkdir(parents=True, exist_ok=True)
     (path / "results.json").write_text(json.dumps(results))
     (path / "metrics.jsonl").write_text("")

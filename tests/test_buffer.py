@@ -11,6 +11,7 @@ from headprobe.probes.builtin.knn import KNN as knn
 from headprobe.probes.builtin.linear import LINEAR as linear
 from headprobe.probes.tap_data import TapData
 from headprobe.stats.bootstrap import PerUnit, bootstrap_resamples
+from headprobe.stats.measures import tap_measures
 from headprobe.stats.verdict import buffer_verdict, predicted_change
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -21,12 +22,12 @@ def taps(backbone: dict, head: dict) -> dict:
 
 
 def test_any_sweep_spread_is_its_own_piece_of_evidence():
-    result = buffer_verdict(taps(
+    result = buffer_verdict(tap_measures(taps(
         {"linear.acc": 0.9, "rotation45.orbit.spread_rel": 0.30, "hue.orbit.spread_rel": 0.20,
          "saturation.orbit.spread_rel": 0.25, "rotation45.orbit.curvature": 1.0, "blur.orbit.spread_rel": 0.1},
         {"linear.acc": 0.8, "rotation45.orbit.spread_rel": 0.10, "hue.orbit.spread_rel": 0.25,
          "saturation.orbit.spread_rel": 0.25, "rotation45.orbit.curvature": 2.0},
-    ), "relu")
+    )), "relu")
     evidence = result["evidence"]
     assert set(evidence) == {"linear.acc", "rotation45.orbit.spread_rel", "hue.orbit.spread_rel",
                              "saturation.orbit.spread_rel"}
@@ -53,12 +54,12 @@ def _paired(n: int, seed: int, head_gap: float) -> tuple[dict, dict]:
 def test_a_clear_paired_margin_is_resolved_and_a_tiny_one_is_not():
     resamples = {"test images": bootstrap_resamples(450, n_boot=2000, seed=0)}
     samples, tap_metrics = _paired(450, 0, head_gap=0.05)
-    clear = buffer_verdict(tap_metrics, "relu", samples, resamples)
+    clear = buffer_verdict(tap_measures(tap_metrics, samples), "relu", resamples)
     entry = clear["evidence"]["linear.acc"]
     assert entry["resolved"] == "for" and clear["verdict"] == "buffer"
     assert entry["ci95"][0] > 0 and entry["ci95"][0] < entry["margin"] < entry["ci95"][1]
     samples, tap_metrics = _paired(450, 1, head_gap=0.002)
-    assert buffer_verdict(tap_metrics, "relu", samples, resamples)["verdict"] == "inconclusive"
+    assert buffer_verdict(tap_measures(tap_metrics, samples), "relu", resamples)["verdict"] == "inconclusive"
 
 
 def test_the_head_doing_better_is_resolved_against():
@@ -66,7 +67,7 @@ def test_the_head_doing_better_is_resolved_against():
     samples, tap_metrics = _paired(450, 0, head_gap=0.05)
     samples = {"backbone": samples["relu"], "relu": samples["backbone"]}
     tap_metrics = {"backbone": tap_metrics["relu"], "relu": tap_metrics["backbone"]}
-    out = buffer_verdict(tap_metrics, "relu", samples, resamples)
+    out = buffer_verdict(tap_measures(tap_metrics, samples), "relu", resamples)
     assert out["verdict"] == "no-buffer" and out["evidence"]["linear.acc"]["resolved"] == "against"
 
 
@@ -106,7 +107,7 @@ def test_an_untrained_orthogonal_head_gets_no_resolved_evidence():
         h, ph = _probe_all(x_train @ q, y_train, x_test @ q, y_test, views @ q, "relu")
         resamples = {"test images": bootstrap_resamples(120, 500, seed, strata=y_test),
                      "images with views": bootstrap_resamples(160, 500, seed)}
-        out = buffer_verdict({"backbone": b, "relu": h}, "relu", {"backbone": pb, "relu": ph}, resamples)
+        out = buffer_verdict(tap_measures({"backbone": b, "relu": h}, {"backbone": pb, "relu": ph}), "relu", resamples)
         inconclusive += out["verdict"] == "inconclusive"
     assert inconclusive >= 95
 
@@ -119,7 +120,7 @@ def test_a_head_that_discards_the_nuisance_direction_is_resolved_for_on_invarian
     h, ph = _probe_all(x_train @ drop, y_train, x_test @ drop, y_test, views @ drop, "relu")
     resamples = {"test images": bootstrap_resamples(120, 2000, 0, strata=y_test),
                  "images with views": bootstrap_resamples(160, 2000, 0)}
-    out = buffer_verdict({"backbone": b, "relu": h}, "relu", {"backbone": pb, "relu": ph}, resamples)
+    out = buffer_verdict(tap_measures({"backbone": b, "relu": h}, {"backbone": pb, "relu": ph}), "relu", resamples)
     evidence = out["evidence"]
     assert evidence["view_spread_rel"]["resolved"] == "for" and evidence["view_spread_rel"]["ci95"][0] > 0
     assert "align" not in evidence and "view_cos" not in evidence  # raw invariance describes, it is not evidence
@@ -152,8 +153,8 @@ def test_raw_alignment_rising_does_not_decide_when_relative_alignment_falls():
     assert out_h.metrics["align"] > 2 * out_b.metrics["align"]  # raw: the head looks *less* invariant
     assert out_h.metrics["view_spread_rel"] < 0.5 * out_b.metrics["view_spread_rel"]  # relative: far more
     resamples = {"images with views": bootstrap_resamples(160, 2000, 0)}
-    out = buffer_verdict({"backbone": {"metrics": out_b.metrics}, "relu": {"metrics": out_h.metrics}}, "relu",
-                         {"backbone": out_b.per_unit, "relu": out_h.per_unit}, resamples)
+    out = buffer_verdict(tap_measures({"backbone": {"metrics": out_b.metrics}, "relu": {"metrics": out_h.metrics}},
+                                      {"backbone": out_b.per_unit, "relu": out_h.per_unit}), "relu", resamples)
     assert set(out["evidence"]) == {"view_spread_rel"}
     assert out["evidence"]["view_spread_rel"]["resolved"] == "for" and out["verdict"] == "buffer"
 
@@ -182,7 +183,7 @@ def test_knn_accuracy_is_class_evidence_like_the_linear_probe():
                "relu": lin["relu"] | {"knn.k10.acc": knn_values["backbone"]["linear.acc"]}}
     tap_metrics = {tap: {"metrics": lin_metrics[tap]["metrics"] | {"knn.k10.acc": samples[tap]["knn.k10.acc"].value()}}
                    for tap in ("backbone", "relu")}
-    out = buffer_verdict(tap_metrics, "relu", samples, resamples)
+    out = buffer_verdict(tap_measures(tap_metrics, samples), "relu", resamples)
     knn_entry, linear_entry = out["evidence"]["knn.k10.acc"], out["evidence"]["linear.acc"]
     assert knn_entry["resolved"] == "against" and linear_entry["resolved"] == "for"
     assert knn_entry["claim"] == "backbone keeps more" and out["verdict"] == "mixed"
@@ -195,10 +196,10 @@ def _infonce_taps(backbone_nce: float) -> dict:
 
 
 def test_a_critic_no_better_than_chance_keeps_infonce_out_of_the_verdict():
-    informative = buffer_verdict(_infonce_taps(0.5), "relu")["evidence"]["mi.infonce/ceiling"]
+    informative = buffer_verdict(tap_measures(_infonce_taps(0.5)), "relu")["evidence"]["mi.infonce/ceiling"]
     assert informative["resolved"] == "for" and informative["p"] < 0.05  # three seeds, one clear margin
     for backbone_nce in (-0.087, 0.0):
-        out = buffer_verdict(_infonce_taps(backbone_nce), "relu")
+        out = buffer_verdict(tap_measures(_infonce_taps(backbone_nce)), "relu")
         entry = out["evidence"]["mi.infonce/ceiling"]
         assert entry["resolved"] == "unresolved" and entry["p"] is None and entry["ci95"] is None
         assert entry["why_unresolved"].startswith("critic uninformative") and out["verdict"] == "inconclusive"

@@ -15,7 +15,9 @@ from headprobe.stats.cross_run import (
     cross_run_answers,
     group_runs,
     paired_changes,
+    read_run,
 )
+from headprobe.stats.measures import tap_measures
 from headprobe.stats.retraining import HIERARCHICAL, IMAGES_ONLY, T_SEEDS, change_interval
 
 DATA = {"source": "fashion-mnist", "fingerprint": "f", "limit": {"train": 10, "test": 6}, "split_seed": 0, "n_test": 6}
@@ -35,7 +37,7 @@ def fake_run(root: Path, name: str, heads: list, seed: int, tap_values: dict, da
                "taps": taps,
                "protocol": {"views_probed": {"split": "test", "n_images": 6, "views": 2, "seed": 100 + seed}}}
     if {"backbone", "head"} <= set(taps):
-        results["claims"] = answer_questions(taps, tap_values, {}, {"head": "head"})
+        results["claims"] = answer_questions(tap_measures(taps, tap_values), {}, {"head": "head"})
     (path / "results.json").write_text(json.dumps(results))
     for tap, stats in tap_values.items():
         save_per_unit(path / "per_unit" / f"{tap}.safetensors", stats)
@@ -53,10 +55,12 @@ def test_arms_are_named_by_their_heads_and_keyed_by_seed(tmp_path):
     assert arm_label({"recipe": {"heads": [{"type": "linear", "depth": 2}]}}) == "linear d2"
     one_layer = {"type": "mlp", "depth": 1, "act": "swish", "bn_hidden": True, "bn_out": True}
     assert arm_label({"recipe": {"heads": [one_layer]}}) == "mlp d1 bn-out"  # no activation in one layer
-    assert group_runs([a, b]) == {"no head": {0: a}, "mlp d2 relu bn": {0: b}}
+    arms = group_runs([read_run(a), read_run(b)])
+    assert {label: {s: run.path for s, run in runs.items()} for label, runs in arms.items()} == {
+        "no head": {0: a}, "mlp d2 relu bn": {0: b}}
     twin = fake_run(tmp_path, "c", IDENTITY, 0, {"backbone": {"linear.acc": acc([1.0] * 6)}})
     with pytest.raises(ValueError, match="both arm 'no head' at seed 0"):
-        group_runs([a, twin])
+        group_runs([read_run(a), read_run(twin)])
 
 
 def _record(stats: dict) -> tuple[dict, dict]:
@@ -191,7 +195,7 @@ def test_runs_that_cannot_be_paired_are_refused_or_no_head_ablation(tmp_path):
     assert cross_run_answers([a, b, c]) is None  # two runs of one arm and seed: a sweep over something else
     assert cross_run_answers([c]) is None  # no reference arm
     bare = fake_run(tmp_path, "bare", [], 0, values)
-    assert arm_label({"recipe": {"heads": []}}) == "" and group_runs([bare]) == {}
+    assert arm_label({"recipe": {"heads": []}}) == "" and group_runs([read_run(bare)]) == {}
     other = fake_run(tmp_path, "other", MLP2, 0, values, dict(DATA, fingerprint="g"))
     with pytest.raises(ValueError, match=r"different test images \(data.fingerprint"):
         cross_run_answers([a, other])
@@ -229,7 +233,7 @@ def test_a_tiny_scratch_sweep_with_and_without_a_head_is_answered_across_runs(tm
         assert record["ci95"][0] <= record["change"] <= record["ci95"][1] and record["n_units"] == 20
     assert paired["within"]["Q-aug"]["arms"]["mlp d2 swish bn"]["n_seeds"] == 2
     # Before tuning both arms hold the same randomly initialised backbone of their seed: no difference at all.
-    arms = group_runs([res.path for res in results])
+    arms = group_runs([read_run(res.path, "backbone_untuned") for res in results])
     untuned = paired_changes([(s, tap_record(arms["mlp d2 swish bn"][s], "backbone_untuned"),
                                tap_record(arms["no head"][s], "backbone_untuned")) for s in (0, 1)], n_boot=200)
     assert untuned and all(c.change == 0.0 and c.ci95 in (None, [0.0, 0.0]) for c in untuned.values())
@@ -281,7 +285,8 @@ def test_a_run_that_tuned_its_backbone_per_seed_counts_as_its_seeds(tmp_path):
                     (runs[s] / "per_unit" / f"{tap}.safetensors").read_bytes())
         (path / "results.json").write_text(json.dumps(results[0] | {"taps": taps}))
         packed.append(path)
-    assert group_runs(packed)["mlp d2 relu bn"] == {s: tmp_path / "packed" / "mlp" for s in range(3)}
+    packed_arm = group_runs([read_run(p) for p in packed])["mlp d2 relu bn"]
+    assert {s: run.path for s, run in packed_arm.items()} == {s: tmp_path / "packed" / "mlp" for s in range(3)}
     one = cross_run_answers([p for arm in arms.values() for p in arm.values()], n_boot=300)
     other = cross_run_answers(packed, n_boot=300)
     for part in ("within", "across"):
@@ -295,11 +300,10 @@ def test_a_run_that_tuned_its_backbone_per_seed_counts_as_its_seeds(tmp_path):
 def test_the_heads_answered_within_an_arm_are_its_trained_heads(tmp_path):
     from headprobe.stats.cross_run import head_taps
 
-    (tmp_path / "results.json").write_text(json.dumps({"recipe": {"heads": MLP2 + [{"name": "z", "type": "identity"}]},
-                                                       "claims": {"Q-aug": {"heads": {
-                                                           "head": {"tap": "head@2"}, "z": {"tap": "z"},
-                                                           "head.init": {"tap": "head.init@2", "is_null": True}}}}}))
-    assert head_taps(tmp_path) == {"head": "head@2"}
+    results = {"recipe": {"heads": MLP2 + [{"name": "z", "type": "identity"}]},
+               "claims": {"Q-aug": {"heads": {"head": {"tap": "head@2"}, "z": {"tap": "z"},
+                                              "head.init": {"tap": "head.init@2", "is_null": True}}}}}
+    assert head_taps(results) == {"head": "head@2"}
 
 
 def test_a_null_arm_is_a_second_reference_for_every_other_arm(tmp_path):

@@ -15,6 +15,7 @@ from report_run import results_dict, write_run
 from timeouts import HANG_TIMEOUT_S
 
 from headprobe.stats.claims import answer_questions
+from headprobe.stats.measures import tap_measures
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "accelerate", "sklearn", "timm", "open_clip", "datasets")
@@ -39,7 +40,7 @@ def _run_with_claims(path: Path) -> Path:
     taps = results["taps"]
     taps["backbone"]["metrics"]["rotation.acc"] = 0.80
     taps["mlp"]["metrics"]["rotation.acc"] = 0.70
-    results["claims"] = answer_questions(taps, {}, {}, {"mlp": "mlp", "lin": "lin"})
+    results["claims"] = answer_questions(tap_measures(taps), {}, {"mlp": "mlp", "lin": "lin"})
     return write_run(path, results, records=[])
 
 

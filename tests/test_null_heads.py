@@ -13,6 +13,7 @@ from headprobe.record.saved_heads import load_heads
 from headprobe.report.claims_table import claims_rows, format_claims, paper_cell
 from headprobe.stats.against_null import Difference, change_against
 from headprobe.stats.bootstrap import PerUnit, bootstrap_resamples
+from headprobe.stats.measures import tap_measures
 from headprobe.train.engine import build_head
 from headprobe.train.null_heads import RandomInjectiveMap, build_null_heads
 
@@ -100,7 +101,7 @@ def test_the_change_against_a_null_is_the_paired_bootstrap_of_the_per_image_diff
     head, null = (torch.rand(200, generator=gen) < 0.8).double(), (torch.rand(200, generator=gen) < 0.7).double()
     taps, per_unit = _taps({"h": [head.tolist()], "n": [null.tolist()]})
     resamples = {"test images": bootstrap_resamples(200, n_boot=500, seed=1)}
-    change = change_against(taps, per_unit, resamples, "h", "n", "m.acc")
+    change = change_against(tap_measures(taps, per_unit), resamples, "h", "n", "m.acc")
     assert change.change == pytest.approx(float((head - null).mean()), abs=1e-12)
     # Independently: the resampled means of the differences, image by image.
     idx = resamples["test images"].indices
@@ -117,13 +118,14 @@ def test_with_seeds_each_seed_is_read_against_its_own_null():
     heads = (base < 0.8).double().tolist()
     nulls = (base < 0.6).double().tolist()  # the same images fall: each seed's null below its head
     taps, per_unit = _taps({"h": heads, "n": nulls})
-    change = change_against(taps, per_unit, {"test images": bootstrap_resamples(150, n_boot=400)}, "h", "n", "m.acc")
+    resamples = {"test images": bootstrap_resamples(150, n_boot=400)}
+    change = change_against(tap_measures(taps, per_unit), resamples, "h", "n", "m.acc")
     per_seed = [float((torch.tensor(a) - torch.tensor(b)).mean()) for a, b in zip(heads, nulls, strict=True)]
     assert change.per_seed == pytest.approx(per_seed) and change.n_seeds == 3
     assert change.kind in ("hierarchical bootstrap", "t over seeds")
     assert change.ci95[0] <= change.change <= change.ci95[1]
     taps_one, per_unit_one = _taps({"h": heads, "n": [nulls[0]]})
-    assert change_against(taps_one, per_unit_one, {}, "h", "n", "m.acc") is None  # seeds that do not pair
+    assert change_against(tap_measures(taps_one, per_unit_one), {}, "h", "n", "m.acc") is None  # seeds that do not pair
 
 
 @pytest.mark.slow

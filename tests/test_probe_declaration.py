@@ -29,6 +29,7 @@ from headprobe.recipe import RecipeError, load_recipe
 from headprobe.registry import PROBES
 from headprobe.report.glossary import describe_metric, is_protocol_value, tooltip
 from headprobe.report.plots import headline_metrics
+from headprobe.stats.measures import tap_measures
 from headprobe.stats.verdict import INFORMATION_CLAIM, buffer_verdict, evidence_rule, predicted_change
 
 MODULE = '''
@@ -114,7 +115,7 @@ def test_the_verdict_counts_the_new_evidence_metric_with_its_declared_direction(
     assert predicted_change("centroid.norm") is None
     taps = {"backbone": {"metrics": {"centroid.acc": 0.9, "centroid.norm": 2.0}},
             "h": {"metrics": {"centroid.acc": 0.6, "centroid.norm": 1.0}}}
-    evidence = buffer_verdict(taps, "h")["evidence"]
+    evidence = buffer_verdict(tap_measures(taps), "h")["evidence"]
     assert list(evidence) == ["centroid.acc"]
     assert evidence["centroid.acc"]["margin"] == pytest.approx(0.3)  # lower at the head: as the claim predicts
     assert evidence["centroid.acc"]["claim"] == INFORMATION_CLAIM

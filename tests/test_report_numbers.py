@@ -19,6 +19,7 @@ from rich.console import Console
 from headprobe.report.html import render_report
 from headprobe.report.table import print_summary
 from headprobe.stats.claims import QUESTIONS, answer_questions
+from headprobe.stats.measures import tap_measures
 
 # Per head, the per-seed change head − backbone of rotation.acc (Q-aug, predicted lower, margin 0) and of linear.acc
 # (Q-class, equivalence within ±0.02), and the answers they must give (worked out by hand; "holm": t p ≈ 0.049
@@ -51,7 +52,7 @@ def _results() -> dict:
     results["taps"] = taps
     results["heads"] = {h: {"train": {"steps": 40, "status": "complete"}} for h in CHANGES}
     results["buffer"] = {}
-    results["claims"] = answer_questions(taps, {}, {}, {h: h for h in CHANGES})
+    results["claims"] = answer_questions(tap_measures(taps), {}, {h: h for h in CHANGES})
     return results
 
 

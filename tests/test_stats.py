@@ -15,6 +15,7 @@ from headprobe.stats.bootstrap import (
     resampled_means,
     seed_interval,
 )
+from headprobe.stats.measures import tap_measures
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -122,8 +123,8 @@ def test_a_head_that_shrinks_orbits_is_resolved_for_on_the_spread_ratio():
     backbone, head = stat(images + noise), stat(images + 0.3 * noise)
     taps = {"backbone": {"metrics": {"s.orbit.spread_rel": backbone.value()}},
             "h": {"metrics": {"s.orbit.spread_rel": head.value()}}}
-    out = buffer_verdict(taps, "h", {"backbone": {"s.orbit.spread_rel": backbone}, "h": {"s.orbit.spread_rel": head}},
-                         {"orbit images": bootstrap_resamples(40, seed=0)})
+    per_unit = {"backbone": {"s.orbit.spread_rel": backbone}, "h": {"s.orbit.spread_rel": head}}
+    out = buffer_verdict(tap_measures(taps, per_unit), "h", {"orbit images": bootstrap_resamples(40, seed=0)})
     entry = out["evidence"]["s.orbit.spread_rel"]
     assert entry["resolved"] == "for" and entry["ci95"][0] > 0 and out["verdict"] == "buffer"
 
@@ -310,8 +311,8 @@ def test_taps_share_the_training_image_resamples_so_rankme_margins_are_paired():
     ctx = SimpleNamespace(resamples={}, recipe=SimpleNamespace(seed=0), record=writer,
                           verify_cache=lambda final=False: None)
     features = SimpleNamespace(train=SimpleNamespace(labels=y), test=SimpleNamespace(labels=y[:10]))
-    for name in outs:
-        writer.summary(tap_intervals(ctx, features, name))
+    for name, measured in writer.measures().items():
+        writer.summary(tap_intervals(ctx, features, name, measured))
     resamples = ctx.resamples[TRAIN_IMAGES]
     assert resamples.stratified and list(ctx.resamples) == [TRAIN_IMAGES]  # one set, drawn once, for both taps
     record = results["taps"]["backbone"]["uncertainty"]["rankme"]

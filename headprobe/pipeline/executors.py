@@ -32,8 +32,10 @@ class ProbeExecutor(Protocol):
     def run(self, ctx, features, units: list, pending: list[list[str]], record: RecordWriter) -> None:
         """Every pending probe of each unit, recorded (`RecordWriter.probe`) in the one-process order."""
 
-    def summaries(self, tap_names: list[str], compute: Callable[[str], TapSummary], record: RecordWriter) -> None:
-        """compute(tap) for every tap (intervals, seed aggregates), each summary handed to the record."""
+    def summaries(self, tap_names: list[str], compute: Callable[[str], TapSummary], record: RecordWriter
+                  ) -> list[TapSummary]:
+        """compute(tap) for every tap (intervals, seed aggregates), each summary handed to the record; returns
+        them all."""
 
     def probed_intervals(self, tap: str, metrics: dict) -> dict | None:
         """The intervals computed next to the probes of `tap`, where every metric has one; else None."""
@@ -75,9 +77,12 @@ class LocalProbes:
                     record.probe(tap.name, seed, name, out)
                     progress.advance(task)
 
-    def summaries(self, tap_names: list[str], compute: Callable[[str], TapSummary], record: RecordWriter) -> None:
-        for name in tap_names:
-            record.summary(compute(name))
+    def summaries(self, tap_names: list[str], compute: Callable[[str], TapSummary], record: RecordWriter
+                  ) -> list[TapSummary]:
+        done = [compute(name) for name in tap_names]
+        for summary in done:
+            record.summary(summary)
+        return done
 
     def probed_intervals(self, tap: str, metrics: dict) -> dict | None:
         return None

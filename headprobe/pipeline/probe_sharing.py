@@ -197,14 +197,17 @@ class SharedProbes:
             return None
         return {metric: known[metric] for metric in metrics}
 
-    def summaries(self, tap_names: list[str], compute: Callable[[str], TapSummary], record: RecordWriter) -> None:
+    def summaries(self, tap_names: list[str], compute: Callable[[str], TapSummary], record: RecordWriter
+                  ) -> list[TapSummary]:
         """compute(tap) for every tap, its work shared among the processes: each computes its share of the taps
-        (`tap_names[rank::world]`) and sends the summaries to the others; every process records all of them."""
+        (`tap_names[rank::world]`) and sends the summaries to the others; every process records all of them and
+        returns them."""
         world, rank = self.state.num_processes, self.state.process_index
         mine = [compute(name) for name in tap_names[rank::world]]
-        for part in all_objects(mine, world):
-            for summary in part:
-                record.summary(summary)
+        done = [summary for part in all_objects(mine, world) for summary in part]
+        for summary in done:
+            record.summary(summary)
+        return done
 
 
 def _raise_failure(process: int, message: str) -> None:

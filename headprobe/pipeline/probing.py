@@ -7,15 +7,28 @@ writer (`ctx.record`) as it is made.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from headprobe.pipeline.taps import Tap, draw_resamples, head_taps, tap_intervals
 from headprobe.recipe import RecipeError
-from headprobe.record.writer import TapSummary, unit_key
+from headprobe.record.writer import TapSummary
 from headprobe.stats.bootstrap import PerUnit, SeedMean, n_units, seed_interval
+from headprobe.stats.measures import TapMeasures
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What probing some units returns: whether any probe ran, and the measurements of every tap recorded so far
+    (these units' and the earlier ones'; resumed, those of the earlier invocations too), each probe's output having
+    gone to the record's writer as it finished."""
+
+    ran: bool
+    taps: dict[str, TapMeasures]
 
 
 def probe_tap(ctx, features, tap: Tap, seed: int | None = None) -> float | None:
@@ -24,10 +37,10 @@ def probe_tap(ctx, features, tap: Tap, seed: int | None = None) -> float | None:
     with several seeds) the metrics go into taps[tap]["seeds"][seed], and `aggregate_seeds` makes the tap's own
     metrics from them. The probe executor (`ctx.probes`) decides where each probe runs."""
     t0 = ctx.probes.start_clock()
-    ran = probe_units(ctx, features, [(tap, seed)])
+    probed = probe_units(ctx, features, [(tap, seed)])
     if seed is None:
-        ctx.record.summary(tap_intervals(ctx, features, tap.name), write=True)
-    return time.perf_counter() - t0 if ran else None
+        ctx.record.summary(tap_intervals(ctx, features, tap.name, probed.taps[tap.name]), write=True)
+    return time.perf_counter() - t0 if probed.ran else None
 
 
 def reuse_tap(ctx, source: Path, tap_name: str = "backbone") -> bool:
@@ -53,32 +66,30 @@ def reuse_tap(ctx, source: Path, tap_name: str = "backbone") -> bool:
     return True
 
 
-def probe_units(ctx, features, units: list[tuple[Tap, int | None]]) -> bool:
+def probe_units(ctx, features, units: list[tuple[Tap, int | None]]) -> Probed:
     """Run every pending probe of each (tap, seed) unit, where the probe executor puts it, each output recorded
-    (`RecordWriter.probe`); returns whether any probe ran."""
+    (`RecordWriter.probe`); returns whether any probe ran and every tap's measurements (`Probed`)."""
     pending = []
     for tap, seed in units:
         done = ctx.record.open_unit(tap.name, tap.head, tap.depth, seed)
         pending.append([name for name in ctx.recipe.probes if name not in done])
     ctx.probes.run(ctx, features, units, pending, ctx.record)
     ctx.record.flush()  # the outputs still waiting for results.json (`RecordWriter.probe`)
-    return any(pending)
+    return Probed(any(pending), ctx.record.measures())
 
 
-def aggregate_seeds(ctx, features, tap_name: str) -> TapSummary:
+def aggregate_seeds(ctx, features, tap_name: str, measured: TapMeasures) -> TapSummary:
     """A tap probed once per seed: its metrics are the means over seeds (of the metrics every seed has), its
     per-unit values the seed means (recomputed statistics: the seed mean of each seed's replicates), and
     each uncertainty record adds the per-seed values, their standard deviation and a t interval over seeds (the
     interval itself where a metric has no per-unit values)."""
     from headprobe.stats.bootstrap import tap_uncertainty
 
-    seeds = ctx.recipe.seed_list
-    tap = ctx.record.record["taps"][tap_name]
-    records = [tap["seeds"][str(s)] for s in seeds]
-    names = [m for m in records[0]["metrics"] if all(isinstance(r["metrics"].get(m), (int, float)) for r in records)]
-    metrics = {m: sum(r["metrics"][m] for r in records) / len(records) for m in names}
-    protocol = records[0]["protocol"]  # the probes' settings and splits are the same for every seed
-    per_seed = [ctx.record.per_unit.get(unit_key(tap_name, s), {}) for s in seeds]
+    records = [measured.seeds[str(s)] for s in ctx.recipe.seed_list]
+    names = [m for m in records[0].metrics if all(isinstance(r.metrics.get(m), (int, float)) for r in records)]
+    metrics = {m: sum(r.metrics[m] for r in records) / len(records) for m in names}
+    protocol = dict(records[0].protocol)  # the probes' settings and splits are the same for every seed
+    per_seed = [r.per_unit for r in records]
     # Means over seeds of per-image values are per-image values of the seed-mean metric; a statistic recomputed per
     # resample (a ratio is not a mean) is the mean of each seed's statistic on the same resamples (`SeedMean`).
     # Metrics without per-unit values at every seed get the seeds' t interval instead.
@@ -94,7 +105,7 @@ def aggregate_seeds(ctx, features, tap_name: str) -> TapSummary:
     draw_resamples(ctx, features, combined)
     uncertainty = tap_uncertainty(metrics, combined, ctx.resamples)
     for m, record in uncertainty.items():
-        values = [r["metrics"][m] for r in records]
+        values = [r.metrics[m] for r in records]
         spread = seed_interval(values)
         record |= {"per_seed": values, "sd_seeds": spread["sd_seeds"], "n_seeds": spread["n_seeds"],
                    "ci95_seeds": spread["ci95"]}
@@ -111,9 +122,9 @@ def probe_heads(ctx, features, trained, backbone: bool = False) -> float | None:
     units, compared = head_units(ctx, trained.by_seed, seeded=len(trained.by_seed) > 1)
     every = [(Tap("backbone"), None)] * backbone + units
     t0 = ctx.probes.start_clock()
-    ran = probe_units(ctx, features, every)
-    answer_heads(ctx, features, every, compared)
-    return time.perf_counter() - t0 if ran else None
+    probed = probe_units(ctx, features, every)
+    answer_heads(ctx, features, every, compared, probed.taps)
+    return time.perf_counter() - t0 if probed.ran else None
 
 
 def head_units(ctx, by_seed: dict, seeded: bool, tuned: bool = False) -> tuple[list[tuple[Tap, int | None]], dict]:
@@ -137,18 +148,20 @@ def head_units(ctx, by_seed: dict, seeded: bool, tuned: bool = False) -> tuple[l
     return units, compared
 
 
-def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: dict[str, str]) -> None:
+def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: dict[str, str],
+                 taps: dict[str, TapMeasures]) -> None:
     """After probing the units `every`: the intervals of every tap probed once (those computed next to its probes
     where the executor kept them) and the seed aggregates of those probed per seed (`aggregate_seeds`), then each
     head's buffer verdict and the paper's questions answered (`stats.claims`: results["claims"]), into the record.
-    compared: {head: the tap it is compared at}."""
+    compared: {head: the tap it is compared at}; taps: every tap's measurements (`probe_units`)."""
     from headprobe.recipe.null_heads import is_null, null_of
     from headprobe.stats.claims import answer_questions
     from headprobe.stats.verdict import buffer_verdict
 
-    record, taps = ctx.record, ctx.record.record["taps"]
+    record = ctx.record
     for tap, seed in every:  # on every process: each verdict resamples them
-        draw_resamples(ctx, features, record.per_unit[unit_key(tap.name, seed)])
+        measured = taps[tap.name] if seed is None else taps[tap.name].seeds[str(seed)]
+        draw_resamples(ctx, features, measured.per_unit)
     once, averaged = [], []
     for tap, seed in every:
         names = once if seed is None else averaged
@@ -156,20 +169,23 @@ def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: d
             names.append(tap.name)
     computed = []
     for name in once:
-        known = ctx.probes.probed_intervals(name, taps[name]["metrics"])
+        known = ctx.probes.probed_intervals(name, taps[name].metrics)
         if known is None:
             computed.append(name)
         else:
             record.summary(TapSummary(name, known))
-    ctx.probes.summaries(computed, lambda name: tap_intervals(ctx, features, name), record)
-    ctx.probes.summaries(averaged, lambda name: aggregate_seeds(ctx, features, name), record)
-    buffer = {head: buffer_verdict(taps, tap, record.per_unit, ctx.resamples) | ({} if tap == head else {"tap": tap})
+    ctx.probes.summaries(computed, lambda name: tap_intervals(ctx, features, name, taps[name]), record)
+    aggregates = ctx.probes.summaries(averaged, lambda name: aggregate_seeds(ctx, features, name, taps[name]), record)
+    # A tap probed per seed is compared at its seeds' means.
+    taps = taps | {s.tap: dataclasses.replace(taps[s.tap], metrics=s.metrics, per_unit=s.per_unit,
+                                              protocol=s.protocol) for s in aggregates}
+    buffer = {head: buffer_verdict(taps, tap, ctx.resamples) | ({} if tap == head else {"tap": tap})
               for head, tap in compared.items()}
     # The paper's questions, each answered from its primary measure with an interval over seeds and test images.
     # Null heads are nulls on a frozen backbone; on a tuned one a `type: random` head trains the backbone like any.
     frozen, heads = ctx.recipe.backbone.tune == "frozen", ctx.recipe.heads
     nulls = {spec.name: null for spec in heads if frozen and (null := null_of(heads, spec.name))}
-    claims = answer_questions(taps, record.per_unit, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed,
+    claims = answer_questions(taps, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed,
                               nulls=nulls, null_heads=tuple(s.name for s in heads if frozen and is_null(s)))
     record.verdicts(buffer, claims)
 

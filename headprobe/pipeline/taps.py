@@ -11,7 +11,7 @@ which units to probe; the probe executor (`pipeline.executors`) decides where.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +25,7 @@ from headprobe.stats.bootstrap import (
     n_units,
     tap_uncertainty,
 )
+from headprobe.stats.measures import TapMeasures
 
 
 @dataclass(frozen=True)
@@ -99,17 +100,15 @@ def run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str], proce
         yield name, out
 
 
-def tap_intervals(ctx, features, tap_name: str) -> TapSummary:
+def tap_intervals(ctx, features, tap_name: str, measured: TapMeasures) -> TapSummary:
     """taps[tap]["uncertainty"][metric]: a 95% interval and how it was obtained (stats.bootstrap), from the tap's
-    per-unit values in the record. Resamples are drawn once per kind of unit and shared by every tap
+    metrics and per-unit values (`measured`). Resamples are drawn once per kind of unit and shared by every tap
     (`draw_resamples`)."""
-    per_unit = ctx.record.per_unit[tap_name]
-    draw_resamples(ctx, features, per_unit)
-    metrics = ctx.record.record["taps"][tap_name]["metrics"]
-    return TapSummary(tap_name, tap_uncertainty(metrics, per_unit, ctx.resamples))
+    draw_resamples(ctx, features, measured.per_unit)
+    return TapSummary(tap_name, tap_uncertainty(measured.metrics, measured.per_unit, ctx.resamples))
 
 
-def draw_resamples(ctx, features, per_unit: dict) -> None:
+def draw_resamples(ctx, features, per_unit: Mapping) -> None:
     """The bootstrap resamples of every kind of unit in `per_unit` not drawn yet, into ctx.resamples: test images,
     the orbit images (the first n test images) and the training images keep each class's count."""
     for p in per_unit.values():

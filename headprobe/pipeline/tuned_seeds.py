@@ -65,14 +65,15 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
         units, compared = probing.head_units(ctx, trained.by_seed, seeded=several, tuned=True)
         for part in ([(Tap("backbone"), seed if several else None)], units):
             t0 = ctx.probes.start_clock()
-            if probing.probe_units(ctx, features, part):
+            probed = probing.probe_units(ctx, features, part)
+            if probed.ran:
                 ran = True
                 ctx.clock("probe_s", time.perf_counter() - t0)
             every += part
         if several:
             backbone.cpu()  # off the device, so the next seed has it to itself
     t0 = time.perf_counter()
-    probing.answer_heads(ctx, features, every, compared)
+    probing.answer_heads(ctx, features, every, compared, probed.taps)
     if ran:
         ctx.clock("probe_s", time.perf_counter() - t0)
     if recipe.geometry.final:  # after probing, whose answers replace results["claims"]

@@ -28,6 +28,7 @@ from headprobe.recipe import RecipeError
 from headprobe.record.directory import RunDir, metrics_from_json, new_results
 from headprobe.record.results import RunRecord
 from headprobe.stats.bootstrap import load_per_unit, save_per_unit
+from headprobe.stats.measures import TapMeasures, tap_measures
 
 __all__ = ["RecordWriter", "TapSummary", "unit_key"]
 
@@ -334,6 +335,11 @@ class RecordWriter:
         tap["uncertainty"] = summary.uncertainty
         if write:
             self.write()
+
+    def measures(self) -> dict[str, TapMeasures]:
+        """Every tap's measurements recorded so far (this invocation's and, resuming, the earlier ones'), typed for
+        the statistics (`stats.measures`)."""
+        return tap_measures(self.record["taps"], self.per_unit)
 
     def verdicts(self, buffer: dict, claims: dict) -> None:
         """Each head's buffer verdict and the paper's questions answered."""

@@ -19,8 +19,15 @@ tuned per seed).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from headprobe.stats.bootstrap import Resamples
+    from headprobe.stats.measures import TapMeasures
+    from headprobe.stats.retraining import Change
 
 
 class Difference:
@@ -44,27 +51,26 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _per_seed(taps: dict, per_unit: dict, tap: str, metric: str) -> tuple[dict, dict]:
+def _per_seed(taps: Mapping[str, TapMeasures], tap: str, metric: str) -> tuple[dict, dict]:
     """({seed: value}, {seed: per-unit statistic or None}) of `metric` at `tap`; a tap probed once has seed None."""
-    record = taps[tap]
-    seeds = record.get("seeds") or {}
+    measured = taps[tap]
+    seeds = measured.seeds
     if len(seeds) > 1:
-        return ({s: seeds[s]["metrics"].get(metric) for s in seeds},
-                {s: per_unit.get(f"{tap}.seed-{s}", {}).get(metric) for s in seeds})
-    return {None: record["metrics"].get(metric)}, {None: per_unit.get(tap, {}).get(metric)}
+        return ({s: seeds[s].metrics.get(metric) for s in seeds}, {s: seeds[s].per_unit.get(metric) for s in seeds})
+    return {None: measured.metrics.get(metric)}, {None: measured.per_unit.get(metric)}
 
 
-def change_against(taps: dict, per_unit: dict, resamples: dict, tap: str, null_tap: str, metric: str,
-                   seed: int = 0):
+def change_against(taps: Mapping[str, TapMeasures], resamples: Mapping[str, Resamples], tap: str, null_tap: str,
+                   metric: str, seed: int = 0) -> Change | None:
     """`retraining.Change` of `metric` from the null head's tap to the head's, seed by seed (record fields: `head`
     the head's seed mean, `null` the null's, `change` their difference); None where either lacks the metric or
-    their seeds differ."""
+    their seeds differ. taps: {tap: TapMeasures} (`stats.measures`)."""
     from headprobe.stats.retraining import change_interval
 
     if tap not in taps or null_tap not in taps:
         return None
-    head_values, head_stats = _per_seed(taps, per_unit, tap, metric)
-    null_values, null_stats = _per_seed(taps, per_unit, null_tap, metric)
+    head_values, head_stats = _per_seed(taps, tap, metric)
+    null_values, null_stats = _per_seed(taps, null_tap, metric)
     if set(head_values) != set(null_values) or not all(_finite(v) for v in [*head_values.values(),
                                                                               *null_values.values()]):
         return None

@@ -45,11 +45,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from headprobe.probes.declaration import Metric, declared_metrics
 from headprobe.registry import PROBE_QUESTIONS
 from headprobe.registry import QUESTIONS as DECLARED
+
+if TYPE_CHECKING:
+    from headprobe.stats.bootstrap import Resamples
+    from headprobe.stats.measures import TapMeasures
+    from headprobe.stats.retraining import Change
 
 DIRECTION, EQUIVALENCE = "direction", "equivalence"
 # A head's answer where the question's primary measure was not measured (its secondary measures are still shown).
@@ -231,29 +238,30 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def metric_change(taps: dict, per_unit: dict, resamples: dict, tap: str, metric: str, seed: int = 0):
+def metric_change(taps: Mapping[str, TapMeasures], resamples: Mapping[str, Resamples], tap: str, metric: str,
+                  seed: int = 0) -> Change | None:
     """`retraining.Change` of `metric` from the backbone to `tap`, or None when either tap lacks it. A tap probed
-    per seed (taps[tap]["seeds"]) uses each seed's value and per-unit statistic (per_unit["TAP.seed-S"]); where the
-    backbone was tuned per seed too (taps["backbone"]["seeds"]), each seed's head is compared with its own."""
+    per seed (`TapMeasures.seeds`) uses each seed's value and per-unit statistic; where the backbone was tuned per
+    seed too, each seed's head is compared with its own."""
     from .retraining import change_interval
 
-    b, record = taps["backbone"]["metrics"].get(metric), taps[tap]
-    if not _finite(b) or not _finite(record["metrics"].get(metric)):
+    b, measured = taps["backbone"].metrics.get(metric), taps[tap]
+    if not _finite(b) or not _finite(measured.metrics.get(metric)):
         return None
-    seeds = record.get("seeds") or {}
-    values = [seeds[s]["metrics"].get(metric) for s in seeds]
-    b_stat = per_unit.get("backbone", {}).get(metric)
+    seeds = measured.seeds
+    values = [seeds[s].metrics.get(metric) for s in seeds]
+    b_stat = taps["backbone"].per_unit.get(metric)
     if len(seeds) > 1 and all(_finite(v) for v in values):
-        stats = [per_unit.get(f"{tap}.seed-{s}", {}).get(metric) for s in seeds]
-        own = taps["backbone"].get("seeds") or {}
+        stats = [seeds[s].per_unit.get(metric) for s in seeds]
+        own = taps["backbone"].seeds
         if own:  # the paper's regime: each seed's head against the backbone tuned with it
-            b = [own[s]["metrics"].get(metric) for s in seeds]
+            b = [own[s].metrics.get(metric) for s in seeds]
             if not all(_finite(v) for v in b):
                 return None
-            b_stat = [per_unit.get(f"backbone.seed-{s}", {}).get(metric) for s in seeds]
+            b_stat = [own[s].per_unit.get(metric) for s in seeds]
             b_stat = b_stat if all(x is not None for x in b_stat) else None
     else:
-        values, stats = [record["metrics"][metric]], [per_unit.get(tap, {}).get(metric)]
+        values, stats = [measured.metrics[metric]], [measured.per_unit.get(metric)]
     return change_interval(b, values, b_stat, stats if all(x is not None for x in stats) else None, resamples, seed)
 
 
@@ -293,15 +301,15 @@ def answer_heads(question: Question, measured: dict[str, dict]) -> dict[str, dic
     return heads
 
 
-def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict[str, str],
+def answer_questions(taps: Mapping[str, TapMeasures], resamples: Mapping[str, Resamples], compared: dict[str, str],
                      overrides: dict | None = None, seed: int = 0, nulls: dict[str, str] | None = None,
                      null_heads: tuple[str, ...] = ()) -> dict:
     """results.json["claims"]: per question its primary, margin, rules and, per head (compared: {head: the tap it
     is compared at}), the primary change with its interval, p, p_holm, the answer, its one-line sentence and the
     secondary measures' changes (a head without the primary: answer NOT_MEASURED and its secondary measures).
-    taps: results["taps"]; per_unit: {"TAP" | "TAP.seed-S": {metric: statistic}}; resamples: {unit: Resamples}
-    shared by every tap; seed: the seeds' bootstrap draws; nulls: {head: its null head}; null_heads: the heads that are
-    nulls (`recipe.null_heads`).
+    taps: {tap: TapMeasures} (`stats.measures`: a run's, or `tap_measures` of a finished run's results.json);
+    resamples: {unit: Resamples} shared by every tap; seed: the seeds' bootstrap draws; nulls: {head: its null
+    head}; null_heads: the heads that are nulls (`recipe.null_heads`).
 
     A head with a null also gets `vs_null`, its change against the null's (`stats.against_null`), and a direction
     question is decided on that (`decided_on`): "more invariant" means more invariant than the same head untrained.
@@ -319,9 +327,9 @@ def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict
         for head, tap in compared.items():
             if tap not in taps or "backbone" not in taps:
                 continue
-            secondary = {m: c.record() for m in secondary_measures(question, list(taps[tap]["metrics"]))
-                         if (c := metric_change(taps, per_unit, resamples, tap, m, seed))}
-            change = metric_change(taps, per_unit, resamples, tap, question.primary, seed)
+            secondary = {m: c.record() for m in secondary_measures(question, list(taps[tap].metrics))
+                         if (c := metric_change(taps, resamples, tap, m, seed))}
+            change = metric_change(taps, resamples, tap, question.primary, seed)
             if change is None:  # no answer; the secondary measures are still shown
                 if secondary:
                     heads[head] = {"tap": tap, "answer": NOT_MEASURED, "secondary": secondary}
@@ -331,7 +339,7 @@ def answer_questions(taps: dict, per_unit: dict, resamples: dict, compared: dict
                            "secondary": secondary, "decided_on": "head − backbone"}
             if head in null_heads:
                 heads[head]["is_null"] = True
-            against = (change_against(taps, per_unit, resamples, tap, compared[nulls[head]], question.primary, seed)
+            against = (change_against(taps, resamples, tap, compared[nulls[head]], question.primary, seed)
                        if head in nulls else None)
             if against is not None:
                 vs_answer, vs_p = decide(question, against)

@@ -10,7 +10,8 @@ data, the same held-out views: `check_same_units`), and each keeps its probes' p
 tuned its backbone once per seed (`seeds: [0, 1, 2]` with `backbone.tune`: per-seed taps, ``TAP.seed-S``) counts
 as its seeds, each the run with that one seed.
 
-`cross_run_answers` answers, per arm, the questions of `stats.claims` with the same machinery (`answer_heads`:
+`cross_run_answers` reads each run folder once (`read_run`: a `FinishedRun`) and `answer_arms` answers from those,
+per arm, the questions of `stats.claims` with the same machinery (`answer_heads`:
 the primary measure decides, Holm across the arms of one question, never across metrics; k-NN accuracies, label
 MI and the other secondary measures are descriptions):
 
@@ -38,7 +39,9 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from headprobe.stats.bootstrap import N_BOOT, bootstrap_resamples, load_per_unit, n_units
 from headprobe.stats.claims import (
@@ -49,6 +52,7 @@ from headprobe.stats.claims import (
     questions,
     secondary_measures,
 )
+from headprobe.stats.measures import Measures, TapMeasures, seed_unit
 from headprobe.stats.retraining import Change, change_interval
 
 REFERENCE = "no head"
@@ -111,63 +115,102 @@ def tuned_seeds(results: dict) -> list[int] | None:
     return sorted(int(s) for s in seeds) if len(seeds) > 1 else None
 
 
-def run_arms(run_dirs: Sequence[str | Path]) -> list[tuple[str, int, Path]]:
-    """(arm label, seed, run directory) of each finished run (results.json with "status": "complete" and a recipe
-    seed), once per seed for a run that tuned its backbone per seed (`tuned_seeds`: seed s of it is the run with
-    seeds: [s]); other runs are left out."""
+@dataclass(frozen=True)
+class FinishedRun:
+    """What the answers across runs read of one run folder (`read_run`): its status, recipe seed, arm
+    (`arm_label`), seeds tuned one by one (`tuned_seeds`), the data and held-out views it probed (results.json's
+    `data` and `protocol.views_probed`), its recipe's `claims:` overrides, the tap each trained head is answered at
+    (`head_taps`) and the measurements of the taps the answers read (`TapMeasures`, per-unit values included)."""
+
+    path: Path
+    status: str | None
+    seed: int | None
+    arm: str
+    tuned: list[int] | None
+    data: Mapping[str, Any]
+    views_probed: Mapping[str, Any]
+    overrides: Mapping[str, Any]
+    heads: Mapping[str, str]
+    taps: Mapping[str, TapMeasures]
+
+
+def read_run(run: str | Path, tap: str = "backbone") -> FinishedRun:
+    """One run folder as the answers across runs read it: results.json once, and for a finished run the per-unit
+    stores (``per_unit/TAP.safetensors``, ``TAP.seed-S`` per tuned seed; {} where missing) of `tap`, the backbone
+    and every head's answered tap."""
+    path = Path(run)
+    results = json.loads((path / "results.json").read_text())
+    recipe = results.get("recipe") or {}
+    seed, arm, tuned, heads = recipe.get("seed"), arm_label(results), tuned_seeds(results), head_taps(results)
+    taps = {}
+    if results.get("status") == "complete" and isinstance(seed, int) and arm:
+        recorded = results.get("taps") or {}
+        for name in dict.fromkeys([tap, "backbone", *heads.values()]):
+            entry = recorded.get(name) or {}
+            seeds = entry.get("seeds") or {}
+            taps[name] = TapMeasures(
+                entry.get("metrics") or {}, load_per_unit(path / "per_unit" / f"{name}.safetensors"),
+                seeds={str(s): Measures((seeds.get(str(s)) or {}).get("metrics") or {},
+                                        load_per_unit(path / "per_unit" / f"{seed_unit(name, s)}.safetensors"))
+                       for s in tuned or []},
+                head=entry.get("head"))
+    return FinishedRun(path, results.get("status"), seed, arm, tuned, results.get("data") or {},
+                       (results.get("protocol") or {}).get("views_probed") or {}, recipe.get("claims") or {}, heads,
+                       taps)
+
+
+def run_arms(runs: Sequence[FinishedRun]) -> list[tuple[str, int, FinishedRun]]:
+    """(arm label, seed, run) of each finished run ("status": "complete" and a recipe seed), once per seed for a
+    run that tuned its backbone per seed (`tuned_seeds`: seed s of it is the run with seeds: [s]); other runs are
+    left out."""
     out = []
-    for path in map(Path, run_dirs):
-        results = json.loads((path / "results.json").read_text())
-        seed = (results.get("recipe") or {}).get("seed")
-        label = arm_label(results)
-        if results.get("status") == "complete" and isinstance(seed, int) and label:
-            out += [(label, s, path) for s in tuned_seeds(results) or [seed]]
+    for run in runs:
+        if run.status == "complete" and isinstance(run.seed, int) and run.arm:
+            out += [(run.arm, s, run) for s in run.tuned or [run.seed]]
     return out
 
 
-def group_runs(run_dirs: Sequence[str | Path]) -> dict[str, dict[int, Path]]:
-    """{arm label: {seed: run directory}} for finished runs (`run_arms`); a run whose arm already has its seed is
-    an error (two runs cannot both be that seed's arm)."""
-    arms: dict[str, dict[int, Path]] = {}
-    for label, seed, path in run_arms(run_dirs):
+def group_runs(runs: Sequence[FinishedRun]) -> dict[str, dict[int, FinishedRun]]:
+    """{arm label: {seed: run}} for finished runs (`run_arms`); a run whose arm already has its seed is an error
+    (two runs cannot both be that seed's arm)."""
+    arms: dict[str, dict[int, FinishedRun]] = {}
+    for label, seed, run in run_arms(runs):
         if seed in arms.setdefault(label, {}):
-            raise ValueError(f"runs {arms[label][seed]} and {path} are both arm {label!r} at seed {seed}; pass "
-                             "one run per arm and seed.")
-        arms[label][seed] = path
+            raise ValueError(f"runs {arms[label][seed].path} and {run.path} are both arm {label!r} at seed {seed}; "
+                             "pass one run per arm and seed.")
+        arms[label][seed] = run
     return arms
 
 
-def check_same_units(a: Path, b: Path) -> None:
+def check_same_units(a: FinishedRun, b: FinishedRun) -> None:
     """Raise a ValueError naming the field when runs a and b did not probe the same test images and views."""
-    ra, rb = (json.loads((p / "results.json").read_text()) for p in (a, b))
     for field in SAME_DATA:
-        if ra.get("data", {}).get(field) != rb.get("data", {}).get(field):
-            raise ValueError(f"runs {a} and {b} probed different test images (data.{field}: "
-                             f"{ra.get('data', {}).get(field)!r} vs {rb.get('data', {}).get(field)!r}); compare "
-                             "runs of one recipe that differ only in their heads.")
-    va, vb = (r.get("protocol", {}).get("views_probed") or {} for r in (ra, rb))
+        if a.data.get(field) != b.data.get(field):
+            raise ValueError(f"runs {a.path} and {b.path} probed different test images (data.{field}: "
+                             f"{a.data.get(field)!r} vs {b.data.get(field)!r}); compare runs of one recipe that "
+                             "differ only in their heads.")
     for field in SAME_VIEWS:
-        if va.get(field) != vb.get(field):
-            raise ValueError(f"runs {a} and {b} probed different views (protocol.views_probed.{field}: "
-                             f"{va.get(field)!r} vs {vb.get(field)!r}); pair runs of the same seed.")
+        if a.views_probed.get(field) != b.views_probed.get(field):
+            raise ValueError(f"runs {a.path} and {b.path} probed different views (protocol.views_probed.{field}: "
+                             f"{a.views_probed.get(field)!r} vs {b.views_probed.get(field)!r}); pair runs of the "
+                             "same seed.")
 
 
-def tap_record(run: Path, tap: str, seed: int | None = None) -> tuple[dict[str, float], dict]:
-    """(metrics, per-unit statistics) of `tap` in a run, of its seed `seed` where the run tuned its backbone per seed
-    (`tuned_seeds`): results.json's metrics (a per-unit store's means where results.json has none) and
-    ``per_unit/TAP.safetensors`` (``TAP.seed-S``; {} when missing: those metrics get the t interval over seeds); a
-    ValueError when the run has neither."""
-    results = json.loads((Path(run) / "results.json").read_text())
-    record = (results.get("taps") or {}).get(tap) or {}
-    if seed is not None and tuned_seeds(results):
-        record, tap = (record.get("seeds") or {}).get(str(seed)) or {}, f"{tap}.seed-{seed}"
-    stats = load_per_unit(Path(run) / "per_unit" / f"{tap}.safetensors")
-    recorded = record.get("metrics") or {}
-    metrics = {m: x.value() for m, x in stats.items()} | recorded
+def tap_record(run: FinishedRun, tap: str, seed: int | None = None) -> tuple[dict[str, float], Mapping]:
+    """(metrics, per-unit statistics) of `tap` in a run (`read_run`), of its seed `seed` where the run tuned its
+    backbone per seed: results.json's metrics (a per-unit store's means where results.json has none) and the
+    per-unit statistics ({} when the store is missing: those metrics get the t interval over seeds); a ValueError
+    when the run has neither."""
+    measured: Measures = run.taps.get(tap) or TapMeasures({})
+    name = tap
+    if seed is not None and run.tuned:
+        measured, name = run.taps.get(tap, TapMeasures({})).seeds.get(str(seed)) or Measures({}), seed_unit(tap, seed)
+    stats = measured.per_unit
+    metrics = {m: x.value() for m, x in stats.items()} | dict(measured.metrics)
     metrics = {m: v for m, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                and math.isfinite(v)}
     if not metrics:
-        raise ValueError(f"run {run} has no metrics for tap {tap!r}; pick a tap the run probed (see its "
+        raise ValueError(f"run {run.path} has no metrics for tap {name!r}; pick a tap the run probed (see its "
                          "results.json 'taps').")
     return metrics, stats
 
@@ -202,10 +245,9 @@ def paired_changes(pairs: Sequence[tuple[int, tuple[dict, dict], tuple[dict, dic
     return out
 
 
-def head_taps(run: Path) -> dict[str, str]:
+def head_taps(results: Mapping) -> dict[str, str]:
     """{head: the tap its answers are read at} of a run's trained heads (results.json["claims"]; identity and null
     heads left out); {} for a run without answers."""
-    results = json.loads((Path(run) / "results.json").read_text())
     identity = {h.get("name") for h in (results.get("recipe") or {}).get("heads") or [] if h.get("type") == "identity"}
     out: dict[str, str] = {}
     for claim in (results.get("claims") or {}).values():
@@ -215,10 +257,9 @@ def head_taps(run: Path) -> dict[str, str]:
     return out
 
 
-def shared_overrides(runs: Sequence[Path]) -> dict:
+def shared_overrides(runs: Sequence[FinishedRun]) -> dict:
     """The `claims:` overrides every run's recipe set ({} for none); a ValueError where they differ."""
-    found = {json.dumps((json.loads((Path(r) / "results.json").read_text()).get("recipe") or {}).get("claims")
-                        or {}, sort_keys=True) for r in runs}
+    found = {json.dumps(dict(run.overrides), sort_keys=True) for run in runs}
     if len(found) > 1:
         raise ValueError(f"the runs set different claims: overrides ({', '.join(sorted(found))}); pool runs of one "
                          "recipe.")
@@ -246,19 +287,25 @@ def _answers(asked: list[Question], measured: Mapping[str, tuple[str, list[int],
 
 def cross_run_answers(run_dirs: Sequence[str | Path], reference: str = REFERENCE, tap: str = "backbone",
                       n_boot: int = N_BOOT, seed: int = 0) -> dict | None:
+    """`answer_arms` of the run folders `run_dirs`, each read once (`read_run`)."""
+    return answer_arms([read_run(path, tap) for path in run_dirs], reference, tap, n_boot, seed)
+
+
+def answer_arms(runs: Sequence[FinishedRun], reference: str = REFERENCE, tap: str = "backbone",
+                n_boot: int = N_BOOT, seed: int = 0) -> dict | None:
     """The per-arm answers of a head ablation (module docstring): {"reference", "tap", "arms": {label: {"seeds",
     "runs"}}, "within": {question: entry + "arms"}, "across": {question: entry + "arms"}}; None when the runs hold
     no reference arm, no other arm sharing a seed with it, or two runs of one arm and seed (a sweep over something
-    else)."""
-    keys = [(label, s) for label, s, _ in run_arms(run_dirs)]
+    else). runs: `read_run` of each run folder, with `tap`'s measurements."""
+    keys = [(label, s) for label, s, _ in run_arms(runs)]
     if reference not in {label for label, _ in keys} or len(set(keys)) < len(keys):
         return None
-    arms = group_runs(run_dirs)
+    arms = group_runs(runs)
     base = arms[reference]
     others = {label: runs for label, runs in arms.items() if label != reference and set(runs) & set(base)}
     if not others:
         return None
-    overrides = shared_overrides([path for runs in arms.values() for path in runs.values()])
+    overrides = shared_overrides([run for runs in arms.values() for run in runs.values()])
     across, within, described = {}, {}, {}
     for label, runs in others.items():
         seeds = sorted(set(runs) & set(base))
@@ -266,13 +313,13 @@ def cross_run_answers(run_dirs: Sequence[str | Path], reference: str = REFERENCE
             check_same_units(runs[s], base[s])
         across[label] = (tap, seeds, paired_changes([(s, tap_record(runs[s], tap, s), tap_record(base[s], tap, s))
                                                      for s in seeds], n_boot, seed))
-        taps = head_taps(runs[min(runs)])
+        taps = runs[min(runs)].heads
         for head, head_tap in taps.items():
             name = label if len(taps) == 1 else f"{label} · {head}"
             within[name] = (head_tap, sorted(runs), paired_changes(
                 [(s, tap_record(runs[s], head_tap, s), tap_record(runs[s], "backbone", s)) for s in sorted(runs)],
                 n_boot, seed, compared="each run's head against its own backbone"))
-        described[label] = {"seeds": seeds, "runs": {s: str(runs[s]) for s in sorted(runs)}}
+        described[label] = {"seeds": seeds, "runs": {s: str(runs[s].path) for s in sorted(runs)}}
     within_questions = [dataclasses.replace(q, family="arms") for q in questions(overrides)]
     out = {"reference": reference, "tap": tap, "arms": described,
            "within": _answers(within_questions, within, WITHIN_RULE, overrides),

@@ -30,6 +30,7 @@ per-unit values or seeds stay "unresolved" and say why (`why_unresolved`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from headprobe.probes.declaration import INFORMATION, INVARIANCE, metric_declaration
@@ -37,7 +38,8 @@ from headprobe.probes.declaration import INFORMATION, INVARIANCE, metric_declara
 if TYPE_CHECKING:  # torch loads when a verdict is computed, not when the report reads `predicted_change`
     import torch
 
-    from headprobe.stats.bootstrap import PerUnit, Resamples
+    from headprobe.stats.bootstrap import Resamples
+    from headprobe.stats.measures import Measures, TapMeasures, Value
 
 # The verdict's piece for InfoNCE: the bound relative to its ceiling log B (declared by the view_mi probe; it is
 # left out of the verdict where either tap's InfoNCE is ≤ 0, see `buffer_verdict`).
@@ -67,7 +69,7 @@ def predicted_change(metric: str) -> int | None:
 VERDICTS = ("buffer", "no-buffer", "mixed", "inconclusive")
 
 
-def _pieces(before: dict, after: dict) -> dict[str, tuple[float, float, float, str]]:
+def _pieces(before: Mapping[str, Value], after: Mapping[str, Value]) -> dict[str, tuple[float, float, float, str]]:
     """{metric: (backbone value, head value, sign, claim)}; margin = sign · (backbone − head) = −predicted · (head −
     backbone), positive when the change goes the way the claim predicts."""
     pieces: dict[str, tuple] = {}
@@ -97,14 +99,14 @@ def _paired_difference(backbone: torch.Tensor, head: torch.Tensor) -> torch.Tens
     return torch.where(difference.abs() <= ROUNDOFF * (b.abs() + h.abs()), 0.0, difference)
 
 
-def _seed_margins(backbone: dict, seeds: dict[str, dict], metric: str) -> list[float]:
-    """The margin of `metric` at each seed's retrained head, against the backbone (tap record `backbone`; its own
-    seed's where the backbone was tuned per seed)."""
+def _seed_margins(backbone: TapMeasures, seeds: Mapping[str, Measures], metric: str) -> list[float]:
+    """The margin of `metric` at each seed's retrained head, against the backbone (its own seed's where the
+    backbone was tuned per seed)."""
     margins = []
-    own = backbone.get("seeds") or {}
-    for seed, record in seeds.items():
-        before = own[seed]["metrics"] if own else backbone["metrics"]
-        pieces = _pieces(before, record.get("metrics", {}))
+    own = backbone.seeds
+    for seed, measured in seeds.items():
+        before = own[seed].metrics if own else backbone.metrics
+        pieces = _pieces(before, measured.metrics)
         if metric in pieces:
             b, h, sign, _ = pieces[metric]
             margins.append(sign * (b - h))
@@ -128,11 +130,11 @@ def _seed_test(margins: list[float]) -> dict:
     return {"ci95": ci, "method": f"t test over {len(margins)} seeds", "p": p, "margin_seeds": margins}
 
 
-def buffer_verdict(taps: dict, head: str, samples: dict[str, dict[str, PerUnit]] | None = None,
-                   resamples: dict[str, Resamples] | None = None) -> dict:
+def buffer_verdict(taps: Mapping[str, TapMeasures], head: str, resamples: Mapping[str, Resamples] | None = None
+                   ) -> dict:
     """Compare tap "backbone" with tap `head` (the head output). Returns the verdict and its evidence.
 
-    samples: {tap: {metric: PerUnit}} per-unit values of the metrics that are means over units;
+    taps: {tap: TapMeasures} (`stats.measures`), whose per-unit statistics pair the taps unit by unit;
     resamples: {unit: (n_boot, n) indices} shared by every tap (`stats.bootstrap_resamples`).
     evidence[M]: backbone, head, margin (as the claim predicts when positive), claim, ci95 of the margin (paired
     bootstrap of the per-unit differences) or null, p and p_holm, resolved ("for" | "against" | "unresolved")
@@ -149,14 +151,14 @@ def buffer_verdict(taps: dict, head: str, samples: dict[str, dict[str, PerUnit]]
         resampled_means,
     )
 
-    before, after = taps["backbone"]["metrics"], taps[head]["metrics"]
-    samples, resamples = samples or {}, resamples or {}
+    before, after = taps["backbone"].metrics, taps[head].metrics
+    resamples = resamples or {}
     evidence: dict[str, dict] = {}
     p_values: dict[str, float] = {}
     for metric, (b, h, sign, claim) in _pieces(before, after).items():
         entry = {"backbone": b, "head": h, "margin": sign * (b - h), "claim": claim, "ci95": None,
                  "p": None, "p_holm": None}
-        pb, ph = samples.get("backbone", {}).get(metric), samples.get(head, {}).get(metric)
+        pb, ph = taps["backbone"].per_unit.get(metric), taps[head].per_unit.get(metric)
         if metric == INFONCE_RATIO and min(before["mi.infonce"], after["mi.infonce"]) <= 0:
             entry["why_unresolved"] = (f"critic uninformative: mi.infonce is {before['mi.infonce']:.4g} at the "
                                        f"backbone and {after['mi.infonce']:.4g} at the head; a bound <= 0 (the "
@@ -170,7 +172,7 @@ def buffer_verdict(taps: dict, head: str, samples: dict[str, dict[str, PerUnit]]
             entry |= {"ci95": percentile_interval(boot), "method": f"paired bootstrap over {pb.unit}",
                       "n_boot": int(boot.numel())}
             p_values[metric] = entry["p"] = bootstrap_p_value(boot)
-        elif len(margins := _seed_margins(taps["backbone"], taps[head].get("seeds") or {}, metric)) >= 2:
+        elif len(margins := _seed_margins(taps["backbone"], taps[head].seeds, metric)) >= 2:
             entry |= _seed_test(margins)
             p_values[metric] = entry["p"]
         else:
