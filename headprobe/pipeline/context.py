@@ -143,7 +143,7 @@ class RunContext:
         try:
             yield self
         finally:
-            self.watch.end(self.record.record.get("status", "failed"))
+            self.watch.end(self.record.status or "failed")
             self.watch.linger(LOST_WAIT_S + 2.0)
 
     def stop_for_frozen(self, frozen: list) -> None:
@@ -236,7 +236,7 @@ class RunContext:
             self.announce_estimate("probing")
 
     def head_taps_done(self) -> int:
-        return sum(1 for tap in self.record.record.get("taps", {}).values() if tap.get("head") is not None)
+        return self.record.head_taps
 
     def announce_estimate(self, after: str) -> None:
         """Print the remaining-time estimate (`time_estimate.remaining_estimate`) to stderr when the run shows

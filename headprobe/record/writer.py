@@ -153,9 +153,19 @@ class RecordWriter:
         return self.run_dir.writable
 
     @property
+    def status(self) -> str | None:
+        """The run's status as recorded ("running", "complete", "interrupted", "failed"), None before any."""
+        return self.record.get("status")
+
+    @property
+    def head_taps(self) -> int:
+        """How many head taps have been recorded so far (for the time estimate)."""
+        return sum(1 for tap in self.record.get("taps", {}).values() if tap.get("head") is not None)
+
+    @property
     def running(self) -> bool:
         """Whether the record is of a run in progress (not a finished one being analysed, nor a stopped one)."""
-        return self.record.get("status") == "running"
+        return self.status == "running"
 
     def write(self) -> None:
         """results.json (and results.csv) rewritten from the record, after the per-unit stores of the probes it
