@@ -36,6 +36,7 @@ CLI = "\n".join([
 
 def write_run(path: Path) -> Path:
     """A small finished run with answers (one head), as `claims` and `report` read it."""
+    from headprobe.stats.answers import claims_record
     from headprobe.stats.claims import answer_questions
     from headprobe.stats.measures import tap_measures
 
@@ -46,7 +47,7 @@ def write_run(path: Path) -> Path:
     results = {"status": "complete", "recipe": {"name": "startup", "heads": [{"name": "h", "type": "mlp"}]},
                "backbone": {"id": "scratch:vit-tiny"}, "data": {"source": "sklearn-digits"}, "taps": taps,
                "heads": {"h": {"train": {"steps": 10, "status": "complete"}}},
-               "claims": answer_questions(tap_measures(taps), {}, {"h": "h"})}
+               "claims": claims_record(answer_questions(tap_measures(taps), {}, {"h": "h"}))}
     path.mkdir(parents=True, exist_ok=True)
     (path / "results.json").write_text(json.dumps(results))
     (path / "metrics.jsonl").write_text("")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from headprobe.stats.answers import claims_record
 from headprobe.stats.bootstrap import PerUnit, SpreadRatio, bootstrap_resamples, holm, save_per_unit
 from headprobe.stats.claims import answer_questions
 from headprobe.stats.cross_run import (
@@ -37,7 +38,7 @@ def fake_run(root: Path, name: str, heads: list, seed: int, tap_values: dict, da
                "taps": taps,
                "protocol": {"views_probed": {"split": "test", "n_images": 6, "views": 2, "seed": 100 + seed}}}
     if {"backbone", "head"} <= set(taps):
-        results["claims"] = answer_questions(tap_measures(taps, tap_values), {}, {"head": "head"})
+        results["claims"] = claims_record(answer_questions(tap_measures(taps, tap_values), {}, {"head": "head"}))
     (path / "results.json").write_text(json.dumps(results))
     for tap, stats in tap_values.items():
         save_per_unit(path / "per_unit" / f"{tap}.safetensors", stats)

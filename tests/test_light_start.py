@@ -14,6 +14,7 @@ import pytest
 from report_run import results_dict, write_run
 from timeouts import HANG_TIMEOUT_S
 
+from headprobe.stats.answers import claims_record
 from headprobe.stats.claims import answer_questions
 from headprobe.stats.measures import tap_measures
 
@@ -40,7 +41,7 @@ def _run_with_claims(path: Path) -> Path:
     taps = results["taps"]
     taps["backbone"]["metrics"]["rotation.acc"] = 0.80
     taps["mlp"]["metrics"]["rotation.acc"] = 0.70
-    results["claims"] = answer_questions(tap_measures(taps), {}, {"mlp": "mlp", "lin": "lin"})
+    results["claims"] = claims_record(answer_questions(tap_measures(taps), {}, {"mlp": "mlp", "lin": "lin"}))
     return write_run(path, results, records=[])
 
 

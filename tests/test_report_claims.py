@@ -9,6 +9,7 @@ from rich.console import Console
 from headprobe.report.claims import answer_lines, answers_section, trained_line
 from headprobe.report.html import render_report
 from headprobe.report.table import print_summary
+from headprobe.stats.answers import claims_record
 from headprobe.stats.claims import answer_questions
 from headprobe.stats.measures import tap_measures
 
@@ -25,7 +26,7 @@ def _with_claims() -> dict:
         seeds[str(i)] = {"metrics": metrics | {k: v + c for k, v in AUG.items()}}
     taps["mlp"]["seeds"] = seeds
     taps["mlp"]["metrics"] = {m: sum(s["metrics"][m] for s in seeds.values()) / 3 for m in seeds["0"]["metrics"]}
-    results["claims"] = answer_questions(tap_measures(taps), {}, {"mlp": "mlp"})
+    results["claims"] = claims_record(answer_questions(tap_measures(taps), {}, {"mlp": "mlp"}))
     return results
 
 
@@ -83,7 +84,7 @@ def test_a_question_the_run_could_not_answer_is_one_line_and_its_measures_still_
     taps = results["taps"]
     taps["backbone"]["metrics"] |= AUG
     taps["mlp"]["metrics"] |= {k: v - 0.1 for k, v in AUG.items()}
-    results["claims"] = answer_questions(tap_measures(taps), {}, {"mlp": "mlp"})
+    results["claims"] = claims_record(answer_questions(tap_measures(taps), {}, {"mlp": "mlp"}))
     lines = answer_lines(results)
     assert lines[0] == ("Q-aug: not answered — rotation.acc was not measured at the backbone and a head's output; "
                         "add the probe that measures it to the recipe")

@@ -11,6 +11,7 @@ import pytest
 from headprobe import run
 from headprobe.cli import main
 from headprobe.report.claims_table import claims_rows, format_claims, paper_cell
+from headprobe.stats.answers import claims_record
 from headprobe.stats.claims import answer_questions
 from headprobe.stats.measures import tap_measures
 
@@ -21,7 +22,7 @@ def _results() -> dict:
              for i, c in enumerate((-0.07, -0.05, -0.09))}
     taps["d2"] = {"head": "d2", "seeds": seeds,
                   "metrics": {m: sum(s["metrics"][m] for s in seeds.values()) / 3 for m in seeds["0"]["metrics"]}}
-    return {"claims": answer_questions(tap_measures(taps), {}, {"d2": "d2"})}
+    return {"claims": claims_record(answer_questions(tap_measures(taps), {}, {"d2": "d2"}))}
 
 
 def test_csv_holds_the_numbers_of_results_json_unrounded():
@@ -97,7 +98,8 @@ def test_the_claims_command_writes_the_numbers_of_a_real_run(tiny_recipe, tmp_pa
 def test_a_head_without_the_primary_keeps_a_not_measured_row_and_its_secondary_rows():
     taps = {"backbone": {"metrics": {"aug_r2.mean": 0.5}},
             "h": {"head": "h", "metrics": {"aug_r2.mean": 0.4}}}
-    rows = claims_rows({"r": {"claims": answer_questions(tap_measures(taps), {}, {"h": "h"})}}, secondary=True)
+    claims = claims_record(answer_questions(tap_measures(taps), {}, {"h": "h"}))
+    rows = claims_rows({"r": {"claims": claims}}, secondary=True)
     assert [(r["question"], r["head"], r["measure"], r["role"], r["answer"]) for r in rows] == [
         ("Q-aug", "h", "rotation.acc", "primary", "not measured"), ("Q-aug", "h", "aug_r2.mean", "secondary", None),
         ("Q-inv", "—", "view_spread_rel", "primary", "not measured"),

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from headprobe.report.html import render_report
 from headprobe.report.table import print_summary
+from headprobe.stats.answers import claims_record
 from headprobe.stats.claims import QUESTIONS, answer_questions
 from headprobe.stats.measures import tap_measures
 
@@ -52,7 +53,7 @@ def _results() -> dict:
     results["taps"] = taps
     results["heads"] = {h: {"train": {"steps": 40, "status": "complete"}} for h in CHANGES}
     results["buffer"] = {}
-    results["claims"] = answer_questions(tap_measures(taps), {}, {h: h for h in CHANGES})
+    results["claims"] = claims_record(answer_questions(tap_measures(taps), {}, {h: h for h in CHANGES}))
     return results
 
 

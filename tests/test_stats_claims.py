@@ -33,17 +33,17 @@ def test_direction_answers_follow_the_t_test_over_seeds_and_holm_across_heads():
                                          "b": _seeds("rotation.acc", 0.8, higher),
                                          "c": _seeds("rotation.acc", 0.8, unclear)})
     out = answer_questions(tap_measures(taps), {}, {"a": "a", "b": "b", "c": "c"})["Q-aug"]
-    heads = out["heads"]
+    heads = out.heads
     p = {h: scipy_stats.ttest_1samp(c, 0.0).pvalue for h, c in (("a", lower), ("b", higher), ("c", unclear))}
     for head in "abc":
-        assert heads[head]["p"] == pytest.approx(p[head], rel=1e-9)
+        assert heads[head].p == pytest.approx(p[head], rel=1e-9)
     expected = holm(p)
-    assert {h: heads[h]["p_holm"] for h in heads} == pytest.approx(expected)
-    assert [heads[h]["answer"] for h in "abc"] == ["yes", "no", "undecided"]
-    assert heads["a"]["interval"] == "t over seeds" and heads["a"]["n_seeds"] == 3
-    assert heads["a"]["change"] == pytest.approx(-0.10)
-    assert out["primary"] == "rotation.acc" and out["predicted"] == "lower at the head"
-    assert "not_measured" in answer_questions(tap_measures(taps), {}, {"a": "a"})["Q-inv"]
+    assert {h: heads[h].p_holm for h in heads} == pytest.approx(expected)
+    assert [heads[h].answer for h in "abc"] == ["yes", "no", "undecided"]
+    assert heads["a"].change.kind == "t over seeds" and heads["a"].n_seeds == 3
+    assert heads["a"].change.change == pytest.approx(-0.10)
+    assert out.primary == "rotation.acc" and out.predicted == "lower at the head"
+    assert answer_questions(tap_measures(taps), {}, {"a": "a"})["Q-inv"].not_measured is not None
 
 
 def test_holm_corrects_across_the_heads_of_one_question_only():
@@ -54,14 +54,14 @@ def test_holm_corrects_across_the_heads_of_one_question_only():
     one = answer_questions(tap_measures(_taps({"rotation.acc": 0.8, "linear.acc": 0.9},
                                  {"a": [{"rotation.acc": 0.8 + c, "linear.acc": 0.9 + s}
                                         for c, s in zip(changes, strong, strict=True)]})), {}, {"a": "a"})
-    assert one["Q-aug"]["heads"]["a"]["p_holm"] == pytest.approx(p_alone)
-    assert one["Q-aug"]["heads"]["a"]["answer"] == "yes"
+    assert one["Q-aug"].heads["a"].p_holm == pytest.approx(p_alone)
+    assert one["Q-aug"].heads["a"].answer == "yes"
     # A second head on the same question doubles the smaller p-value; other questions' p-values are not counted.
     two = answer_questions(tap_measures(_taps({"rotation.acc": 0.8}, {"a": _seeds("rotation.acc", 0.8, changes),
                                                          "b": _seeds("rotation.acc", 0.8, changes)})),
-                           {}, {"a": "a", "b": "b"})["Q-aug"]["heads"]
-    assert two["a"]["p_holm"] == pytest.approx(min(1.0, 2 * p_alone))
-    assert two["a"]["answer"] == two["b"]["answer"] == "undecided"
+                           {}, {"a": "a", "b": "b"})["Q-aug"].heads
+    assert two["a"].p_holm == pytest.approx(min(1.0, 2 * p_alone))
+    assert two["a"].answer == two["b"].answer == "undecided"
 
 
 @pytest.mark.parametrize("changes, answer", [
@@ -72,9 +72,9 @@ def test_holm_corrects_across_the_heads_of_one_question_only():
 ])
 def test_class_information_is_an_equivalence_question_with_a_margin(changes, answer):
     taps = _taps({"linear.acc": 0.6}, {"h": _seeds("linear.acc", 0.6, changes)})
-    record = answer_questions(tap_measures(taps), {}, {"h": "h"})["Q-class"]["heads"]["h"]
-    assert record["answer"] == answer
-    lo, hi = record["ci95"]
+    answered = answer_questions(tap_measures(taps), {}, {"h": "h"})["Q-class"].heads["h"]
+    assert answered.answer == answer
+    lo, hi = answered.ci95
     assert {"equivalent": -0.02 < lo and hi < 0.02, "lost": hi < -0.02, "gained": lo > 0.02,
             "undecided": lo < 0.02 and hi > -0.02 and not (-0.02 < lo and hi < 0.02)}[answer]
 
@@ -88,7 +88,7 @@ def test_one_seed_answers_from_test_images_and_says_so():
     taps = {"backbone": {"metrics": {"rotation.acc": float(correct_b.mean())}},
             "h": {"head": "h", "metrics": {"rotation.acc": float(correct_h.mean())}}}
     resamples = {"test images": bootstrap_resamples(300, 2000)}
-    record = answer_questions(tap_measures(taps, per_unit), resamples, {"h": "h"})["Q-aug"]["heads"]["h"]
+    record = answer_questions(tap_measures(taps, per_unit), resamples, {"h": "h"})["Q-aug"].heads["h"].to_record()
     assert record["interval"] == "test images only" and record["answer"] == "yes"
     assert record["n_units"] == 300 and record["n_seeds"] == 1
     assert "interval over the test images only" in record["line"]
@@ -109,13 +109,14 @@ def test_a_recipe_overrides_a_primary_or_margin_and_the_override_is_recorded():
     taps = _taps({"linear.acc": 0.6, "rotation.mlp.acc": 0.7},
                  {"h": [{"linear.acc": 0.6 + c, "rotation.mlp.acc": 0.6 + c} for c in (-0.03, -0.035, -0.04)]})
     default = answer_questions(tap_measures(taps), {}, {"h": "h"})
-    assert default["Q-class"]["heads"]["h"]["answer"] == "lost"
-    assert "not_measured" in default["Q-aug"]  # rotation.acc was not measured
+    assert default["Q-class"].heads["h"].answer == "lost"
+    assert default["Q-aug"].not_measured is not None  # rotation.acc was not measured
     override = {"Q-class": {"margin": 0.05}, "Q-aug": {"primary": "rotation.mlp.acc"}}
     out = answer_questions(tap_measures(taps), {}, {"h": "h"}, override)
-    assert out["Q-class"]["heads"]["h"]["answer"] == "equivalent" and out["Q-class"]["margin"] == 0.05
-    assert out["Q-class"]["override"] == {"margin": 0.05}
-    assert out["Q-aug"]["primary"] == "rotation.mlp.acc" and out["Q-aug"]["heads"]["h"]["answer"] == "yes"
+    assert out["Q-class"].heads["h"].answer == "equivalent" and out["Q-class"].margin == 0.05
+    assert out["Q-class"].override == {"margin": 0.05}
+    assert out["Q-aug"].primary == "rotation.mlp.acc" and out["Q-aug"].heads["h"].answer == "yes"
+    assert out["Q-class"].to_record()["override"] == {"margin": 0.05}
 
 
 @pytest.mark.parametrize("claims, words", [
@@ -174,9 +175,10 @@ def test_a_tiny_run_answers_each_question_for_each_head(tiny_recipe, tmp_path):
 def test_a_question_without_its_primary_keeps_its_secondary_measures_and_gives_no_answer():
     taps = _taps({"aug_r2.mean": 0.5, "linear.acc": 0.9},
                  {"h": [{"aug_r2.mean": 0.4 + c, "linear.acc": 0.9} for c in (0.0, 0.01, -0.01)]})
-    out = answer_questions(tap_measures(taps), {}, {"h": "h"})["Q-aug"]
+    out = answer_questions(tap_measures(taps), {}, {"h": "h"})["Q-aug"].to_record()
     assert out["not_measured"].startswith("rotation.acc was not measured")
     record = out["heads"]["h"]
     assert record["answer"] == "not measured" and "change" not in record and "p_holm" not in record
     assert record["secondary"]["aug_r2.mean"]["change"] == pytest.approx(-0.1)
     assert record["line"] == "Q-aug: h head: rotation.acc was not measured — not measured"
+

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +28,7 @@ from headprobe.parallel.atomic import remove_stale_temporaries
 from headprobe.recipe import RecipeError
 from headprobe.record.directory import RunDir, metrics_from_json, new_results
 from headprobe.record.results import RunRecord
+from headprobe.stats.answers import QuestionAnswers, claims_record
 from headprobe.stats.bootstrap import load_per_unit, save_per_unit
 from headprobe.stats.measures import TapMeasures, tap_measures
 
@@ -351,10 +353,11 @@ class RecordWriter:
         the statistics (`stats.measures`)."""
         return tap_measures(self.record["taps"], self.per_unit)
 
-    def verdicts(self, buffer: dict, claims: dict) -> None:
-        """Each head's buffer verdict and the paper's questions answered."""
+    def verdicts(self, buffer: dict, claims: Mapping[str, QuestionAnswers]) -> None:
+        """Each head's buffer verdict and the paper's questions answered (`stats.claims.answer_questions`), each
+        question's answers serialised here (`QuestionAnswers.to_record()`)."""
         self.record["buffer"].update(buffer)
-        self.record["claims"] = claims
+        self.record["claims"] = claims_record(claims)
         self.write()
 
     # --- the end ----------------------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 from headprobe.probes.declaration import Metric, declared_metrics
 from headprobe.registry import PROBE_QUESTIONS
 from headprobe.registry import QUESTIONS as DECLARED
+from headprobe.stats.answers import HeadAnswer, NullAnswer, QuestionAnswers
 
 if TYPE_CHECKING:
     from headprobe.stats.bootstrap import Resamples
@@ -265,48 +266,51 @@ def metric_change(taps: Mapping[str, TapMeasures], resamples: Mapping[str, Resam
     return change_interval(b, values, b_stat, stats if all(x is not None for x in stats) else None, resamples, seed)
 
 
-def apply_holm(heads: dict[str, dict], p_values: dict[str, float]) -> None:
+def apply_holm(heads: dict[str, HeadAnswer], p_values: dict[str, float]) -> dict[str, HeadAnswer]:
     """Holm's correction across one family of answers (the heads, or the arms, of one question; never across
-    questions or metrics): each record of `p_values`' keys gets p_holm, and its answer becomes "undecided" where
+    questions or metrics): `heads` with each answer of `p_values`' keys given its p_holm, and "undecided" where
     p_holm ≥ α."""
     from headprobe.stats.bootstrap import ALPHA, holm
 
+    out = dict(heads)
     for head, p_holm in holm(p_values).items():
-        heads[head]["p_holm"] = p_holm
-        if p_holm >= ALPHA:
-            heads[head]["answer"] = "undecided"
+        out[head] = dataclasses.replace(out[head], p_holm=p_holm,
+                                        **({"answer": "undecided"} if p_holm >= ALPHA else {}))
+    return out
 
 
-def answer_heads(question: Question, measured: dict[str, dict]) -> dict[str, dict]:
+def _with_lines(question: Question, heads: dict[str, HeadAnswer]) -> dict[str, HeadAnswer]:
+    """Each answer with its sentence (`answer_line`)."""
+    return {head: dataclasses.replace(a, line=answer_line(question, head, a.to_record())) for head, a in heads.items()}
+
+
+def answer_heads(question: Question, measured: dict[str, dict]) -> dict[str, HeadAnswer]:
     """Each head's (or arm's) answer to one question from its primary's change, `decide` then `apply_holm` across
     them all, as `answer_questions` answers a run's heads. measured: {head: {"tap": the tap compared, "change": the
-    primary's `retraining.Change` or None (not measured), "secondary": {metric: Change.record()}}} -> {head: the
-    change's record, "tap", "answer", "p", "p_holm", "secondary", "line"}; a head whose primary was not measured
-    answers NOT_MEASURED (left out when it has no secondary measure either)."""
+    primary's `retraining.Change` or None (not measured), "secondary": {metric: Change.record()}}} -> {head:
+    `HeadAnswer`}; a head whose primary was not measured answers NOT_MEASURED (left out when it has no secondary
+    measure either)."""
     heads, p_values = {}, {}
     for head, item in measured.items():
         change, secondary = item["change"], item.get("secondary") or {}
         if change is None:  # no answer; the secondary measures are still shown
             if secondary:
-                heads[head] = {"tap": item["tap"], "answer": NOT_MEASURED, "secondary": secondary}
+                heads[head] = HeadAnswer(item["tap"], NOT_MEASURED, secondary)
             continue
         answer, p = decide(question, change)
-        heads[head] = {"tap": item["tap"], **change.record(), "answer": answer, "p": p, "p_holm": None,
-                       "secondary": secondary}
+        heads[head] = HeadAnswer(item["tap"], answer, secondary, change, p)
         if p is not None:
             p_values[head] = p
-    apply_holm(heads, p_values)
-    for head, record in heads.items():
-        record["line"] = answer_line(question, head, record)
-    return heads
+    return _with_lines(question, apply_holm(heads, p_values))
 
 
 def answer_questions(taps: Mapping[str, TapMeasures], resamples: Mapping[str, Resamples], compared: dict[str, str],
                      overrides: dict | None = None, seed: int = 0, nulls: dict[str, str] | None = None,
-                     null_heads: tuple[str, ...] = ()) -> dict:
-    """results.json["claims"]: per question its primary, margin, rules and, per head (compared: {head: the tap it
-    is compared at}), the primary change with its interval, p, p_holm, the answer, its one-line sentence and the
-    secondary measures' changes (a head without the primary: answer NOT_MEASURED and its secondary measures).
+                     null_heads: tuple[str, ...] = ()) -> dict[str, QuestionAnswers]:
+    """{question: `QuestionAnswers`} (`to_record()` of each is results.json["claims"][question]): per question its
+    primary, margin, rules and, per head (compared: {head: the tap it is compared at}), a `HeadAnswer`: the
+    primary change with its interval, p, p_holm, the answer, its one-line sentence and the secondary measures'
+    changes (a head without the primary: answer NOT_MEASURED and its secondary measures).
     taps: {tap: TapMeasures} (`stats.measures`: a run's, or `tap_measures` of a finished run's results.json);
     resamples: {unit: Resamples} shared by every tap; seed: the seeds' bootstrap draws; nulls: {head: its null
     head}; null_heads: the heads that are nulls (`recipe.null_heads`).
@@ -315,14 +319,13 @@ def answer_questions(taps: Mapping[str, TapMeasures], resamples: Mapping[str, Re
     question is decided on that (`decided_on`): "more invariant" means more invariant than the same head untrained.
     The equivalence question stays decided on head − backbone (it asks what the backbone's information became) and
     shows the change against the null beside it. The null heads are answered too, as a family of their own for Holm."""
-    from headprobe.stats.against_null import change_against, null_record
+    from headprobe.stats.against_null import change_against
 
     nulls = {h: n for h, n in (nulls or {}).items() if h in compared and n in compared}
     null_heads = set(null_heads) | set(nulls.values())
 
     out = {}
     for question in questions(overrides):
-        entry = question_entry(question, (overrides or {}).get(question.key))
         heads, p_values = {}, {}
         for head, tap in compared.items():
             if tap not in taps or "backbone" not in taps:
@@ -332,36 +335,32 @@ def answer_questions(taps: Mapping[str, TapMeasures], resamples: Mapping[str, Re
             change = metric_change(taps, resamples, tap, question.primary, seed)
             if change is None:  # no answer; the secondary measures are still shown
                 if secondary:
-                    heads[head] = {"tap": tap, "answer": NOT_MEASURED, "secondary": secondary}
+                    heads[head] = HeadAnswer(tap, NOT_MEASURED, secondary)
                 continue
             answer, p = decide(question, change)
-            heads[head] = {"tap": tap, **change.record(), "answer": answer, "p": p, "p_holm": None,
-                           "secondary": secondary, "decided_on": "head − backbone"}
-            if head in null_heads:
-                heads[head]["is_null"] = True
+            decided_on, vs_null = "head − backbone", None
             against = (change_against(taps, resamples, tap, compared[nulls[head]], question.primary, seed)
                        if head in nulls else None)
             if against is not None:
                 vs_answer, vs_p = decide(question, against)
-                heads[head]["vs_null"] = null_record(against, nulls[head], compared[nulls[head]]) | {
-                    "answer": vs_answer, "p": vs_p}
+                vs_null = NullAnswer(nulls[head], compared[nulls[head]], against, vs_answer, vs_p)
                 if question.kind == DIRECTION:
-                    heads[head].update(answer=vs_answer, p=vs_p, decided_on="head − null")
-                    p = vs_p
+                    answer, p, decided_on = vs_answer, vs_p, "head − null"
             elif head in nulls:
-                heads[head]["vs_null"] = {"null": nulls[head], "unavailable": f"{question.primary} not at both taps"}
+                vs_null = NullAnswer(nulls[head], unavailable=f"{question.primary} not at both taps")
+            heads[head] = HeadAnswer(tap, answer, secondary, change, p, decided_on=decided_on,
+                                     is_null=head in null_heads, vs_null=vs_null)
             if p is not None:
                 p_values[head] = p
         for family in ({h: p for h, p in p_values.items() if h not in null_heads},
                        {h: p for h, p in p_values.items() if h in null_heads}):
-            apply_holm(heads, family)
-        for head, record in heads.items():
-            record["line"] = answer_line(question, head, record)
-        entry["heads"] = heads
-        if all(record["answer"] == NOT_MEASURED for record in heads.values()):
-            entry["not_measured"] = (f"{question.primary} was not measured at the backbone and a head's output; "
-                                     "add the probe that measures it to the recipe")
-        out[question.key] = entry
+            heads = apply_holm(heads, family)
+        heads = _with_lines(question, heads)
+        not_measured = (f"{question.primary} was not measured at the backbone and a head's output; add the probe "
+                        "that measures it to the recipe"
+                        if all(a.answer == NOT_MEASURED for a in heads.values()) else None)
+        out[question.key] = QuestionAnswers(**question_entry(question, (overrides or {}).get(question.key)),
+                                            heads=heads, not_measured=not_measured)
     return out
 
 

@@ -277,11 +277,12 @@ def _answers(asked: list[Question], measured: Mapping[str, tuple[str, list[int],
             label: {"tap": tap, "change": changes.get(question.primary),
                     "secondary": {m: changes[m].record() for m in secondary_measures(question, list(changes))}}
             for label, (tap, _, changes) in measured.items()})
-        for label, record in arms.items():
-            record["seeds"] = measured[label][1]
+        records = {}
+        for label, answer in arms.items():
+            record = records[label] = answer.to_record() | {"seeds": measured[label][1]}
             if subject:
                 record["line"] = answer_line(question, subject.format(label), record)
-        out[question.key] = entry | {"arms": arms}
+        out[question.key] = entry | {"arms": records}
     return out
 
 
