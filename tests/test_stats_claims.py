@@ -182,3 +182,23 @@ def test_a_question_without_its_primary_keeps_its_secondary_measures_and_gives_n
     assert record["secondary"]["aug_r2.mean"]["change"] == pytest.approx(-0.1)
     assert record["line"] == "Q-aug: h head: rotation.acc was not measured — not measured"
 
+
+def test_an_answers_record_has_the_layout_docs_reference_shows():
+    """`to_record()` of a real answer (3 seeds, a secondary measure) has the keys, in their order, of
+    results.json["claims"] in docs/reference.md's sample: the question's, the head's and a secondary measure's."""
+    import json
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "reference.md").read_text()
+    block = text[text.index("```json\n") + len("```json\n"):]
+    documented = json.loads(block[:block.index("```")])["claims"]["Q-aug"]
+    taps = _taps({"rotation.acc": 0.8, "rotation.mlp.acc": 0.7},
+                 {"mlp_swish": [{"rotation.acc": 0.8 + c, "rotation.mlp.acc": 0.7 + c} for c in (-0.1, -0.08, -0.12)]})
+    answers = answer_questions(tap_measures(taps), {}, {"mlp_swish": "mlp_swish"})["Q-aug"]
+    assert answers.heads["mlp_swish"].answer == "yes" and answers.heads["mlp_swish"].n_seeds == 3
+    record = answers.to_record()
+    assert list(record) == list(documented)
+    head, shown = record["heads"]["mlp_swish"], documented["heads"]["mlp_swish"]
+    assert list(head) == list(shown)
+    assert list(head["secondary"]["rotation.mlp.acc"]) == list(shown["secondary"]["rotation.mlp.acc"])
+    assert head == answers.heads["mlp_swish"].to_record() and head["line"].startswith("Q-aug: mlp_swish head")
