@@ -97,6 +97,7 @@ class ClaimChange(TypedDict, total=False):
     n_units: int | None
     unit: str | None
     per_seed_change: list[float]
+    per_seed_backbone: list[float]
 
 
 class ClaimAnswer(ClaimChange, total=False):
@@ -108,6 +109,9 @@ class ClaimAnswer(ClaimChange, total=False):
     p_holm: float | None
     line: str
     secondary: dict[str, ClaimChange]
+    decided_on: str  # "head − backbone" or "head − null"
+    is_null: bool
+    vs_null: dict[str, Any]
 
 
 class Claim(TypedDict, total=False):
