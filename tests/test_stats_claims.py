@@ -7,8 +7,9 @@ from scipy import stats as scipy_stats
 
 from headprobe import run
 from headprobe.recipe import RecipeError, load_recipe
+from headprobe.stats.answer_text import answer_line
 from headprobe.stats.bootstrap import PerUnit, bootstrap_resamples, holm
-from headprobe.stats.claims import QUESTIONS, answer_line, answer_questions, check_claims_section
+from headprobe.stats.claims import QUESTIONS, answer_questions, check_claims_section
 from headprobe.stats.measures import tap_measures
 
 

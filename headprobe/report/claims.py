@@ -83,7 +83,7 @@ def trained_line(records: Sequence[dict], train: Mapping | None = None) -> str:
 
 
 def _interval(metric: str, record: Mapping) -> str:
-    from ..stats.claims import in_units
+    from ..stats.answer_text import in_units
 
     ci = record.get("ci95")
     return f"[{in_units(metric, ci[0])}, {in_units(metric, ci[1])}]" if ci else "no interval"
@@ -92,7 +92,7 @@ def _interval(metric: str, record: Mapping) -> str:
 def _secondary(secondary: Mapping) -> tuple[list[dict], list[dict]]:
     """(rows, folded): the secondary measures' changes, the per-parameter aug_r2.* rows folded under aug_r2.mean.
     Each row in one unit: an accuracy and its change in percent and points, any other measure in its own."""
-    from ..stats.claims import in_units, units_of
+    from ..stats.answer_text import in_units, units_of
 
     def number(metric: str, value, signed: bool = False) -> str:
         return in_units(metric, value, signed) if isinstance(value, (int, float)) else fmt(value)
@@ -108,7 +108,7 @@ def _secondary(secondary: Mapping) -> tuple[list[dict], list[dict]]:
 
 def _margin(claim: Mapping) -> str:
     """The question's margin in its primary's units, as its answer lines write it ("2.0 points" for 0.02 accuracy)."""
-    from ..stats.claims import in_units
+    from ..stats.answer_text import in_units
 
     primary, margin = claim.get("primary") or "", claim.get("margin")
     if not isinstance(margin, (int, float)):

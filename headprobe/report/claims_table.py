@@ -130,7 +130,7 @@ def _numbers(record: Mapping) -> dict:
 def paper_cell(row: Mapping) -> str:
     """``z / h(z) (Δ [95% CI], n)`` of one row; accuracies in percent, changes in points; "—" for a measure the
     run did not measure."""
-    from ..stats.claims import in_units
+    from ..stats.answer_text import in_units
 
     if row.get("change") is None and row.get("value") is not None:  # a value answer: value [95% CI], n
         ci = row.get("ci95")

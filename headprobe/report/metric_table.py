@@ -37,7 +37,7 @@ def tap_columns(taps: dict) -> tuple[list[dict], list[dict]]:
     groups: dict[str, list[str]] = {}
     for name, tap in taps.items():
         groups.setdefault(tap.get("head") or "backbone", []).append(name)
-    from headprobe.stats.claims import head_phrase
+    from headprobe.stats.answer_text import head_phrase
 
     top = [{"label": "before the head" if g == "backbone" else head_phrase(g), "span": len(names),
             "cls": "bb" if g == "backbone" else ""} for g, names in groups.items()]

@@ -51,7 +51,7 @@ class HeadAnswer:
     with it; change the primary's `Change` (None: not measured); p before and p_holm after Holm's correction across
     the question's heads; decided_on "head − backbone" or "head − null" (None where the caller does not say, as
     `claims.answer_heads`); is_null for a null head; vs_null its change against its null; line its sentence
-    (`claims.answer_line`)."""
+    (`answer_text.answer_line`)."""
 
     tap: str
     answer: str

@@ -43,11 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from headprobe.stats.answer_text import answer_line
 from headprobe.stats.bootstrap import N_BOOT, bootstrap_resamples, load_per_unit, n_units
 from headprobe.stats.claims import (
     Question,
     answer_heads,
-    answer_line,
     question_entry,
     questions,
     secondary_measures,
