@@ -28,9 +28,9 @@ returns a `Backbone` or a bare module (`backbones.own_module`); a data source ``
 (`datasets.DatasetDict`, fingerprint); a probe ``(tap: TapData, **options)`` -> `ProbeOutput`; a head type
 ``(in_dim, spec: HeadSpec)`` -> a module with ``taps(x)``, ``depth`` and ``out_dim`` (`engine.build_head`); an
 objective ``(z1, z2, **options)`` -> `LossTerms` (``(p1, p2, z1, z2, **options)`` for one that takes the heads'
-predictor outputs, as simsiam does; `recipe.checks.takes_predictor`). A plug-in that fails to load is skipped with
-a warning naming its package; a name already taken is refused the same way. An entry whose module cannot be found
-is skipped at start-up (one warning line) and one that fails when first imported is taken out then
+predictor outputs, as simsiam does; `recipe.objective_inputs.takes_predictor`). A plug-in that fails to load is
+skipped with a warning naming its package; a name already taken is refused the same way. An entry whose module
+cannot be found is skipped at start-up (one warning line) and one that fails when first imported is taken out then
 (`Registry.set_unavailable`): nothing imports it again, a run that does not name it is not touched, and a recipe
 naming it is refused by `validate` with the import error's first line.
 """

@@ -7,7 +7,7 @@ import yaml
 
 from headprobe.cli import main
 from headprobe.recipe import RecipeError, load_recipe
-from headprobe.recipe.checks import takes_predictor
+from headprobe.recipe.objective_inputs import takes_predictor
 from headprobe.registry import OBJECTIVES
 
 

@@ -1,8 +1,8 @@
 """A plug-in objective declares whether it takes the heads' predictor outputs by its signature: ``(p1, p2, z1, z2)``
-takes them (as simsiam does), ``(z1, z2)`` does not (`recipe.checks.takes_predictor`). Installed as a package would
-be (a dist-info with `headprobe.objectives` entry points), `headprobe validate` accepts a predictor objective with
-`predictor:` set, and refuses it without one, and refuses a predictor with an objective that takes none: exit 2, one
-sentence naming the fix, no traceback."""
+takes them (as simsiam does), ``(z1, z2)`` does not (`recipe.objective_inputs.takes_predictor`). Installed as a
+package would be (a dist-info with `headprobe.objectives` entry points), `headprobe validate` accepts a predictor
+objective with `predictor:` set, and refuses it without one, and refuses a predictor with an objective that takes
+none: exit 2, one sentence naming the fix, no traceback."""
 
 import os
 import subprocess

@@ -5,12 +5,8 @@ field's own type, range and registered names (`recipe.schema`); none imports a m
 
 from __future__ import annotations
 
-import ast
-import importlib
-import importlib.util
 import math
 import re
-import sys
 import warnings
 
 from ..registry import (
@@ -24,6 +20,7 @@ from ..registry import (
     UnavailablePluginError,
 )
 from .folder_names import folder_name_problem
+from .objective_inputs import parameter_names, takes_predictor
 from .pretrained_heads import check_pretrained_heads
 from .probe_inputs import orbit_request
 from .schema import (
@@ -280,13 +277,6 @@ def _check_layers_and_resolution(spec: BackboneSpec) -> None:
                               "(-1: the final features).")
 
 
-def takes_predictor(objective: str) -> bool:
-    """Whether objective `objective` takes a head's predictor outputs: its function's signature says so, by its
-    first parameters ``(p1, p2, z1, z2, ...)`` (simsiam) rather than ``(z1, z2, ...)``."""
-    parameters = _parameter_names(OBJECTIVES.entry(objective).target)  # read without importing torch
-    return next(iter(parameters), None) == "p1"
-
-
 def _check_heads(recipe: Recipe) -> None:
     """Head names, the objective's options and the augmentation knobs against the heads and the data."""
     part = recipe.backbone.part
@@ -339,7 +329,7 @@ def _check_heads(recipe: Recipe) -> None:
                               f"remove heads[{i}].predictor, or use objective: {{name: simsiam}}.")
     objective = recipe.objective
     if objective.options:  # checked whether or not heads use them: a typo is a typo
-        params = _parameter_names(OBJECTIVES.entry(objective.name).target)[2:]
+        params = parameter_names(OBJECTIVES.entry(objective.name).target)[2:]
         # gather_distributed is the run's to decide (per step source), not the recipe's
         params = [p for p in params if p not in ("p1", "p2", "z1", "z2", "gather_distributed")]
         for key in objective.options:
@@ -383,23 +373,3 @@ def _check_finite(path: str, value) -> None:
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             _check_finite(f"{path}[{i}]", item)
-
-
-def _parameter_names(target: str) -> list[str]:
-    """The parameter names of the function ``"package.module:function"`` names, in `inspect.signature`'s order,
-    read from the module's source when it defines the function at its top level (so that checking a recipe's
-    `objective.options` does not import torch), else from the imported function's signature."""
-    module, _, attr = target.partition(":")
-    if module not in sys.modules:
-        spec = importlib.util.find_spec(module)
-        if spec is not None and spec.origin and spec.origin.endswith(".py"):
-            with open(spec.origin, encoding="utf-8") as source:
-                tree = ast.parse(source.read(), filename=spec.origin)
-            for node in tree.body:
-                if isinstance(node, ast.FunctionDef) and node.name == attr:
-                    a = node.args
-                    return [p.arg for p in (*a.posonlyargs, *a.args, *filter(None, [a.vararg]), *a.kwonlyargs,
-                                            *filter(None, [a.kwarg]))]
-    import inspect
-
-    return list(inspect.signature(getattr(importlib.import_module(module), attr)).parameters)

@@ -30,6 +30,7 @@ from .fields import check_range
 from .null_heads import with_null_heads
 from .schema import NoOptions, Recipe, RecipeError, did_you_mean_hint, not_allowed, unregistered
 from .sweeps import NO_SWEEP, sweep_folder_name, sweep_items
+from .type_names import type_name, yaml_number_hint
 
 
 class _NotFinite(RecipeError):
@@ -309,41 +310,6 @@ def _build_named_section(value: Any, path: str, registry: Registry) -> dict:
     return out
 
 
-def _yaml_number_hint(value: Any, integer: bool = False) -> str:
-    """Why a number written like `1e-3` arrived as text: YAML 1.1 reads an exponent without a dot and a sign as a
-    string. Empty when the value is not such a number."""
-    import decimal
-
-    if not isinstance(value, str) or "e" not in value.lower():
-        return ""
-    try:
-        number = decimal.Decimal(value.strip())
-    except decimal.InvalidOperation:
-        return ""
-    if integer:
-        if number != number.to_integral_value():
-            return ""
-        written = str(int(number))
-    else:
-        mantissa, exponent = value.strip().lower().split("e")
-        written = (mantissa if "." in mantissa else mantissa + ".0") + "e" + (
-            exponent if exponent.startswith(("+", "-")) else "+" + exponent)
-    return f" YAML reads {value!r} as text (an exponent needs a dot and a sign); write {written}."
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
-    if tp is type(None):
-        return "null"
-    return getattr(tp, "__name__", str(tp))
-
-
 def _coerce(tp: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
@@ -359,7 +325,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 raise
             except RecipeError:
                 continue
-        raise RecipeError(f"{path} = {value!r} has the wrong type; expected {_type_name(tp)}.")
+        raise RecipeError(f"{path} = {value!r} has the wrong type; expected {type_name(tp)}.")
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
@@ -368,7 +334,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
-            raise RecipeError(f"{path} = {value!r} has the wrong type; expected {_type_name(tp)}.")
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected {type_name(tp)}.")
         return [_coerce(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict or tp is Any:
         return value
@@ -384,12 +350,12 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
             raise _NotFinite(f"{path} = {value!r} is not a finite number; give an integer.")
         if isinstance(value, bool) or not isinstance(value, int):
-            hint = _yaml_number_hint(value, integer=True)
+            hint = yaml_number_hint(value, integer=True)
             raise RecipeError(f"{path} = {value!r} has the wrong type; expected an integer.{hint}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RecipeError(f"{path} = {value!r} has the wrong type; expected a number.{_yaml_number_hint(value)}")
+            raise RecipeError(f"{path} = {value!r} has the wrong type; expected a number.{yaml_number_hint(value)}")
         try:
             number = float(value)
         except OverflowError:
