@@ -9,7 +9,14 @@ resets its peak RSS (/proc/self/clear_refs) and runs the probe's declared functi
 and the peak above the features it was handed; per probe and D: the fitted growth exponents (least-squares slope
 of log time and log peak against log N). The CPU's kind (AMX, AVX-512, AVX2 flags) and the load are recorded.
 
+With `--head-width W` each probe reads a head's tap instead: the output of a seeded MLP head (Linear D -> W, BatchNorm,
+ReLU, Linear W -> W; `--head-depth` layers) in eval mode over the synthetic backbone features, handed to the probe
+by `pipeline.taps.tap_data` as a run hands it (on a code base where taps are computed whole, the (N, W) tap is
+computed before the probe; read by rows, a block at a time as the probe reads it). The inputs are then the backbone
+features, and the tap's cost is the probe's. Results go to results/scale_head_taps.json.
+
     python benchmarks/bench_scale.py [--quick] [--sizes 10000 100000 1000000] [--dims 384 768] [--threads 1]
+    python benchmarks/bench_scale.py --sizes 100000 --dims 768 --head-width 2048 --probes knn spectrum
 """
 
 from __future__ import annotations
@@ -66,21 +73,49 @@ def tap(n: int, d: int, seed: int = 0):
     return TapData("synthetic", x, y, test_x, test_y, CLASSES, seed=seed)
 
 
-def measure_worker(probe: str, n: int, d: int) -> None:
-    """In this fresh process: one run of `probe` on an (n, d) tap; prints seconds, peaks and metrics as JSON."""
+def head_tap_reader(data, head_width: int, head_depth: int):
+    """(the backbone tap `data` -> the head's output tap as a run's probe gets it, the head): `tap_data` over the
+    tap's features with the seeded head's last tap; where TapData has `whole` (taps read by rows), a probe that
+    reads whole gets `data.whole(needs)`, as `pipeline.taps.run_probes` gives it."""
+    from types import SimpleNamespace
+
+    from headprobe.pipeline.taps import head_taps, tap_data
+    from headprobe.train.heads import ProjectionHead
+
+    torch.manual_seed(0)
+    head = ProjectionHead(data.train_x.shape[1], depth=head_depth, width=head_width, act="relu", bn_hidden=True)
+    recipe = SimpleNamespace(seed=data.seed, data=SimpleNamespace(val_fraction=data.val_fraction))
+    out_tap = head_taps("head", head)[-1]
+
+    def read(tap_data_of, declared):
+        fs = SimpleNamespace(train=SimpleNamespace(features=tap_data_of.train_x, labels=tap_data_of.train_y),
+                             test=SimpleNamespace(features=tap_data_of.test_x, labels=tap_data_of.test_y),
+                             n_classes=tap_data_of.n_classes, probe_views=None, rotated=None, orbits=None,
+                             inert_params=None)
+        tapped = tap_data(fs, out_tap, recipe)
+        return tapped if declared.reads == "chunks" or not hasattr(tapped, "whole") else tapped.whole(declared.needs)
+
+    return read
+
+
+def measure_worker(probe: str, n: int, d: int, head_width: int | None = None, head_depth: int = 2) -> None:
+    """In this fresh process: one run of `probe` on an (n, d) tap (with `head_width`: on a head's output tap over
+    it, computed as a run computes it, inside the timed and measured part); prints seconds, peaks and metrics as
+    JSON."""
     import dataclasses
 
     from headprobe.probes.declaration import declared_probe
 
     function = declared_probe(probe)
     data = tap(n, d)
+    read = head_tap_reader(data, head_width, head_depth) if head_width else (lambda tapped, _: tapped)
     small = dataclasses.replace(data, train_x=data.train_x[:200], train_y=data.train_y[:200],
                                 test_x=data.test_x[:50], test_y=data.test_y[:50])
-    function(small)  # imports, thread pools, kernels: not the probe's memory
+    function(read(small, function))  # imports, thread pools, kernels: not the probe's memory
     base = rss_bytes()
     counter = "VmHWM after /proc/self/clear_refs" if reset_peak_rss() else "ru_maxrss (not reset: includes start-up)"
     start = time.perf_counter()
-    out = function(data)
+    out = function(read(data, function))
     seconds = time.perf_counter() - start
     peak = peak_rss_bytes()
     metrics = {k: v for k, v in out.metrics.items() if k in ("knn.k20.acc", "linear.acc", "rankme", "alpha_req")}
@@ -88,8 +123,8 @@ def measure_worker(probe: str, n: int, d: int) -> None:
                       "inputs_rss_bytes": base, "counter": counter, "metrics": metrics}))
 
 
-def measure(probe: str, n: int, d: int) -> dict:
-    code = worker_code("bench_scale", f"measure_worker({probe!r}, {n}, {d})")
+def measure(probe: str, n: int, d: int, head_width: int | None = None, head_depth: int = 2) -> dict:
+    code = worker_code("bench_scale", f"measure_worker({probe!r}, {n}, {d}, {head_width!r}, {head_depth})")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -108,6 +143,9 @@ def extra_options(parser) -> None:
                         help="training rows N (default 10000 100000; 2000 8000 with --quick); add 1000000 for 1M")
     parser.add_argument("--dims", type=int, nargs="+", default=None, help="feature dims D (default 384 768; 64)")
     parser.add_argument("--probes", nargs="+", default=list(PROBES), choices=PROBES, help="probes to measure")
+    parser.add_argument("--head-width", type=int, default=None,
+                        help="probe a head's output tap of this width over the features (default: the features)")
+    parser.add_argument("--head-depth", type=int, default=2, help="the head's linear layers (with --head-width)")
 
 
 def main() -> None:
@@ -117,15 +155,17 @@ def main() -> None:
     if min(sizes) < 2 * CLASSES * 10:
         sys.exit(f"--sizes must be at least {2 * CLASSES * 10} rows (the linear probe's validation split needs "
                  f"every class), got {min(sizes)}.")
-    report = Report("scale", args, {"sizes": sizes, "dims": dims, "probes": args.probes, "classes": CLASSES,
-                                    "test_rows": "N // 10", "options": "each probe's declared defaults"})
+    head = {"head_width": args.head_width, "head_depth": args.head_depth} if args.head_width else {}
+    report = Report("scale_head_taps" if head else "scale", args,
+                    {"sizes": sizes, "dims": dims, "probes": args.probes, "classes": CLASSES, "test_rows": "N // 10",
+                     "options": "each probe's declared defaults", **head})
     report.machine["cpu_kind"] = cpu_kind()
     rows, growth = [], {}
     for d in dims:
         for probe in args.probes:
             measured = []
             for n in sizes:
-                result = measure(probe, n, d)
+                result = measure(probe, n, d, args.head_width, args.head_depth)
                 report.timing(f"{probe} N={n} D={d}", [result["seconds"]], peak_rss_mib=mib(result["peak_rss_bytes"]),
                               peak_above_inputs_mib=mib(result["peak_above_inputs_bytes"]))
                 print(f"   {probe} N={n} D={d}: {result['seconds']:.2f} s, peak RSS {mib(result['peak_rss_bytes'])} "

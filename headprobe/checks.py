@@ -11,17 +11,23 @@ import torch
 
 
 def as_tensor(name: str, value) -> torch.Tensor | None:
-    """A probe input as a tensor: tensors pass through, NumPy arrays are wrapped without a copy, None stays None.
+    """A probe input as a tensor: tensors (and taps read by rows, `reads_by_rows`) pass through, NumPy arrays are
+    wrapped without a copy, None stays None.
 
     >>> as_tensor("x", np.zeros(3)).dtype
     torch.float64
     """
-    if value is None or isinstance(value, torch.Tensor):
+    if value is None or isinstance(value, torch.Tensor) or reads_by_rows(value):
         return value
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))  # shares memory unless the array is reversed/strided
     raise TypeError(f"{name} must be a torch.Tensor or a NumPy array but is a {type(value).__name__}; "
                     f"convert it with torch.as_tensor(...) first.")
+
+
+def reads_by_rows(value) -> bool:
+    """Whether `value` is a tap read by rows (`features.rows.TapRows`): no tensor, but sliced and indexed like one."""
+    return bool(getattr(value, "reads_by_rows", False))
 
 
 def check_floating(name: str, t: torch.Tensor, what: str = "features") -> None:
@@ -31,12 +37,15 @@ def check_floating(name: str, t: torch.Tensor, what: str = "features") -> None:
     Traceback (most recent call last):
     ValueError: z has dtype torch.int64; pass floating-point features.
     """
-    if not torch.is_floating_point(t):
+    if not t.dtype.is_floating_point:
         raise ValueError(f"{name} has dtype {t.dtype}; pass floating-point {what}.")
 
 
 def check_finite(name: str, t: torch.Tensor, advice: str = "check the features (e.g. fp16 overflow)") -> None:
-    """Raise ValueError if t holds a NaN or an infinity; `advice` says where to look."""
+    """Raise ValueError if t holds a NaN or an infinity; `advice` says where to look. A tap read by rows
+    (`reads_by_rows`) is not read whole here: it checks each block as a probe reads it."""
+    if reads_by_rows(t):
+        return
     # A sum is NaN or infinite whenever a term is, and a sum of 4 bytes per entry is much cheaper than a
     # boolean mask of every entry; only when it is not finite (or overflows) is the full test needed.
     if not torch.isfinite(t.sum()) and not torch.isfinite(t).all():

@@ -39,53 +39,70 @@ class Tap:
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
-def head_taps(name: str, head) -> list[Tap]:
-    """The taps of a trained head: `name@1` … `name@(depth-1)` and `name` (the output). A tap's transform runs the
-    head on the device of its input (the head is moved there once)."""
-    from headprobe.train.cached_views import head_taps as layer_outputs
+class HeadLayers:
+    """A head's layers up to `depth`, as a tap's transform: (N, D) backbone features -> (N, w_depth), run on the
+    device of its input (the head is moved there once). Row-wise because the head is in eval mode (BatchNorm with
+    its running statistics): `training` says so to `features.rows.TapRows`, which refuses a head in training mode."""
 
-    return [Tap(name if depth == head.depth else f"{name}@{depth}", name, depth,
-                lambda x, d=depth, h=head: layer_outputs(h.to(x.device), x)[d - 1])
+    def __init__(self, head, depth: int):
+        self.head, self.depth = head, depth
+
+    @property
+    def training(self) -> bool:
+        return self.head.training
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from headprobe.train.cached_views import head_taps as layer_outputs
+
+        return layer_outputs(self.head.to(x.device), x)[self.depth - 1]
+
+
+def head_taps(name: str, head) -> list[Tap]:
+    """The taps of a trained head: `name@1` … `name@(depth-1)` and `name` (the output), in eval mode (so a tap
+    is computed a block of rows at a time, `features.rows`)."""
+    head.eval()
+    return [Tap(name if depth == head.depth else f"{name}@{depth}", name, depth, HeadLayers(head, depth))
             for depth in range(1, head.depth + 1)]
 
 
-def tap_data(features, tap: Tap, recipe, device: torch.device | str | None = None):
+def tap_data(features, tap: Tap, recipe, device: torch.device | str | None = None,
+             block_rows: int | None = None):
     """The inputs of every probe at one tap (`probes.tap_data.TapData`), from a `stages.FeatureSet`. The view probes
-    get `features.probe_views` (the held-out test images' views unless `augment.probe_views: train`). With
-    `device`, the backbone features move there first, so a head tap's layers run on the device too."""
-    from headprobe.features.cache import as_float32
+    get `features.probe_views` (the held-out test images' views unless `augment.probe_views: train`). Every feature
+    set is handed out by rows (`features.rows.TapRows`, `block_rows` stored rows computed at once, default
+    `features.rows.BLOCK_ROWS`): converted to float32 on `device` (a mapped float16/bfloat16 cache,
+    `features.store_dtype`, is upcast there) and, at a head's tap, passed through its layers a block at a time, so
+    nothing is computed whole until a probe reads it whole (`run_probes`)."""
+    from headprobe.features.rows import TapRows
     from headprobe.probes.tap_data import TapData
 
-    def at(x: torch.Tensor) -> torch.Tensor:
-        x = as_float32(x, device)  # a mapped float16/bfloat16 cache (features.store_dtype) is upcast here
-        return x if tap.transform is None else tap.transform(x)
+    def at(x: torch.Tensor, what: str) -> TapRows:
+        return TapRows(x, tap.transform, device=device, block_rows=block_rows, name=f"tap {tap.name!r} {what}")
 
     views = params = None
     probed = features.probe_views
     if probed is not None:
-        n, k, d = probed.features.shape
-        views = at(probed.features.reshape(n * k, d)).reshape(n, k, -1)
-        params = probed.params
+        views, params = at(probed.features, "views"), probed.params
     rot = {}
     if features.rotated is not None:
         for split, (x, y) in features.rotated.items():
-            rot[f"rotated_{split}_x"], rot[f"rotated_{split}_y"] = at(x), y
+            rot[f"rotated_{split}_x"], rot[f"rotated_{split}_y"] = at(x, f"rotated {split} images"), y
     orbits = orbit_labels = None
     if features.orbits is not None:
-        orbits = {s: at(t.reshape(-1, t.shape[-1])).reshape(t.shape[0], t.shape[1], -1)
-                  for s, t in features.orbits.items()}
+        orbits = {s: at(t, f"{s} orbits") for s, t in features.orbits.items()}
         # extract_orbits takes the first N test images, so their classes are the first N test labels
         orbit_labels = features.test.labels[: next(iter(features.orbits.values())).shape[0]]
-    return TapData(tap.name, at(features.train.features), features.train.labels, at(features.test.features),
-                   features.test.labels, features.n_classes, seed=recipe.seed, val_fraction=recipe.data.val_fraction,
-                   views=views, view_params=params, orbits=orbits, orbit_labels=orbit_labels,
-                   inert_params=features.inert_params, **rot)
+    return TapData(tap.name, at(features.train.features, "train"), features.train.labels,
+                   at(features.test.features, "test"), features.test.labels, features.n_classes, seed=recipe.seed,
+                   val_fraction=recipe.data.val_fraction, views=views, view_params=params, orbits=orbits,
+                   orbit_labels=orbit_labels, inert_params=features.inert_params, **rot)
 
 
 def run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str], processes: tuple[int, int] | None = None):
     """Yield (probe name, `ProbeOutput`) for each of the probes `todo` at (tap, seed), as each finishes. With
     `processes` (this process's rank, how many run the probe: only the shared probe executor passes it), every
     process runs these probes together (the sharded k-NN)."""
+    from headprobe.probes.declaration import CHUNKS, declared_probe
     from headprobe.registry import PROBES
 
     # The probes run on the process's device (the GPU on a GPU node); their per-unit values come back on the CPU.
@@ -94,9 +111,11 @@ def run_probes(ctx, features, tap: Tap, seed: int | None, todo: list[str], proce
         options = dataclasses.asdict(ctx.recipe.probes[name]) | ({} if processes is None else
                                                                  {"processes": processes})
         where = f"tap {tap.name!r}" + ("" if seed is None else f" (seed {seed})")
-        probe = PROBES.get(name)
+        probe, declared = PROBES.get(name), declared_probe(name)
         with ctx.stage(f"running probe {name!r} on {where}"):
-            out = probe(data, **options)
+            # One that reads in chunks gets the rows (`features.rows.TapRows`); any other (plug-ins registered the
+            # old way included) gets whole tensors of what it reads, computed for it and dropped after it.
+            out = probe(data if declared.reads == CHUNKS else data.whole(declared.needs), **options)
         yield name, out
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_features
+from ..features.rows import materialise
 from . import spectrum
 
 __all__ = ["gaussian_mi_per_pair", "rankme_per_row"]
@@ -40,31 +41,38 @@ def rankme_per_row(z: torch.Tensor, eps: float = 1e-7, value: float | None = Non
     True
     """
     check_features("z", z)
+    chunk_rows = spectrum.CHUNK_ROWS if chunk_rows is None else chunk_rows
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be positive but got {chunk_rows}.")
+    n = z.shape[0]
     # Single precision for the two N·D² products (the Gram matrix and the rows' quadratic forms): the values only
-    # set an interval's width, and their mean is made `value` exactly below.
-    z32 = z.detach().float()
-    eigenvalues, vectors = torch.linalg.eigh((z32.T @ z32).double())
+    # set an interval's width, and their mean is made `value` exactly below. Up to `chunk_rows` rows the Gram
+    # matrix is one product, as before; longer z sums the blocks' products in float64 (which resolves more of the
+    # small eigenvalues than one float32 product, so the values move by that product's round-off).
+    if n <= chunk_rows:
+        z32 = materialise(z).detach().float()
+        gram = (z32.T @ z32).double()
+    else:
+        gram = sum(block.T @ block for block in (z[start : start + chunk_rows].double()
+                                                 for start in range(0, n, chunk_rows)))
+    eigenvalues, vectors = torch.linalg.eigh(gram)
     s = eigenvalues.clamp_min(0).sqrt().flip(0)
     vectors = vectors.flip(1)
     if s.sum() == 0:
         raise ValueError("z is all zeros; its singular values define no distribution.")
     q = s / s.sum()
     p = q + eps
-    chunk_rows = spectrum.CHUNK_ROWS if chunk_rows is None else chunk_rows
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be positive but got {chunk_rows}.")
     if value is None:
         value = spectrum.rankme(z, eps, chunk_rows)
     keep = s > s[0] * 1e-6
     d_sigma = value * ((q * p.log()).sum() - p.log()) / s.sum()
-    n = z.shape[0]
     # Σ_k c_k P_ik = z_iᵀ (V diag(c) Vᵀ) z_i with c_k = ∂R/∂σ_k / (2σ_k); the −σ_k²/N terms are a constant,
     # removed with the mean.
     c = d_sigma[keep] / (2 * s[keep])
     form = ((vectors[:, keep] * c) @ vectors[:, keep].T).float()
-    influence = torch.empty(n, dtype=torch.float64, device=z32.device)
+    influence = torch.empty(n, dtype=torch.float64, device=z.device)
     for start in range(0, n, chunk_rows):
-        rows = z32[start : start + chunk_rows]
+        rows = z[start : start + chunk_rows].detach().float()
         influence[start : start + chunk_rows] = n * ((rows @ form) * rows).sum(dim=1).double()
     return value + influence - influence.mean()
 

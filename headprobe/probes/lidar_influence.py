@@ -35,12 +35,13 @@ def lidar_pseudo_values(views: torch.Tensor, delta: float = 1e-4, eps: float = 1
     if views.ndim != 3 or views.shape[0] < 2 or views.shape[1] < 2:
         raise ValueError(f"views must be (N images, K views, D) with N >= 2 and K >= 2, got {tuple(views.shape)}.")
     n, k, d = views.shape
-    check_features("views", views.reshape(n * k, d))
     blocks = spectrum.image_blocks(n, k, chunk_rows)
 
     def within(block: slice) -> torch.Tensor:
         """The block's views minus their image's mean, (B·K, D) float64, and the means (B, D)."""
-        part = views[block].double()
+        part = views[block]
+        check_features("views", part.reshape(-1, d))  # each block as it is read: the views may be read by rows
+        part = part.double()
         means = part.mean(dim=1)
         return (part - means[:, None]).reshape(-1, d), means
 

@@ -1,8 +1,9 @@
 """Label-free measures of a representation's geometry: effective ranks (RankMe, LiDAR), the covariance
 eigenspectrum's decay (α-ReQ) and conditioning (alignment, uniformity and view spread: `probes/view_geometry.py`).
 
-All take features as tensors, compute in float64 on the features' device, and return Python floats (or, for
-`covariance_spectrum`, a JSON-ready dict).
+All take features as tensors or taps read by rows (`features.rows.TapRows`: read a block of rows at a time),
+compute in float64 on the features' device, and return Python floats (or, for `covariance_spectrum`, a JSON-ready
+dict).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import torch
 
 from headprobe.checks import check_features
+from headprobe.features.rows import materialise
 
 __all__ = [
     "CHUNK_ROWS",
@@ -74,7 +76,7 @@ def singular_values(z: torch.Tensor, centre: bool = False, chunk_rows: int | Non
         raise ValueError(f"chunk_rows must be positive but got {chunk_rows}.")
     n = z.shape[0]
     if n <= chunk_rows:
-        z = z.double()
+        z = materialise(z).double()
         return torch.linalg.svdvals(z - z.mean(dim=0) if centre else z)
     mean = None
     if centre:
@@ -105,7 +107,7 @@ def principal_axes(parts: list[torch.Tensor], chunk_rows: int | None = None) -> 
         raise ValueError(f"chunk_rows must be positive but got {chunk_rows}.")
     n = sum(len(part) for part in parts)
     if n <= chunk_rows:
-        pooled = torch.cat([part.double() for part in parts])
+        pooled = torch.cat([materialise(part).double() for part in parts])
         mean = pooled.mean(dim=0)
         return mean, torch.linalg.svd(pooled - mean, full_matrices=False).Vh
     starts = [(part, start) for part in parts for start in range(0, len(part), chunk_rows)]

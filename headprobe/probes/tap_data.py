@@ -18,7 +18,9 @@ class TapData:
     """What one tap offers. Shapes: train_x (N, D), test_x (M, D), views (N_v, K, D) with
     view_params (N_v, K, P), rotated_train_x (4N', D) with rotated_train_y in {0,1,2,3},
     orbits {sweep: (N_o, T, D)} (test images along each augmentation sweep) with orbit_labels (N_o,) their
-    classes (the same images in every sweep)."""
+    classes (the same images in every sweep). In a run the features (x, views, orbits) are `features.rows.TapRows`,
+    read by rows, for a probe that reads in chunks, and whole float32 tensors for one that reads whole
+    (`whole`); labels and parameters are tensors."""
 
     name: str
     train_x: torch.Tensor
@@ -45,10 +47,26 @@ class TapData:
         TapData, this one is left as it is. Labels and parameters move too, so no probe mixes devices."""
         import torch
 
-        moved = {name: value.to(device) for name, value in vars(self).items() if isinstance(value, torch.Tensor)}
+        from headprobe.features.rows import TapRows
+
+        moved = {name: value.to(device) for name, value in vars(self).items()
+                 if isinstance(value, torch.Tensor | TapRows)}
         if self.orbits is not None:
             moved["orbits"] = {sweep: traj.to(device) for sweep, traj in self.orbits.items()}
         return dataclasses.replace(self, **moved)
+
+    def whole(self, needs: tuple[str, ...] = ()) -> TapData:
+        """The same tap for a probe that reads it whole: train_x, test_x and the inputs it `needs` (views, rotated,
+        orbits) as whole float32 tensors (`features.rows.materialise`), the others as they are (read by rows); a
+        new TapData, computed for that probe. A tap already whole is returned as it is."""
+        from headprobe.features.rows import materialise
+
+        fields = ["train_x", "test_x"] + (["views"] if "views" in needs else []) + (
+            ["rotated_train_x", "rotated_test_x"] if "rotated" in needs else [])
+        whole = {name: materialise(getattr(self, name)) for name in fields}
+        if "orbits" in needs and self.orbits is not None:
+            whole["orbits"] = {sweep: materialise(traj) for sweep, traj in self.orbits.items()}
+        return dataclasses.replace(self, **whole)
 
 
 @dataclass

@@ -51,7 +51,9 @@ def measure_knn(tap: TapData, *, shard_bank: bool | None, processes: tuple[int, 
 
         rank, world = processes
         rows = shard_rows(len(tap.train_x), world, rank)
-        result = sharded_knn(tap.train_x[rows], tap.train_y[rows], tap.test_x, tap.test_y, offset=rows.start,
+        # narrow, not a slice: a tap read by rows stays read by rows (a tensor gives the same view).
+        shard = tap.train_x.narrow(0, rows.start, rows.stop - rows.start)
+        result = sharded_knn(shard, tap.train_y[rows], tap.test_x, tap.test_y, offset=rows.start,
                              world=world, num_classes=tap.n_classes, **options)
     else:
         result = knn_probe(tap.train_x, tap.train_y, tap.test_x, tap.test_y, num_classes=tap.n_classes, **options)
