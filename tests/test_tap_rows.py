@@ -174,6 +174,30 @@ def test_knn_on_rows_is_bit_identical_to_knn_on_the_whole_tap(monkeypatch):
     assert_same_output(KNN(data, ks=[5, 20], chunk_size=32), KNN(whole(data), ks=[5, 20], chunk_size=32))
 
 
+def test_the_bank_is_normalised_a_tap_block_at_a_time_with_the_same_bits(monkeypatch):
+    from headprobe.probes.knn_prefilter import canonical_normalize
+
+    monkeypatch.setattr(knn_module, "BLOCK_ROWS", 64)
+    data = tap()
+    whole_bank = materialise(data.train_x)
+    expected = canonical_normalize(whole_bank[10:290])
+    assert torch.equal(knn_module.normalised_rows(data.train_x, 10, 290, torch.device("cpu")), expected)
+    assert torch.equal(knn_module.normalised_rows(whole_bank, 10, 290, torch.device("cpu")), expected)
+
+
+def test_bank_shards_narrowed_from_rows_merge_to_the_whole_search():
+    from headprobe.probes.knn import bank_search, merge_topk
+    from headprobe.probes.sharded_knn import local_neighbours, shard_rows
+
+    data = tap()  # 300 training rows in blocks of 64: the shards (150 each) start inside a block
+    queries = materialise(data.test_x)
+    sims, idx, _ = bank_search(materialise(data.train_x), queries, 7)
+    shards = [shard_rows(len(data.train_x), 2, rank) for rank in (0, 1)]
+    parts = [local_neighbours(data.train_x.narrow(0, s.start, s.stop - s.start), queries, 7, s.start) for s in shards]
+    merged_sims, merged_idx, _ = merge_topk(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), 7)
+    assert torch.equal(merged_idx, idx) and torch.equal(merged_sims, sims)
+
+
 def test_spectrum_on_rows_equals_the_whole_tap(monkeypatch):
     monkeypatch.setattr(spectrum, "CHUNK_ROWS", 100)
     data = tap()
@@ -225,3 +249,48 @@ def test_tap_data_hands_out_head_taps_by_rows():
     assert isinstance(data.train_x, TapRows) and data.views.shape == (10, 2, 12)
     assert torch.allclose(materialise(data.train_x), taps[-1].transform(x), rtol=1e-6, atol=1e-6)
     assert data.to("cpu").train_x is data.train_x
+
+
+def seen_by(tap_data_, **options):
+    """A plug-in probe registered the old way (no `reads`): records what it was handed."""
+    from headprobe.probes.tap_data import ProbeOutput
+
+    SEEN.append((type(tap_data_.train_x), type(tap_data_.views)))
+    return ProbeOutput({"seen.rows": float(len(tap_data_.train_x))})
+
+
+SEEN = []
+
+
+def test_the_pipeline_hands_rows_to_chunked_probes_and_whole_tensors_to_the_others(monkeypatch):
+    import contextlib
+    from dataclasses import dataclass
+
+    from headprobe.pipeline.taps import run_probes
+    from headprobe.probes.builtin.knn import KnnSpec
+    from headprobe.registry import PROBES
+
+    @dataclass
+    class NoOptions:
+        pass
+
+    x, labels = features(40, 8), torch.arange(40) % 4
+    split = SimpleNamespace(features=x, labels=labels)
+    views = SimpleNamespace(features=features(10, 8, k=2), params=torch.zeros(10, 2, 1))
+    fs = SimpleNamespace(train=split, test=split, n_classes=4, probe_views=views, rotated=None, orbits=None,
+                         inert_params=None)
+    recipe = SimpleNamespace(seed=0, data=SimpleNamespace(val_fraction=0.2),
+                             probes={"knn": KnnSpec(ks=[3]), "seen_by": NoOptions()})
+    ctx = SimpleNamespace(recipe=recipe, state=SimpleNamespace(device=torch.device("cpu")),
+                          stage=lambda _: contextlib.nullcontext())
+    whole_for, made_whole = [], TapData.whole
+    monkeypatch.setattr(TapData, "whole", lambda self, needs=(): whole_for.append(needs) or made_whole(self, needs))
+    PROBES.add("seen_by", f"{__name__}:seen_by", "records its inputs (a test plug-in)", needs=("views",))
+    try:
+        SEEN.clear()
+        outputs = dict(run_probes(ctx, fs, head_taps("h", head(8, 12))[-1], None, ["knn", "seen_by"]))
+    finally:
+        PROBES.remove("seen_by")
+    assert SEEN == [(torch.Tensor, torch.Tensor)] and outputs["seen_by"].metrics == {"seen.rows": 40.0}
+    assert whole_for == [("views",)]  # made whole for the plug-in only: the k-NN read the rows
+    assert 0 <= outputs["knn"].metrics["knn.k3.acc"] <= 1

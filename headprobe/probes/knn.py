@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from headprobe.checks import as_tensor, check_labelled_split
+from headprobe.features.rows import BLOCK_ROWS
 from headprobe.probes.knn_counts import DEFAULT_KS, neighbour_counts
 from headprobe.probes.knn_prefilter import (
     Bf16Prefilter,
@@ -31,8 +32,8 @@ from headprobe.probes.knn_prefilter import (
 
 __all__ = [
     "BANK_ROWS", "DEFAULT_KS", "PREFILTER_MIN_TRAIN", "PREFILTER_SPEEDUP", "KnnResult", "bank_search", "blocked_topk",
-    "by_similarity_then_index", "fast_bfloat16", "knn", "merge_topk", "neighbour_counts", "ordered_topk",
-    "prefer_bfloat16", "prefilter_default", "product_seconds", "similarity_name",
+    "by_similarity_then_index", "fast_bfloat16", "knn", "merge_topk", "neighbour_counts", "normalised_rows",
+    "ordered_topk", "prefer_bfloat16", "prefilter_default", "product_seconds", "similarity_name",
 ]
 
 _WEIGHTINGS = ("exp", "uniform")
@@ -210,7 +211,7 @@ def bank_search(bank: torch.Tensor, queries: torch.Tensor, k: int, *, chunk_size
     idx = torch.full((len(queries), k), -1, dtype=torch.int64, device=device)
     parts = []
     for first in range(0, len(bank), bank_rows):
-        block = canonical_normalize(bank[first : first + bank_rows].to(device, torch.float32))
+        block = normalised_rows(bank, first, min(first + bank_rows, len(bank)), device)
         width = min(k, len(block))
         search = Bf16Prefilter(block, width) if prefilter else Float32TopK(block, width)
         for start in range(0, len(queries), chunk_size):
@@ -234,6 +235,17 @@ def bank_search(bank: torch.Tensor, queries: torch.Tensor, k: int, *, chunk_size
         return sims, idx, (dict(parts[0]) if parts else {"queries": 0, "candidates": 0, "widened": 0,
                                                          "full_float32": 0})
     return sims, idx, {key: (max if key == "candidates" else sum)(part[key] for part in parts) for key in parts[0]}
+
+
+def normalised_rows(bank: torch.Tensor, start: int, stop: int, device: torch.device) -> torch.Tensor:
+    """Rows start .. stop of `bank` L2-normalised (`canonical_normalize`, row by row, so the same bits however the
+    rows are split) into one float32 (stop - start, D) tensor on `device`, read `features.rows.BLOCK_ROWS` rows at a
+    time: a tap read by rows (a head's, `TapRows`) is then never held as a second copy of the block beside it."""
+    out = torch.empty((stop - start, bank.shape[1]), dtype=torch.float32, device=device)
+    for first in range(start, stop, BLOCK_ROWS):
+        last = min(first + BLOCK_ROWS, stop)
+        out[first - start : last - start] = canonical_normalize(bank[first:last].to(device, torch.float32))
+    return out
 
 
 def merge_topk(sims: torch.Tensor, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
