@@ -105,10 +105,15 @@ def test_a_head_tap_is_exact_in_one_block_and_round_off_in_several():
 
 
 def test_blocks_of_the_heads_batch_multiple_are_bit_identical_to_the_whole_tap():
+    from headprobe.train.cached_views import head_taps as layer_outputs
+
     x = features(9_000, 8)
-    layers = HeadLayers(head(), 1)
-    assert torch.equal(materialise(TapRows(x, layers, block_rows=4_096)), layers(x))
-    assert BLOCK_ROWS % 4_096 == 0
+    h = head()
+    for depth in (1, 2):  # what the taps were before: every layer of the head over all rows, 4,096 at a time
+        whole = layer_outputs(h, x)[depth - 1]
+        assert torch.equal(HeadLayers(h, depth)(x), whole)
+        assert torch.equal(materialise(TapRows(x, HeadLayers(h, depth), block_rows=4_096)), whole)
+    assert BLOCK_ROWS % HeadLayers.BATCH_ROWS == 0
 
 
 @pytest.mark.parametrize("store_dtype", ["float16", "bfloat16"])

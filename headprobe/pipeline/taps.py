@@ -42,7 +42,11 @@ class Tap:
 class HeadLayers:
     """A head's layers up to `depth`, as a tap's transform: (N, D) backbone features -> (N, w_depth), run on the
     device of its input (the head is moved there once). Row-wise because the head is in eval mode (BatchNorm with
-    its running statistics): `training` says so to `features.rows.TapRows`, which refuses a head in training mode."""
+    its running statistics): `training` says so to `features.rows.TapRows`, which refuses a head in training mode.
+    The rows go through the head `BATCH_ROWS` at a time, the batches `train.cached_views.head_taps` takes (the same
+    products, so the same bits), and only this depth's output is kept: one (N, w_depth) tensor, not every layer's."""
+
+    BATCH_ROWS = 4096
 
     def __init__(self, head, depth: int):
         self.head, self.depth = head, depth
@@ -51,10 +55,16 @@ class HeadLayers:
     def training(self) -> bool:
         return self.head.training
 
+    @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from headprobe.train.cached_views import head_taps as layer_outputs
-
-        return layer_outputs(self.head.to(x.device), x)[self.depth - 1]
+        head = self.head.to(x.device).eval()
+        out = None
+        for start in range(0, len(x), self.BATCH_ROWS):
+            rows = head.taps(x[start : start + self.BATCH_ROWS])[self.depth - 1]
+            if out is None:
+                out = torch.empty((len(x), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+            out[start : start + len(rows)] = rows
+        return out if out is not None else head.taps(x)[self.depth - 1]
 
 
 def head_taps(name: str, head) -> list[Tap]:
