@@ -274,8 +274,10 @@ def test_every_registered_probe_on_cuda_matches_the_cpu(name):
 
 
 def test_a_head_tap_runs_the_head_on_the_device(tmp_path):
-    """taps.tap_data with a device moves the backbone features first, so a trained head's layers run there (the
-    head follows its input); the values equal the head applied on the CPU."""
+    """taps.tap_data with a device hands out rows on it: the backbone features move there a block at a time as they
+    are read, so a trained head's layers run there (the head follows its input); the values equal the head applied
+    on the CPU."""
+    from headprobe.features.rows import materialise
     from headprobe.pipeline.stages import FeatureSet
     from headprobe.pipeline.taps import head_taps, tap_data
     from headprobe.train.heads import ProjectionHead
@@ -289,6 +291,9 @@ def test_a_head_tap_runs_the_head_on_the_device(tmp_path):
     expected = head_taps("h", head)[0].transform(tap.train_x)
     with fake_accelerator():
         data = tap_data(features, head_taps("h", head)[0], recipe, ACCELERATOR)
-        assert data.train_x.device == ACCELERATOR and next(head.parameters()).device == ACCELERATOR
-        values = data.train_x.cpu()
+        assert data.train_x.device == ACCELERATOR
+        rows = data.train_x[10:50]
+        assert rows.device == ACCELERATOR and next(head.parameters()).device == ACCELERATOR
+        values = materialise(data.train_x).cpu()
+        assert torch.equal(rows.cpu(), values[10:50])
     assert torch.allclose(values, expected, atol=1e-6)

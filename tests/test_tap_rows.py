@@ -299,3 +299,21 @@ def test_the_pipeline_hands_rows_to_chunked_probes_and_whole_tensors_to_the_othe
     assert SEEN == [(torch.Tensor, torch.Tensor)] and outputs["seen_by"].metrics == {"seen.rows": 40.0}
     assert whole_for == [("views",)]  # made whole for the plug-in only: the k-NN read the rows
     assert 0 <= outputs["knn"].metrics["knn.k3.acc"] <= 1
+
+
+def test_chunked_probes_read_rows_on_the_device_without_mixing_devices(monkeypatch):
+    """On a (pretend) accelerator the rows arrive there and every chunked probe keeps to it (CUDA's rules)."""
+    from fake_accelerator import ACCELERATOR, fake_accelerator
+
+    monkeypatch.setattr(knn_module, "BANK_ROWS", 100)
+    monkeypatch.setattr(spectrum, "CHUNK_ROWS", 100)
+    runs = ((KNN, {"ks": [5]}), (SPECTRUM, {}), (INVARIANCE, {"chunk_rows": 50}),
+            (VIEW_MI, {"chunk_rows": 50, "batch_size": 16}))
+    reference = tap()
+    expected = [probe(reference, **options).metrics for probe, options in runs]  # before the head moves
+    with fake_accelerator():
+        data = reference.to(ACCELERATOR)
+        assert data.train_x.device == ACCELERATOR and data.train_x[3:70].device == ACCELERATOR
+        outputs = [probe(data, **options).metrics for probe, options in runs]
+    for on_device, on_cpu in zip(outputs, expected, strict=True):
+        assert on_device == pytest.approx(on_cpu, rel=1e-9)
