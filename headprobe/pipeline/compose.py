@@ -100,7 +100,7 @@ def _check_out(path: Path) -> None:
             which = "is" if folder == path else f"is inside {str(folder)!r}, which is"
             raise RecipeError(f"--out {str(path)!r} {which} a file, not a folder; pass a folder for the run "
                               "(new or an earlier run's), e.g. --out runs/my_study.")
-    check_out_folder(path)  # not a foreign non-empty folder, and writable (runs.check_out_folder)
+    check_out_folder(path)  # not a foreign non-empty folder, and writable (record.directory.check_out_folder)
 
 
 def check_arguments(recipe_or_path: Any, out: Any, overrides: Any) -> None:
