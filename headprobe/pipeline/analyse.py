@@ -7,15 +7,25 @@ per-head geometry (`geometry.analyse.analyse_head`) and writes it into `results.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
+
+from headprobe.parallel.distributed import process_state
+from headprobe.parallel.threads import configure_threads, resumed_threads
+from headprobe.pipeline import stages
+from headprobe.pipeline.geometry_claims import answer_geometry_questions
+from headprobe.pipeline.time_estimate import geometry_estimate
+from headprobe.recipe import load_recipe
+from headprobe.record.directory import RunDir, read_results
+from headprobe.record.lock import folder_lock
+from headprobe.record.writer import RecordWriter
+from headprobe.train.cached_views import CheckpointError, build_head, latest_checkpoint, load_checkpoint
 
 
 def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = False) -> dict:
     """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results. The run
     folder is locked meanwhile (`record.lock`: a run, resume or report writing there at the same time is refused)."""
-    from headprobe.parallel.distributed import process_state
-    from headprobe.record.lock import folder_lock
 
     state = process_state()
     if not Path(run_dir).is_dir():
@@ -25,13 +35,6 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
 
 
 def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -> dict:
-    from headprobe.parallel.threads import configure_threads, resumed_threads
-    from headprobe.pipeline import stages
-    from headprobe.pipeline.geometry_claims import answer_geometry_questions
-    from headprobe.recipe import load_recipe
-    from headprobe.record.directory import RunDir, read_results
-    from headprobe.record.writer import RecordWriter
-    from headprobe.train.cached_views import CheckpointError, build_head, latest_checkpoint, load_checkpoint
 
     run = RunDir(run_dir)
     results = read_results(run.path)
@@ -57,9 +60,7 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     if rows is not None:
         recipe.geometry.rows = rows
     if not quiet:  # said before the long part starts: loading and extracting again can take minutes
-        import sys
 
-        from headprobe.pipeline.time_estimate import geometry_estimate
 
         print(geometry_estimate(results, sum(1 for spec in recipe.heads if spec.name in saved), recipe.geometry.rows),
               file=sys.stderr, flush=True)

@@ -7,6 +7,8 @@ everything computed before it.
 
 from __future__ import annotations
 
+import copy
+import json
 import platform
 import sys
 import time
@@ -17,18 +19,26 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headprobe.parallel.distributed import collective_timeout_s
+from headprobe.backbones import Backbone, as_backbone
+from headprobe.parallel.distributed import collective_timeout_s, process_state
 from headprobe.parallel.peers import exchange_peers
+from headprobe.parallel.threads import configure_threads, resumed_threads
 from headprobe.pipeline import probing, stages, taps, tuned_seeds
 from headprobe.pipeline.executors import executors_for
+from headprobe.pipeline.geometry_claims import answer_geometry_questions
 from headprobe.pipeline.stages import RunContext, RunError
-from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
+from headprobe.recipe import Recipe, RecipeError, dump_recipe, expand_sweep, load_recipe, resolve_recipe_data
 from headprobe.recipe.environment import DEFAULT_PEER_TIMEOUT_S, peer_timeout_s
 from headprobe.recipe.folder_names import is_inside
 from headprobe.recipe.sweeps import sweep_size
-from headprobe.record.directory import RunDir, check_out_folder, default_run_dir
+from headprobe.record.directory import RunDir, check_out_folder, default_run_dir, read_results
 from headprobe.record.lock import folder_lock
 from headprobe.record.writer import RecordWriter
+from headprobe.report.compare import write_compare
+from headprobe.report.progress import progress_interval
+from headprobe.report.table import print_compare, print_summary
+from headprobe.report.trackers import tracking
+from headprobe.stats.cross_run import answer_lines
 
 if TYPE_CHECKING:
     from headprobe.backbones import Backbone
@@ -73,8 +83,6 @@ def _threads(recipe: Recipe, path: Path, resume: bool) -> dict:
     """Set torch's intra-op threads (`parallel.threads.choose_threads`: HEADPROBE_THREADS, on `resume` the count the
     run in `path` recorded, the recipe's runtime.threads, OMP_NUM_THREADS, else from the usable CPUs); returns what
     results.json records. The environment's other settings are checked here too, before anything is written."""
-    from headprobe.parallel.threads import configure_threads, resumed_threads
-    from headprobe.report.progress import progress_interval
 
     try:
         progress_interval()  # a bad HEADPROBE_PROGRESS_INTERVAL stops the run here, before anything is written
@@ -130,10 +138,7 @@ def _overrides_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
 
 def _own_backbone(obj: torch.nn.Module, recipe: Recipe, show: bool) -> tuple[Any, Recipe]:
     """(the `Backbone` of a module passed to `run`, the recipe recording it as backbone.id: module:<class>)."""
-    import copy
 
-    from headprobe.backbones import Backbone, as_backbone
-    from headprobe.parallel.distributed import process_state
 
     backbone = as_backbone(obj, recipe.backbone.resolution)
     if show and not isinstance(obj, Backbone) and process_state().is_main_process:
@@ -175,7 +180,6 @@ def run(
     >>> results.metrics()["linear.acc"]  # doctest: +SKIP
     """
 
-    from headprobe.parallel.distributed import process_state
 
     check_arguments(recipe_or_path, out, overrides)
     if isinstance(backbone, Mapping):
@@ -227,8 +231,6 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     (`RecordWriter`) takes it. The executors of probes and seeds are chosen here, once, for `state`'s processes."""
     from accelerate.utils import set_seed
 
-    from headprobe.pipeline.geometry_claims import answer_geometry_questions
-    from headprobe.report.trackers import tracking
 
     main = state.is_main_process
     results, invocation, finished = RecordWriter.begin(recipe.to_dict(), call.path, call.resume,
@@ -300,7 +302,6 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
         if recipe.report:
             stages.write_report(run_dir)
     if main and not call.quiet:
-        from headprobe.report.table import print_summary
 
         print_summary(results, run_dir.path)
         if recipe.report and (run_dir.path / "report.html").is_file():
@@ -327,7 +328,6 @@ BACKBONE_TAP_INPUTS = ("seed", "backbone", "data", "features", "augment", "probe
 
 def backbone_tap_inputs(recipe: Recipe) -> str:
     """The recipe's `BACKBONE_TAP_INPUTS` as one comparable text."""
-    import json
 
     plain = recipe.to_dict()
     return json.dumps({key: plain[key] for key in BACKBONE_TAP_INPUTS}, sort_keys=True, default=str)
@@ -346,7 +346,6 @@ def run_sweep(
 
     >>> run_sweep("recipes/paper_depth_ablation.yaml", train__epochs=5)  # doctest: +SKIP
     """
-    from headprobe.recipe import expand_sweep, resolve_recipe_data
 
     check_arguments(recipe_path, out, overrides)
     if values:  # fold every override into the recipe's data once; each combination then starts from it
@@ -374,24 +373,18 @@ def run_sweep(
 def compare_sweep_runs(root: Path, results: list[Results], quiet: bool) -> None:
     """A sweep's ending: root/compare.csv and compare.html of its runs (and cross_run.json for a head ablation),
     and unless `quiet` the table and where the comparison is; on the main process only."""
-    from headprobe.parallel.distributed import process_state
 
     if process_state().is_main_process:
-        from headprobe.report.compare import write_compare
 
         written = write_compare([r.path for r in results], root)
         if not quiet:
             from rich.console import Console
 
-            from headprobe.record.directory import read_results
-            from headprobe.report.table import print_compare
 
             print_compare({r.path.name: read_results(r.path) for r in results}, Console(),
                           paths={r.path.name: r.path for r in results})
             if "cross_run" in written:  # a head ablation with a no-head arm: the backbones compared across runs
-                import json
 
-                from headprobe.stats.cross_run import answer_lines
 
                 print("\n".join(answer_lines(json.loads(written["cross_run"].read_text()))))
             print(f"comparison: {root / 'compare.html'}")
