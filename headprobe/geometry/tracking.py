@@ -2,7 +2,7 @@
 
 The paper tracks "λ_min of the loss Hessian w.r.t. the backbone output batch, by power iteration (20 steps for
 λ_max, 20 on H − λ_max I)" and finds λ_min < 0 in 72/100 epochs for a Swish head started collapsed, 1/100 for a
-ReLU head: "collapse is unstable only for smooth heads" (PAPER.md claim 4). `curvature_snapshot` measures the same
+ReLU head: "collapse is unstable only for smooth heads" (the paper, claim 4). `curvature_snapshot` measures the same
 λ_min and λ_max by Lanczos (`geometry.extremes`), with residuals, error bounds, whether λ_min itself converged and
 the number of Hessian-vector products, together with the collapse statistics of the head outputs
 (`geometry.collapse`). With `split=True` it also splits H = G + M (`geometry.gm_split`), so each negative λ_min is
