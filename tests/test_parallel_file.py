@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -159,14 +160,19 @@ def test_a_failed_write_fails_the_commit_and_leaves_nothing(tmp_path, monkeypatc
     assert sorted(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
-def test_an_unwritable_folder_opens_nothing(tmp_path):
-    folder = tmp_path / "features"
-    folder.mkdir()
-    folder.chmod(0o555)
-    with pytest.warns(UserWarning, match="cannot be written by every process"):
-        assert ParallelCacheFile.open(folder / "k.safetensors", {"features": (torch.float32, (2, 2))}, {},
+def test_an_unwritable_folder_opens_nothing(tmp_path, monkeypatch):
+    """Process 0 cannot create the file (a read-only or full cache folder): every process falls back, nothing is
+    left behind."""
+
+    def read_only(path, *args):
+        Path(path).write_bytes(b"half")  # what a failed creation may leave
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(parallel_file, "create_file", read_only)
+    with pytest.warns(UserWarning, match="cannot be written by every process .*Permission denied"):
+        assert ParallelCacheFile.open(tmp_path / "k.safetensors", {"features": (torch.float32, (2, 2))}, {},
                                       OneProcess(), checksum_algorithm()) is None
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_abandoned_temporaries_are_removed_and_live_ones_kept(tmp_path, monkeypatch):

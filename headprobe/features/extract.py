@@ -12,15 +12,22 @@ written (read-only, full) is reported once and the run carries on uncached. What
 the backbone at every step, as solo-learn and lightly train: 322x per epoch of head training, and a first run
 within 1.09x of the bare backbone forwards (`benchmarks/bench_cache.py`, `benchmarks/results/cache.json`).
 
-In a multi-process run each process extracts an interleaved shard of the
-images and the shards are gathered into one index-addressed buffer, so the
-result is the same for any number of processes.
+In a multi-process run each process extracts an interleaved shard of the images (rank r: r, r + W, ...). With the
+cache on, every process writes its rows straight into the one cache file (`parallel_file.ParallelCacheFile`:
+created at its final size under a temporary name, sealed with its checksums and renamed by process 0), and then
+every process reads that file as a cache hit (memory-mapped with `mapped=True`): nothing is gathered, and no process
+holds more of the features than the batch it writes. The file is the one a single process writes, so the result is
+the same for any number of processes, and a later run with any number hits it. Processes decide together: a hit
+only where every process hits. The fallback, where the processes cannot all write the file (`cache=False`, a
+read-only cache folder, one not shared between nodes) or completing it failed: the shards are gathered into one
+(N, D) buffer on every process (`gather_shards`), and process 0 writes the cache file if it can.
 
 Memory: each extraction allocates its output once, when the first batch gives the feature width, and
 writes every batch into its rows; batch outputs are never collected and concatenated. In one process on
 the CPU the returned tensor is that buffer, so extraction holds one (N, D) copy of the features (one on
 the device and one on the CPU when extracting on a GPU). A cache hit is loaded whole, or with `mapped=True`
-memory-mapped from its file (`tensor_file`), read only where it is indexed.
+memory-mapped from its file (`tensor_file`), read only where it is indexed. Several processes writing the cache
+hold one batch each (`benchmarks/results/parallel_extract.json`).
 
 Store dtype (`store_dtype`, `features.store_dtype`): the cache holds the features as float32, float16 or bfloat16
 (`features.cache`), and the dtype is part of the key. Freshly extracted features are rounded to it in place before
