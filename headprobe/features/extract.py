@@ -67,8 +67,8 @@ from headprobe.features.parallel_file import ParallelCacheFile
 
 @dataclass
 class Features:
-    """features: (N, D) on CPU, float32 (a mapped cache hit: the store dtype); labels: (N,) int64; `cached` says
-    whether it came from disk."""
+    """features: (N, D) on CPU, float32 (mapped from the cache file, a hit or what several processes wrote
+    together: the store dtype); labels: (N,) int64; `cached` says whether it was on disk before this call."""
 
     features: torch.Tensor
     labels: torch.Tensor
@@ -197,7 +197,8 @@ def extract(
     """Features of every image of `dataset` (a `datasets.Dataset` with ``image``/``label``) → `Features`.
 
     `rotation` (degrees, a multiple of 90) rotates each image before preprocessing (rotation probes). `mapped`: a
-    cache hit is memory-mapped from its file instead of loaded whole.
+    cache hit is memory-mapped from its file instead of loaded whole. Several processes with the cache on write the
+    cache file together and each returns it as a hit would be read (`cached` False); see the module's docstring.
     """
     if rotation % 90:
         raise ValueError(f"rotation must be a multiple of 90 degrees, got {rotation}.")
