@@ -34,6 +34,7 @@ from headprobe.recipe import DataSpec, LimitSpec
 
 checkpoint, out, store_dtype, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 state = process_state()
+gather = extraction.gather_shards
 if state.num_processes > 1:
     def refused(*args, **kwargs):
         raise AssertionError("the features were gathered onto every process")
@@ -52,6 +53,16 @@ for attempt in ("miss", "hit"):
     torch.save({"features": clean.features.clone(), "labels": clean.labels.clone(),
                 "views": views.features.clone(), "params": views.params.clone()},
                os.path.join(out, f"{attempt}-{state.process_index}.pt"))
+# The fallback: process 0 cannot create the shared file (a read-only cache folder), so the shards are gathered.
+extraction.gather_shards = gather
+if state.num_processes > 1:
+    from headprobe.features import parallel_file
+    def read_only(path, *args):
+        raise PermissionError(13, "Permission denied", str(path))
+    parallel_file.create_file = read_only
+test = extraction.extract(backbone, data.test, split="test", **options)
+record["fallback"] = {"cached": test.cached, "mapped": is_mapped(test.features)}
+torch.save({"features": test.features.clone()}, os.path.join(out, f"fallback-{state.process_index}.pt"))
 with open(os.path.join(out, f"record-{state.process_index}.json"), "w") as f:
     json.dump(record, f)
 """
@@ -93,6 +104,10 @@ def test_two_processes_write_one_cache_file_equal_to_one_process(tiny_dinov2, tm
             together = torch.load(tmp_path / "two" / f"{attempt}-{rank}.pt")
             for key, value in alone.items():
                 same(together[key], value, (attempt, rank, key))
+        # Gathered where the file could not be written: the same features, in memory on every process.
+        assert two["fallback"] == {"cached": False, "mapped": False}
+        same(torch.load(tmp_path / "two" / f"fallback-{rank}.pt")["features"],
+             torch.load(tmp_path / "one" / "fallback-0.pt")["features"], ("fallback", rank))
         # What each process got is the two-process file's bytes, exactly.
         files = [_tensors(Path(path)) for path in two["miss"]["files"]]
         got = torch.load(tmp_path / "two" / f"miss-{rank}.pt")
