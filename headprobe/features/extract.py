@@ -12,15 +12,22 @@ written (read-only, full) is reported once and the run carries on uncached. What
 the backbone at every step, as solo-learn and lightly train: 322x per epoch of head training, and a first run
 within 1.09x of the bare backbone forwards (`benchmarks/bench_cache.py`, `benchmarks/results/cache.json`).
 
-In a multi-process run each process extracts an interleaved shard of the
-images and the shards are gathered into one index-addressed buffer, so the
-result is the same for any number of processes.
+In a multi-process run each process extracts an interleaved shard of the images (rank r: r, r + W, ...). With the
+cache on, every process writes its rows straight into the one cache file (`parallel_file.ParallelCacheFile`:
+created at its final size under a temporary name, sealed with its checksums and renamed by process 0), and then
+every process reads that file as a cache hit (memory-mapped with `mapped=True`): nothing is gathered, and no process
+holds more of the features than the batch it writes. The file is the one a single process writes, so the result is
+the same for any number of processes, and a later run with any number hits it. Processes decide together: a hit
+only where every process hits. The fallback, where the processes cannot all write the file (`cache=False`, a
+read-only cache folder, one not shared between nodes) or completing it failed: the shards are gathered into one
+(N, D) buffer on every process (`gather_shards`), and process 0 writes the cache file if it can.
 
 Memory: each extraction allocates its output once, when the first batch gives the feature width, and
 writes every batch into its rows; batch outputs are never collected and concatenated. In one process on
 the CPU the returned tensor is that buffer, so extraction holds one (N, D) copy of the features (one on
 the device and one on the CPU when extracting on a GPU). A cache hit is loaded whole, or with `mapped=True`
-memory-mapped from its file (`tensor_file`), read only where it is indexed.
+memory-mapped from its file (`tensor_file`), read only where it is indexed. Several processes writing the cache
+hold one batch each (`benchmarks/results/parallel_extract.json`).
 
 Store dtype (`store_dtype`, `features.store_dtype`): the cache holds the features as float32, float16 or bfloat16
 (`features.cache`), and the dtype is part of the key. Freshly extracted features are rounded to it in place before
@@ -46,13 +53,22 @@ import torch
 
 from headprobe.data.cache_dir import cache_root
 from headprobe.data.loader import ImageDecodeError, loader_options
-from headprobe.features.cache import FORMAT_VERSION, as_stored, load_cached, save_cached
+from headprobe.features.cache import (
+    FORMAT_VERSION,
+    as_stored,
+    checksum_algorithm,
+    file_metadata,
+    load_cached,
+    save_cached,
+    store_dtype_of,
+)
+from headprobe.features.parallel_file import ParallelCacheFile
 
 
 @dataclass
 class Features:
-    """features: (N, D) on CPU, float32 (a mapped cache hit: the store dtype); labels: (N,) int64; `cached` says
-    whether it came from disk."""
+    """features: (N, D) on CPU, float32 (mapped from the cache file, a hit or what several processes wrote
+    together: the store dtype); labels: (N,) int64; `cached` says whether it was on disk before this call."""
 
     features: torch.Tensor
     labels: torch.Tensor
@@ -181,7 +197,8 @@ def extract(
     """Features of every image of `dataset` (a `datasets.Dataset` with ``image``/``label``) → `Features`.
 
     `rotation` (degrees, a multiple of 90) rotates each image before preprocessing (rotation probes). `mapped`: a
-    cache hit is memory-mapped from its file instead of loaded whole.
+    cache hit is memory-mapped from its file instead of loaded whole. Several processes with the cache on write the
+    cache file together and each returns it as a hit would be read (`cached` False); see the module's docstring.
     """
     if rotation % 90:
         raise ValueError(f"rotation must be a multiple of 90 degrees, got {rotation}.")
@@ -197,11 +214,26 @@ def extract(
     labels = torch.as_tensor(dataset["label"], dtype=torch.int64)
     if cache:
         hit = load_cached(path, key, n, labels, mapped=mapped, store_dtype=store_dtype)
-        if hit is not None:
+        if every_process(hit is not None, state):
             return Features(hit[0], hit[1], key, True, path)
 
     # Moved outside inference mode: parameters created inside it could never require grad again (tuning).
     backbone.to(state.device)
+    shared = None
+    if cache and state.num_processes > 1:
+        shared = ParallelCacheFile.open(
+            path, {"features": (store_dtype_of(store_dtype), (n, backbone.dim)), "labels": (torch.int64, (n,))},
+            file_metadata(key, description), state, checksum_algorithm())
+    if shared is not None:
+        if state.is_main_process:
+            shared.write("labels", labels)
+        _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation,
+                       into=shared, store_dtype=store_dtype)
+        if shared.commit():
+            hit = load_cached(path, key, n, labels, mapped=mapped, store_dtype=store_dtype)
+            if every_process(hit is not None, state):
+                return Features(hit[0], hit[1], key, False, path)
+    # One process, no cache, or a cache folder the processes cannot write together: gathered (`gather_shards`).
     local = _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation)
     # One process on the CPU: `local` is already the (N, D) result, and .cpu() returns it without a copy.
     feats = gather_shards(local, n, state).cpu()
@@ -213,11 +245,23 @@ def extract(
     return Features(feats, labels, key, False, path if cache else None)
 
 
+def every_process(flag: bool, state) -> bool:
+    """Whether `flag` holds on every process (collective; one process: `flag`). Each process decides a cache hit for
+    itself: they extract together unless every one of them hits."""
+    from headprobe.parallel.collectives import sum_over_ranks
+
+    world = state.num_processes
+    return bool(flag) if world == 1 else sum_over_ranks(int(bool(flag)), world, state.device) == world
+
+
 @torch.inference_mode()
 def _forward_shard(
-    backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation=0
-) -> torch.Tensor:
-    """This process's interleaved shard of the images → (ceil(N / W), D) float32 features on the device.
+    backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation=0,
+    into: ParallelCacheFile | None = None, store_dtype: str = "float32",
+) -> torch.Tensor | None:
+    """This process's interleaved shard of the images (rank r: images r, r + W, ...) → (ceil(N / W), D) float32
+    features on the device; with `into`, each batch is written into its rows of that shared cache file instead
+    (rounded to `store_dtype`), nothing is kept and None is returned.
 
     Batch outputs go straight into their rows of one buffer, allocated at the first batch (which gives D); a
     shard one image short of ceil(N / W) ends in a zero row that `gather_shards` drops. With W = 1: (N, D).
@@ -235,16 +279,22 @@ def _forward_shard(
     for pixels in loader:
         with autocast:
             out = backbone(pixels.to(device, non_blocking=True))
-        if local is None:
-            local = output_buffer((rows, *out.shape[1:]), device)
-        local[start : start + len(out)].copy_(out)  # the cast to float32 of out.float(), without its temporary
+        if into is not None:
+            into.write("features", as_stored(out.float(), store_dtype).cpu(), state.process_index + start * world,
+                       world)
+        else:
+            if local is None:
+                local = output_buffer((rows, *out.shape[1:]), device)
+            local[start : start + len(out)].copy_(out)  # the cast to float32 of out.float(), without its temporary
         start += len(out)
         if task is not None:
             progress.advance(task, len(pixels) * state.num_processes)
-    if local is None:
-        local = output_buffer((rows, backbone.dim), device)
     if start != len(indices):
         raise RuntimeError(f"the backbone returned {start} feature rows for {len(indices)} images.")
+    if into is not None:
+        return None
+    if local is None:
+        local = output_buffer((rows, backbone.dim), device)
     local[start:] = 0
     return local
 
@@ -328,7 +378,6 @@ def extract_views(
     state = state or process_state()
     device = state.device
     precision = effective_precision(precision, device)
-    crop = backbone.preprocess.crop
     spec, normalise = view_transforms(backbone.preprocess, augment)
     key, description = feature_key(backbone, data_info, "train-views", precision, store_dtype)
     description |= {"augment": dataclasses.asdict(spec), "views": views, "seed": seed}
@@ -337,9 +386,47 @@ def extract_views(
     n = len(dataset)
     if cache:
         hit = load_cached(path, key, n, mapped=mapped, store_dtype=store_dtype)
-        if hit is not None:
+        if every_process(hit is not None, state):
             return ViewFeatures(hit[0], hit[1], key, True)
 
+    from headprobe.data.augment import PARAM_NAMES
+
+    total = n * views
+    world = state.num_processes
+    shared = None
+    if cache and world > 1:
+        shared = ParallelCacheFile.open(
+            path, {"features": (store_dtype_of(store_dtype), (n, views, backbone.dim)),
+                   "params": (torch.float32, (n, views, len(PARAM_NAMES)))},
+            file_metadata(key, description, "params"), state, checksum_algorithm())
+    if shared is not None:
+        _forward_views(backbone, dataset, state, spec, normalise, views, seed, batch_size, precision, num_workers,
+                       progress, into=shared, store_dtype=store_dtype)
+        if shared.commit():
+            hit = load_cached(path, key, n, mapped=mapped, store_dtype=store_dtype)
+            if every_process(hit is not None, state):
+                return ViewFeatures(hit[0], hit[1], key, False)
+    # One process, no cache, or a cache folder the processes cannot write together: gathered (`gather_shards`).
+    feats, params = _forward_views(backbone, dataset, state, spec, normalise, views, seed, batch_size, precision,
+                                   num_workers, progress)
+    feats = gather_shards(feats, total, state).cpu().view(n, views, feats.shape[-1])
+    params = gather_shards(params, total, state).cpu().view(n, views, params.shape[-1])
+    stored = as_stored(feats, store_dtype)
+    if cache and state.is_main_process:
+        save_cached(path, key, description, stored, params, second="params", store_dtype=store_dtype)
+    feats.copy_(stored)  # the numbers a cache hit returns
+    return ViewFeatures(feats, params, key, False)
+
+
+def _forward_views(backbone, dataset, state, spec, normalise, views: int, seed: int, batch_size: int,
+                   precision: str, num_workers, progress, into: ParallelCacheFile | None = None,
+                   store_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor] | None:
+    """This process's interleaved share of the N·K views (flat row j = view j % K of image j // K; rank r: rows
+    r, r + W, ...) → (features, params), each (ceil(N·K / W), ·) float32 on the device; with `into`, each batch is
+    written into its rows of that shared cache file instead (features rounded to `store_dtype`), and None."""
+    device = state.device
+    crop = backbone.preprocess.crop
+    n = len(dataset)
     total = n * views
     world = state.num_processes
     items = range(state.process_index, total, world)
@@ -360,23 +447,24 @@ def extract_views(
             pixels = batch[:, :n_pixels].reshape(-1, 3, crop, crop)
             with precision_autocast(device, precision):
                 out = backbone(pixels)
-            if feats is None:
-                feats = output_buffer((rows, *out.shape[1:]), device)
-                params = output_buffer((rows, batch.shape[1] - n_pixels), device)
-            feats[start : start + len(batch)].copy_(out)
-            params[start : start + len(batch)].copy_(batch[:, n_pixels:])
+            if into is not None:
+                first = state.process_index + start * world
+                into.write("features", as_stored(out.float(), store_dtype).cpu(), first, world)
+                into.write("params", batch[:, n_pixels:].float().cpu(), first, world)
+            else:
+                if feats is None:
+                    feats = output_buffer((rows, *out.shape[1:]), device)
+                    params = output_buffer((rows, batch.shape[1] - n_pixels), device)
+                feats[start : start + len(batch)].copy_(out)
+                params[start : start + len(batch)].copy_(batch[:, n_pixels:])
             start += len(batch)
             if task is not None:
                 progress.advance(task, len(batch) * state.num_processes)
+    if into is not None:
+        return None
     if feats is None:
         from headprobe.data.augment import PARAM_NAMES
 
         feats, params = output_buffer((rows, backbone.dim), device), output_buffer((rows, len(PARAM_NAMES)), device)
     feats[start:], params[start:] = 0, 0
-    feats = gather_shards(feats, total, state).cpu().view(n, views, feats.shape[-1])
-    params = gather_shards(params, total, state).cpu().view(n, views, params.shape[-1])
-    stored = as_stored(feats, store_dtype)
-    if cache and state.is_main_process:
-        save_cached(path, key, description, stored, params, second="params", store_dtype=store_dtype)
-    feats.copy_(stored)  # the numbers a cache hit returns
-    return ViewFeatures(feats, params, key, False)
+    return feats, params
