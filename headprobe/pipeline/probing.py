@@ -179,7 +179,7 @@ def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: d
     # A tap probed per seed is compared at its seeds' means.
     taps = taps | {s.tap: dataclasses.replace(taps[s.tap], metrics=s.metrics, per_unit=s.per_unit,
                                               protocol=s.protocol) for s in aggregates}
-    buffer = {head: buffer_verdict(taps, tap, ctx.resamples) | ({} if tap == head else {"tap": tap})
+    buffer = {head: dataclasses.replace(buffer_verdict(taps, tap, ctx.resamples), tap=None if tap == head else tap)
               for head, tap in compared.items()}
     # The paper's questions, each answered from its primary measure with an interval over seeds and test images.
     # Null heads are nulls on a frozen backbone; on a tuned one a `type: random` head trains the backbone like any.
