@@ -115,7 +115,7 @@ def test_the_verdict_counts_the_new_evidence_metric_with_its_declared_direction(
     assert predicted_change("centroid.norm") is None
     taps = {"backbone": {"metrics": {"centroid.acc": 0.9, "centroid.norm": 2.0}},
             "h": {"metrics": {"centroid.acc": 0.6, "centroid.norm": 1.0}}}
-    evidence = buffer_verdict(tap_measures(taps), "h")["evidence"]
+    evidence = buffer_verdict(tap_measures(taps), "h").to_record()["evidence"]
     assert list(evidence) == ["centroid.acc"]
     assert evidence["centroid.acc"]["margin"] == pytest.approx(0.3)  # lower at the head: as the claim predicts
     assert evidence["centroid.acc"]["claim"] == INFORMATION_CLAIM

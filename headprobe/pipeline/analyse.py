@@ -71,11 +71,13 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     record = RecordWriter(run, results, invocation=None, timing={})
     ctx = stages.RunContext(recipe, record, state, show=not quiet)
     inputs = stages.load_backbone(ctx)
-    record.backbone(inputs.backbone.describe(), {"load_s": inputs.load_s})
+    record.add_time({"load_s": inputs.load_s})
+    record.put("backbone", inputs.backbone.describe(), write=False)
     inputs = stages.load_data(ctx, inputs)
-    record.data(inputs.data_record())
+    record.put("data", inputs.data_record())
     features = stages.extract_features(ctx, inputs)
-    record.features(features.protocol, features.seconds)
+    record.add_time(features.seconds)
+    record.put("protocol", features.protocol, merge=True, write=False)
     ctx.reading(features)
     heads = {}
     for spec in recipe.heads:
@@ -88,14 +90,15 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
         heads[spec.name] = stages.HeadPair(head.eval(), predictor.eval() if predictor else None)
     t0 = time.perf_counter()
     for head, geometry in stages.analyse_geometry(ctx, features, heads):
-        record.geometry(head, geometry)
+        record.put(("heads", head, "geometry"), geometry)
     with ctx.stage("answering Q-split and Q-saddle"):
         geometry_claims = answer_geometry_questions(ctx, features, {seeds[0]: heads})
-    record.geometry_claims(geometry_claims)
+    record.put("claims", geometry_claims, merge=True)
     ctx.clock("geometry_s", time.perf_counter() - t0)
     with ctx.stage("checking the cached features read"):
         ctx.verify_cache(final=True)
-    record.recorded_geometry(str(checkpoint.relative_to(run.path)))
+    record.put("geometry_from", str(checkpoint.relative_to(run.path)), write=False)
+    record.put("geometry_timing", record.timing)  # the analysis's own
     if recipe.report:
         stages.write_report(run)
     return results

@@ -27,6 +27,7 @@ from headprobe.pipeline import probing, stages, taps, tuned_seeds
 from headprobe.pipeline.executors import executors_for
 from headprobe.pipeline.geometry_claims import answer_geometry_questions
 from headprobe.pipeline.stages import RunContext, RunError
+from headprobe.pipeline.training_record import record_training
 from headprobe.recipe import Recipe, RecipeError, dump_recipe, expand_sweep, load_recipe, resolve_recipe_data
 from headprobe.recipe.environment import DEFAULT_PEER_TIMEOUT_S, peer_timeout_s
 from headprobe.recipe.folder_names import is_inside
@@ -251,8 +252,8 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     run_dir = RunDir.create(call.path, writable=main)
     run_dir.write_config(dump_recipe(recipe))
     record = RecordWriter(run_dir, results, invocation, resume=call.resume)
-    record.environment(_environment(state) | {"threads": call.threads, "peer_timeout_s": call.peer_timeout_s,
-                                              "collective_timeout_s": collective_timeout_s()})
+    record.put("environment", _environment(state) | {"threads": call.threads, "peer_timeout_s": call.peer_timeout_s,
+                                                     "collective_timeout_s": collective_timeout_s()}, write=False)
     set_seed(recipe.seed)
 
     probes, seeds = executors_for(state)
@@ -260,18 +261,21 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     frozen = recipe.backbone.tune == "frozen"
     with ctx.watching_peers(call.peer_timeout_s), ctx.recording_stops(), tracking(recipe, run_dir) as trackers:
         inputs = stages.load_backbone(ctx, backbone=given)
-        record.backbone(inputs.backbone.describe(), {"load_s": inputs.load_s})
+        record.add_time({"load_s": inputs.load_s})
+        record.put("backbone", inputs.backbone.describe(), write=False)  # written with the data, or a failure
         inputs = stages.load_data(ctx, inputs)
-        record.data(inputs.data_record())
+        record.put("data", inputs.data_record())
         features = stages.extract_features(ctx, inputs)
-        record.features(features.protocol, features.seconds)
+        record.add_time(features.seconds)
+        record.put("protocol", features.protocol, merge=True, write=False)
         ctx.reading(features)  # each stage from here on ends by verifying the cache files it read
         if not frozen:
             # Score the untuned backbone; then, once per seed, tune a copy of it with the heads on views made on the
             # fly and extract every feature again from it, so that "backbone" and the head taps are scored on the
-            # backbone each seed tuned (`tuned_seeds`).
+            # backbone each seed tuned (`tuned_seeds`); the untuned features and views stay recorded beside them.
             _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone_untuned")))
-            record.untuned()
+            record.put("protocol", {"features_untuned": features.protocol["features"],
+                                    "views_untuned": features.protocol.get("views")}, merge=True, write=False)
             tuned_seeds.tune_and_probe(ctx, inputs)
         else:
             # With several processes and heads, the backbone tap is probed with the head taps, so that its probes
@@ -283,21 +287,23 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
                 _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone")))
             if recipe.heads:
                 trained = stages.train_heads(ctx, features)
-                _record_training(ctx, trained)
+                record_training(record, trained, trained.resumed)
+                if trained.seconds is not None:
+                    ctx.announce_estimate("training")
                 if recipe.geometry.final:
                     t0 = time.perf_counter()
                     for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
-                        record.geometry(head, geometry)
+                        record.put(("heads", head, "geometry"), geometry)
                     with ctx.stage("answering Q-split and Q-saddle"):
                         geometry_claims = answer_geometry_questions(ctx, features, trained.by_seed)
                     ctx.clock("geometry_s", time.perf_counter() - t0)
                 _clock_probing(ctx, probing.probe_heads(ctx, features, trained, backbone=with_heads))
                 if recipe.geometry.final:  # after probing, whose answers replace results["claims"]
-                    record.geometry_claims(geometry_claims)
+                    record.put("claims", geometry_claims, merge=True)
 
         with ctx.stage("checking the cached features read"):
             ctx.verify_cache(final=True)
-        record.complete(_orbit_coordinates(results["taps"]))
+        record.complete(orbits=_orbit_coordinates(results["taps"]))
         trackers.log_results(results)
         if recipe.report:
             stages.write_report(run_dir)
@@ -313,13 +319,6 @@ def _clock_probing(ctx: RunContext, seconds: float | None) -> None:
     """A probing stage's seconds into the record, when it ran any probe."""
     if seconds is not None:
         ctx.clock("probe_s", seconds)
-
-
-def _record_training(ctx: RunContext, trained: stages.TrainedHeads) -> None:
-    """The heads trained into the record; the time estimate once it is timed."""
-    ctx.record.training(trained.heads, trained.protocol, trained.seconds, trained.resumed, trained.track_s)
-    if trained.seconds is not None:
-        ctx.announce_estimate("training")
 
 
 # The recipe sections that decide the backbone tap's numbers: runs of a sweep equal in these probe it once.

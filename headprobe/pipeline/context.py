@@ -231,7 +231,7 @@ class RunContext:
     def clock(self, key: str, seconds: float) -> None:
         """`seconds` more of stage `key` into the record; the first probed tap's time is what each other tap will
         cost (the time estimate)."""
-        self.record.add_time(key, seconds)
+        self.record.add_time({key: seconds})
         if key == "probe_s" and self.first_probe_s is None:
             self.first_probe_s = seconds
             self.announce_estimate("probing")
