@@ -28,6 +28,7 @@ from headprobe.backbones import load_backbone
 from headprobe.data import load_data
 from headprobe.data.augment import augment_spec
 from headprobe.features import extract as extraction
+from headprobe.features import views as view_extraction
 from headprobe.features.tensor_file import is_mapped
 from headprobe.parallel.distributed import process_state
 from headprobe.recipe import DataSpec, LimitSpec
@@ -38,15 +39,15 @@ gather = extraction.gather_shards
 if state.num_processes > 1:
     def refused(*args, **kwargs):
         raise AssertionError("the features were gathered onto every process")
-    extraction.gather_shards = refused
+    extraction.gather_shards = view_extraction.gather_shards = refused
 backbone = load_backbone("hf:" + checkpoint)
 data = load_data(DataSpec(limit=LimitSpec(train=37, test=5)))
 options = {"data_info": data.info, "batch_size": batch, "mapped": True, "store_dtype": store_dtype, "state": state}
 record = {}
 for attempt in ("miss", "hit"):
     clean = extraction.extract(backbone, data.train, split="train", **options)
-    views = extraction.extract_views(backbone, data.train, augment=augment_spec("crop-flip"), views=3, seed=0,
-                                     **options)
+    views = view_extraction.extract_views(backbone, data.train, augment=augment_spec("crop-flip"), views=3,
+                                          seed=0, **options)
     record[attempt] = {"cached": [clean.cached, views.cached], "mapped": [is_mapped(clean.features),
                        is_mapped(views.features), is_mapped(views.params)],
                        "files": [str(clean.path), str(extraction.cache_root() / "views" / f"{views.key}.safetensors")]}
@@ -54,7 +55,7 @@ for attempt in ("miss", "hit"):
                 "views": views.features.clone(), "params": views.params.clone()},
                os.path.join(out, f"{attempt}-{state.process_index}.pt"))
 # The fallback: process 0 cannot create the shared file (a read-only cache folder), so the shards are gathered.
-extraction.gather_shards = gather
+extraction.gather_shards = view_extraction.gather_shards = gather
 if state.num_processes > 1:
     from headprobe.features import parallel_file
     def read_only(path, *args):

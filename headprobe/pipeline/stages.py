@@ -22,8 +22,9 @@ from headprobe.backbones import apply_tuning
 from headprobe.backbones import load_backbone as load
 from headprobe.data.augment import augment_spec
 from headprobe.data.loader import pipeline_record
-from headprobe.features.extract import extract, extract_views, load_image
+from headprobe.features.extract import extract, load_image
 from headprobe.features.orbits import extract_orbits
+from headprobe.features.views import extract_views
 from headprobe.geometry.analyse import PARTS, analyse_head, size_estimate
 
 # RunError and write_report are part of the stages' API (pipeline, analyse and the tests use them from here).

@@ -2,7 +2,7 @@
 
 Views are made on the fly, never cached. Step s takes the images and view indices of the cached path,
 ``batch_for_step(s, N, K, B, seed)`` with K = ``augment.views``, and view k of image i is made exactly as
-`features.extract_views` makes it (same `make_view`, crop size and normalisation, via `features.AugmentedViews`),
+`features.views.extract_views` makes it (same `make_view`, crop size and normalisation, via `AugmentedViews`),
 so the backbone sees the same pixels in the same order as on the cached path; only its weights move.
 
 One optimiser holds the backbone's trainable weights and every head (one parameter group each, one
@@ -39,7 +39,8 @@ from torch import nn
 
 from headprobe.backbones.tuning import save_adapter
 from headprobe.data.loader import loader_options
-from headprobe.features.extract import AugmentedViews, effective_precision, view_transforms
+from headprobe.features.extract import effective_precision
+from headprobe.features.views import AugmentedViews, view_transforms
 from headprobe.geometry.pullback import BATCHNORMS
 from headprobe.parallel.atomic import replace_atomically
 from headprobe.parallel.collectives import all_rows, broadcast_buffers
