@@ -75,11 +75,17 @@ def fit_logistic(
     return canonical_parameters(W, b, binary)
 
 
+def _rows(x: Rows | torch.Tensor) -> Rows:
+    """A tensor as `Rows` read in one block, in its own dtype; `Rows` as they are."""
+    return x if isinstance(x, Rows) else Rows.of(x, dtype=x.dtype, block_rows=max(1, len(x)))
+
+
 def free_parameters(
-    init: tuple[torch.Tensor, torch.Tensor] | None, x: Rows, num_classes: int
+    init: tuple[torch.Tensor, torch.Tensor] | None, x: Rows | torch.Tensor, num_classes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`init` = (W: (D, K), b: (K,)) or None (zeros) -> the solver's free variables (D, F), (F,) on x's device, in
-    x's dtype (D: x.dim, the dimension of the probe's coordinates)."""
+    x's dtype (D: the dimension of the probe's coordinates, `Rows.dim`)."""
+    x = _rows(x)
     d, free_classes = x.dim, 1 if num_classes == 2 else num_classes
     if init is None:
         return (torch.zeros(d, free_classes, dtype=x.dtype, device=x.device),
@@ -110,7 +116,7 @@ class FitRecord:
 
 
 def fit_free_parameters(
-    x: Rows,
+    x: Rows | torch.Tensor,
     y: torch.Tensor,
     C: float,
     W: torch.Tensor,
@@ -130,6 +136,7 @@ def fit_free_parameters(
     went. `history` starts L-BFGS with curvature pairs of this very objective; `moments` (`feature_moments`)
     shapes the preconditioner, the diagonal second moments when not given.
     """
+    x = _rows(x)
     n, d = len(x), x.dim
     # The solver's variable is Wᵀ, (F, D): the logits are then formed as Wᵀxᵀ, (F, N), and the weight gradient
     # as gᵀx, the two products CPU BLAS runs fastest for a handful of classes (against x W and xᵀg:
@@ -289,7 +296,7 @@ def feature_moments(x: Rows | torch.Tensor, *, max_rows: int = 2048, max_dim: in
     is computed once per probe. Above `max_dim` the dense eigendecomposition stops paying for itself (its time at
     D = 1024: `benchmarks/results/choices.json`, `logistic_eigh`).
     """
-    rows = x if isinstance(x, Rows) else Rows.of(x, dtype=x.dtype, block_rows=max(1, len(x)))
+    rows = _rows(x)
     n, d, dtype = len(rows), rows.dim, rows.dtype
     if d > max_dim:
         return FeatureMoments(squared_norms(rows) / n)

@@ -85,8 +85,8 @@ class Rows:
         x − mean that `weights` multiply."""
         for start in range(0, len(self), self.block_rows):
             block = self.read(start, min(start + self.block_rows, len(self)))
-            if self.whitening is not None:
-                block = block.to(torch.float64) - self.whitening.mean
+            if self.whitening is not None:  # a float64 copy, centred in place: the tap is never written to
+                block = block.to(torch.float64, copy=True).sub_(self.whitening.mean)
             elif self.mean is not None:
                 block = (block - self.mean) / self.scale  # never in place: a block may be a view of the tap
             yield start, block
