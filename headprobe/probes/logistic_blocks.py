@@ -34,7 +34,7 @@ def loss_and_grad(
     (class 0 fixed at 0). With `curvature`, A is the (F, F) float64 mean softmax Hessian in the logits,
     mean_n diag(p_n) - p_n p_nᵀ (for the class preconditioner), otherwise None. The products run in Wt's
     dtype (rows in another dtype are converted as they are read); whitened rows in float64, with the whitening
-    folded into the weights (`Rows.weights`).
+    folded into the weights (`Rows.logit_weights`).
 
     Written out rather than left to autograd: it reads each row once per product with no saved activations, and
     takes the softmax, the loss and its sum in float64. In float32 the loss is resolved only to ~1e-7 of its
@@ -47,8 +47,7 @@ def loss_and_grad(
     """
     n = len(rows)
     folded = rows.whitening is not None
-    weights = rows.weights(Wt)
-    bias = b.to(weights.dtype)
+    weights, bias = rows.logit_weights(Wt, b)
     classes = Wt.shape[0] + binary
     log_likelihood = torch.zeros((), dtype=torch.float64, device=Wt.device)
     grad_w = torch.zeros_like(weights) if folded else Wt / (C * n)
@@ -75,7 +74,7 @@ def loss_and_grad(
             grad_w.addmm_(g, sub, alpha=1 / n)
             grad_b.add_(g.sum(dim=1), alpha=1 / n)
     if folded:
-        grad_w = rows.pull_back(grad_w).to(Wt.dtype) + Wt / (C * n)
+        grad_w = rows.pull_back(grad_w, grad_b).to(Wt.dtype) + Wt / (C * n)
         grad_b = grad_b.to(b.dtype)
     penalty = torch.linalg.vector_norm(Wt, dtype=torch.float64) ** 2 / (2 * C * n)
     loss = penalty - log_likelihood / n
@@ -130,8 +129,8 @@ def squared_norms(rows: Rows) -> torch.Tensor:
 
 def _logit_weights(rows: Rows, W: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(W (D, K), b (K,)) of the probe -> the weights and intercepts that multiply `rows.blocks()`."""
-    weights = rows.weights(W.T).T
-    return weights, b.to(weights.dtype)
+    weights, bias = rows.logit_weights(W.T, b)
+    return weights.T, bias
 
 
 def validation_scores(rows: Rows, y: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> tuple[int, float]:
@@ -140,7 +139,7 @@ def validation_scores(rows: Rows, y: torch.Tensor, W: torch.Tensor, b: torch.Ten
     correct, log_loss = 0, torch.zeros((), dtype=torch.float64, device=W.device)
     for start, block in rows.blocks():
         labels = y[start : start + len(block)]
-        logits = block @ weights + bias
+        logits = block.to(weights.dtype) @ weights + bias
         correct += int((logits.argmax(dim=1) == labels).sum())
         log_loss += F.cross_entropy(logits.double(), labels, reduction="sum")
     return correct, (log_loss / len(rows)).item()
@@ -151,7 +150,7 @@ def predict(rows: Rows, W: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor,
     weights, bias = _logit_weights(rows, W, b)
     predictions, probabilities = [], []
     for _, block in rows.blocks():
-        logits = block @ weights + bias
+        logits = block.to(weights.dtype) @ weights + bias
         probabilities.append(torch.softmax(logits, dim=1).float().cpu())
         predictions.append(logits.argmax(dim=1).cpu())
     return torch.cat(predictions), torch.cat(probabilities)

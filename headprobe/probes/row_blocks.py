@@ -6,7 +6,8 @@ A tap is anything with `len`, `.shape` (N, D), `.dtype` and row indexing by a sl
 `torch.Tensor` (also a memory-mapped float16 one) or a row source such as the pipeline's tap rows. `Rows` adds
 which rows (an index, e.g. the fitting part of a validation split) and the map the probe sees them through: per
 coordinate standardisation, applied to each block, or the whitening (`headprobe.probes.whitening`), folded into the
-weights instead (`Rows.weights`), since whitening a block (D · r products per row) would cost some 20 times the loss.
+weights instead (`Rows.logit_weights`): whitening each block (D · r products per row) would cost some 20 times the
+loss.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ BLOCK_ROWS = 16_384
 
 @dataclass(frozen=True)
 class Whitening:
-    """z = (x − mean) · projection, float64 (mean (D,), projection (D, r)): applied by folding projection into
-    the weights, `Rows.weights` / `Rows.pull_back`."""
+    """z = (x − mean) · projection, float64 (mean (D,), projection (D, r)): applied by folding it into the
+    weights, `Rows.logit_weights` / `Rows.pull_back`."""
 
     mean: torch.Tensor
     projection: torch.Tensor
@@ -81,28 +82,35 @@ class Rows:
         return rows.to(self.device, self.dtype)
 
     def blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """(start, block) over these rows: standardised blocks in `dtype`, or, whitened, the centred float64 rows
-        x − mean that `weights` multiply."""
+        """(start, block) over these rows, as read and converted to `dtype`, standardised if so; whitened rows come
+        as read, for `logit_weights` to multiply (converted to float64 a cache-sized piece at a time)."""
         for start in range(0, len(self), self.block_rows):
             block = self.read(start, min(start + self.block_rows, len(self)))
-            if self.whitening is not None:  # a float64 copy, centred in place: the tap is never written to
-                block = block.to(torch.float64, copy=True).sub_(self.whitening.mean)
-            elif self.mean is not None:
+            if self.whitening is None and self.mean is not None:
                 block = (block - self.mean) / self.scale  # never in place: a block may be a view of the tap
             yield start, block
 
     def features(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """(start, block) of the rows in the probe's coordinates: `blocks`, whitened (float64) when whitening."""
+        """(start, block) of the rows in the probe's coordinates: `blocks`, or whitened, (x − mean) P in float64."""
         for start, block in self.blocks():
-            yield start, block if self.whitening is None else block @ self.whitening.projection
+            if self.whitening is not None:
+                block = (block.to(torch.float64) - self.whitening.mean) @ self.whitening.projection
+            yield start, block
 
-    def weights(self, Wt: torch.Tensor) -> torch.Tensor:
-        """Wt: (F, dim) in the probe's coordinates -> the (F, D) weights that multiply `blocks`."""
-        return Wt if self.whitening is None else Wt.double() @ self.whitening.projection.T
+    def logit_weights(self, Wt: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Wt: (F, dim), b: (F,) in the probe's coordinates -> the (F, D) weights and (F,) intercepts that give the
+        same logits from `blocks`: Wt and b, or, whitened, W̃ = Wt Pᵀ and b − W̃ mean in float64."""
+        if self.whitening is None:
+            return Wt, b.to(Wt.dtype)
+        weights = Wt.double() @ self.whitening.projection.T
+        return weights, b.double() - weights @ self.whitening.mean
 
-    def pull_back(self, grad: torch.Tensor) -> torch.Tensor:
-        """A gradient (F, D) of weights that multiply `blocks` -> (F, dim) of the probe's weights."""
-        return grad if self.whitening is None else grad @ self.whitening.projection
+    def pull_back(self, grad_w: torch.Tensor, grad_b: torch.Tensor) -> torch.Tensor:
+        """The gradients (F, D), (F,) of `logit_weights`' weights and intercepts -> the gradient (F, dim) of the
+        probe's weights Wt (the intercepts' gradient is the same): (grad_w − grad_b meanᵀ) P when whitened."""
+        if self.whitening is None:
+            return grad_w
+        return (grad_w - grad_b[:, None] * self.whitening.mean) @ self.whitening.projection
 
 
 def check_labelled_rows(name: str, features, labels: torch.Tensor, block_rows: int) -> None:
