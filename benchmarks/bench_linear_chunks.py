@@ -35,6 +35,7 @@ def measure_worker(n: int, d: int, block: int) -> None:
     data = tap(n, d)
     small = dataclasses.replace(data, train_x=data.train_x[:200], train_y=data.train_y[:200],
                                 test_x=data.test_x[:50], test_y=data.test_y[:50])
+    row_blocks.WHOLE_ROWS = 0  # the block size alone decides between the two paths here
     row_blocks.BLOCK_ROWS = 100
     function(small)  # imports, thread pools, kernels, both paths: not the probe's memory
     row_blocks.BLOCK_ROWS = block

@@ -145,7 +145,7 @@ def test_the_probe_in_blocks_chooses_the_same_C_and_predicts_the_same(whitened):
     assert float((chunked.probabilities - whole.probabilities).abs().max()) < 1e-3  # fits to tol = 1e-6
     # One block is the whole computation: a row source read as one block, a tensor, the default block size.
     one = linear_probe(CountingRows(train_x), train_y, test_x, test_y, C_grid=grid, whiten=whitened)
-    assert row_blocks.BLOCK_ROWS >= 1300 and one.metrics == whole.metrics
+    assert row_blocks.WHOLE_ROWS >= 1300 and one.metrics == whole.metrics and one.protocol["block_rows"] is None
     assert torch.equal(one.probabilities, whole.probabilities)
     assert one.protocol["val_log_loss"] == whole.protocol["val_log_loss"]
 
@@ -181,3 +181,20 @@ def test_grouped_split_and_given_validation_rows_in_blocks():
 def test_folding_is_only_for_whitening():
     rows = Rows.of(torch.zeros(3, 2))
     assert rows.dim == 2 and rows.whitened(Whitening(torch.zeros(2), torch.zeros(2, 1))).dim == 1
+
+
+def test_the_default_reads_whole_up_to_whole_rows_and_in_blocks_beyond(monkeypatch):
+    """Without block_rows, a tap of at most WHOLE_ROWS rows is read whole (the fast path) and a longer one in blocks
+    of BLOCK_ROWS, whatever the two constants are."""
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(300, 8, generator=g), torch.arange(300) % 3
+    monkeypatch.setattr(row_blocks, "BLOCK_ROWS", 64)
+    monkeypatch.setattr(row_blocks, "WHOLE_ROWS", 400)
+    whole_source = CountingRows(x)
+    whole = linear_probe(whole_source, y, x[:60], y[:60], C_grid=[1.0])
+    assert whole.protocol["block_rows"] is None and whole_source.most == 300
+    monkeypatch.setattr(row_blocks, "WHOLE_ROWS", 100)
+    blocked_source = CountingRows(x)
+    blocked = linear_probe(blocked_source, y, x[:60], y[:60], C_grid=[1.0])
+    assert blocked.protocol["block_rows"] == 64 and 0 < blocked_source.most <= 64
+    assert torch.equal(whole.predictions, blocked.predictions)

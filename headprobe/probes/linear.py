@@ -155,12 +155,14 @@ def linear_probe(
     5. Score once on test. Test data influences nothing before this step.
 
     Features are read in blocks of at most `block_rows` rows (default `row_blocks.BLOCK_ROWS`, read at the call):
-    when every split fits in one block, as a whole matrix with a whitened copy (earlier versions' numbers, bit for bit);
-    otherwise each fit, score and whitening reads its rows block by block (`x[i:j]` or `x[index]`) and never holds
-    more than a block of them, whitening by folding the map into the weights (float64 products), so the numbers
-    agree with the whole computation to rounding. Features may be tensors (also memory-mapped float16 ones), NumPy
-    arrays or row sources with `len`, `.shape`, `.dtype` and such row indexing.
+    when every split fits in one block (by default: has at most `row_blocks.WHOLE_ROWS` rows), as a whole matrix
+    with a whitened copy (earlier versions' numbers, bit for bit); otherwise each fit, score and whitening reads its
+    rows block by block (`x[i:j]` or `x[index]`) and never holds more than a block of them, whitening by folding the
+    map into the weights (float64 products), so the numbers agree with the whole computation to rounding. Features
+    may be tensors (also memory-mapped float16 ones), NumPy arrays or row sources with `len`, `.shape`, `.dtype` and
+    such row indexing.
     """
+    whole_rows = row_blocks.WHOLE_ROWS if block_rows is None else int(block_rows)
     block_rows = row_blocks.BLOCK_ROWS if block_rows is None else int(block_rows)
     if block_rows < 1:
         raise ValueError(f"block_rows must be positive but got {block_rows}.")
@@ -207,8 +209,10 @@ def linear_probe(
 
     device = torch.device(device) if device is not None else getattr(train_features, "device", torch.device("cpu"))
     dtype = solver_dtype(train_features)
-    # One block: every split whole, as before (a whitened copy; a row source's one block is read as a tensor).
-    whole = max(len(f) for f in (train_features, val_features, test_features) if f is not None) <= block_rows
+    # Every split whole, as before (a whitened copy; a row source's one block is read as a tensor): up to
+    # `row_blocks.WHOLE_ROWS` rows by default, up to `block_rows` when the caller sets it.
+    whole = max(len(f) for f in (train_features, val_features, test_features) if f is not None) <= max(
+        block_rows, whole_rows)
     if whole:
         train_features, val_features, test_features = (
             f if f is None or isinstance(f, torch.Tensor) else f[0 : len(f)]
@@ -359,7 +363,7 @@ def linear_probe(
                       if groups is not None else "stratified by class"),
         "whiten": whitening,
         "standardize": standardize,
-        "block_rows": block_rows,
+        "block_rows": None if whole else block_rows,
         "max_iter": max_iter,
         "tol": tol,
         "seed": seed,

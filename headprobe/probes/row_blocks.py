@@ -19,11 +19,15 @@ import torch
 
 from headprobe.checks import check_finite, check_labelled_split
 
-# Rows of a tap read at once by the linear probe. Taps (and test and validation sets) up to this many rows are
-# read as one block and fitted as before (a whitened copy of the tap, bit-identical results: every tap of the
-# quickstart, rotated ones included); longer ones block by block, holding some 3 blocks (48 MiB per block of
-# 768-d float32 rows, twice that in the float64 products of the whitened probe).
+# Rows of a tap read at once by the linear probe, once it reads in blocks: it then holds some 3 blocks (48 MiB per
+# block of 768-d float32 rows, twice that in the float64 products of the whitened probe).
 BLOCK_ROWS = 16_384
+# Taps (and test and validation sets) of at most this many rows are read whole, as one block, and fitted as before
+# (a whitened copy of the tap, bit-identical results: the quickstart, CIFAR's 50k and Fashion-MNIST's 60k training
+# images, about 530 MiB above the inputs at 65,536 x 768); longer ones block by block. Reading in blocks costs 2.3x
+# the CPU time at 100k x 768 (`benchmarks/results/linear_chunks.json`: each evaluation reads every block again), so
+# it starts where the whole path's memory (~2.5 copies of the tap) is what stops a run, not before.
+WHOLE_ROWS = 65_536
 
 
 @dataclass(frozen=True)

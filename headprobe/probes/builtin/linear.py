@@ -82,7 +82,7 @@ LINEAR = Probe(
     "linear", measure_linear,
     "multinomial L2 logistic regression (C chosen on a validation split of train) + label-MI lower bound",
     options=LinearProbeSpec, check=check_linear, reads=CHUNKS,
-    reads_why="row_blocks.BLOCK_ROWS rows at a time (taps of at most that many rows whole, as one block); holds "
+    reads_why="row_blocks.BLOCK_ROWS rows at a time (taps of at most row_blocks.WHOLE_ROWS rows whole); holds "
               "the labels and split indices (N,), the whitening's mean and (D, r) map, the (D + 1, K) weights and "
               "L-BFGS's pairs, and per test image its prediction and class probabilities (M, K)",
     cost=6.7, cost_source="benchmarks/results/probe_costs.json",
