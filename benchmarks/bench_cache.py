@@ -109,7 +109,7 @@ def main() -> None:
                                     "data": "sklearn-digits", "images": n, "views": VIEWS, "batch_size": BATCH,
                                     "epochs": epochs, "heads": 2, "objective": "vicreg",
                                     "extraction_repeats": big_repeats, "reforward_epochs_timed": reforward_epochs})
-    from headprobe.features.extract import extract_views
+    from headprobe.features.views import extract_views
 
     backbone, data, spec = setup(n)
     dataset = data.train

@@ -13,7 +13,8 @@ from PIL import Image
 
 from headprobe.backbones import Preprocess, load_backbone
 from headprobe.backbones.processor import LIBRARIES, PROCESSORS, ProcessorPreprocess, processor_preprocess
-from headprobe.features.extract import extract, feature_key, normalise_only
+from headprobe.features.extract import extract, feature_key
+from headprobe.features.views import normalise_only
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -28,15 +28,15 @@ def test_any_sweep_spread_is_its_own_piece_of_evidence():
         {"linear.acc": 0.8, "rotation45.orbit.spread_rel": 0.10, "hue.orbit.spread_rel": 0.25,
          "saturation.orbit.spread_rel": 0.25, "rotation45.orbit.curvature": 2.0},
     )), "relu")
-    evidence = result["evidence"]
+    evidence = result.evidence
     assert set(evidence) == {"linear.acc", "rotation45.orbit.spread_rel", "hue.orbit.spread_rel",
                              "saturation.orbit.spread_rel"}
-    assert evidence["rotation45.orbit.spread_rel"]["margin"] == pytest.approx(0.20)  # lower at the head: as claimed
-    assert evidence["hue.orbit.spread_rel"]["margin"] == pytest.approx(-0.05)
-    assert all(e["claim"] == "head more invariant" for k, e in evidence.items() if "orbit" in k)
+    assert evidence["rotation45.orbit.spread_rel"].margin == pytest.approx(0.20)  # lower at the head: as claimed
+    assert evidence["hue.orbit.spread_rel"].margin == pytest.approx(-0.05)
+    assert all(e.claim == "head more invariant" for k, e in evidence.items() if "orbit" in k)
     # Point estimates alone resolve nothing: without per-unit values there is no interval.
-    assert result["verdict"] == "inconclusive" and result["unresolved"] == 4
-    assert all(e["resolved"] == "unresolved" and e["ci95"] is None and "why_unresolved" in e
+    assert result.verdict == "inconclusive" and result.unresolved == 4
+    assert all(e.resolved == "unresolved" and e.ci95 is None and e.why_unresolved is not None
                for e in evidence.values())
 
 
@@ -55,11 +55,11 @@ def test_a_clear_paired_margin_is_resolved_and_a_tiny_one_is_not():
     resamples = {"test images": bootstrap_resamples(450, n_boot=2000, seed=0)}
     samples, tap_metrics = _paired(450, 0, head_gap=0.05)
     clear = buffer_verdict(tap_measures(tap_metrics, samples), "relu", resamples)
-    entry = clear["evidence"]["linear.acc"]
-    assert entry["resolved"] == "for" and clear["verdict"] == "buffer"
-    assert entry["ci95"][0] > 0 and entry["ci95"][0] < entry["margin"] < entry["ci95"][1]
+    entry = clear.evidence["linear.acc"]
+    assert entry.resolved == "for" and clear.verdict == "buffer"
+    assert entry.ci95[0] > 0 and entry.ci95[0] < entry.margin < entry.ci95[1]
     samples, tap_metrics = _paired(450, 1, head_gap=0.002)
-    assert buffer_verdict(tap_measures(tap_metrics, samples), "relu", resamples)["verdict"] == "inconclusive"
+    assert buffer_verdict(tap_measures(tap_metrics, samples), "relu", resamples).verdict == "inconclusive"
 
 
 def test_the_head_doing_better_is_resolved_against():
@@ -68,7 +68,7 @@ def test_the_head_doing_better_is_resolved_against():
     samples = {"backbone": samples["relu"], "relu": samples["backbone"]}
     tap_metrics = {"backbone": tap_metrics["relu"], "relu": tap_metrics["backbone"]}
     out = buffer_verdict(tap_measures(tap_metrics, samples), "relu", resamples)
-    assert out["verdict"] == "no-buffer" and out["evidence"]["linear.acc"]["resolved"] == "against"
+    assert out.verdict == "no-buffer" and out.evidence["linear.acc"].resolved == "against"
 
 
 def _probe_all(x_train, y_train, x_test, y_test, views, name):
@@ -108,7 +108,7 @@ def test_an_untrained_orthogonal_head_gets_no_resolved_evidence():
         resamples = {"test images": bootstrap_resamples(120, 500, seed, strata=y_test),
                      "images with views": bootstrap_resamples(160, 500, seed)}
         out = buffer_verdict(tap_measures({"backbone": b, "relu": h}, {"backbone": pb, "relu": ph}), "relu", resamples)
-        inconclusive += out["verdict"] == "inconclusive"
+        inconclusive += out.verdict == "inconclusive"
     assert inconclusive >= 95
 
 
@@ -121,15 +121,15 @@ def test_a_head_that_discards_the_nuisance_direction_is_resolved_for_on_invarian
     resamples = {"test images": bootstrap_resamples(120, 2000, 0, strata=y_test),
                  "images with views": bootstrap_resamples(160, 2000, 0)}
     out = buffer_verdict(tap_measures({"backbone": b, "relu": h}, {"backbone": pb, "relu": ph}), "relu", resamples)
-    evidence = out["evidence"]
-    assert evidence["view_spread_rel"]["resolved"] == "for" and evidence["view_spread_rel"]["ci95"][0] > 0
+    evidence = out.evidence
+    assert evidence["view_spread_rel"].resolved == "for" and evidence["view_spread_rel"].ci95[0] > 0
     assert "align" not in evidence and "view_cos" not in evidence  # raw invariance describes, it is not evidence
     # A projection cannot add label information, and the class means reach into the dropped coordinate: the
     # (whitened) linear probe's loss is outside its interval's reach of 0, and nothing is against, so the head is a
     # buffer. The label bound, from that probe's log-likelihood at the C chosen for accuracy (0.1 at the backbone, 1
     # at the head here), does not resolve the loss; with the unstandardised probe it did.
-    assert evidence["linear.acc"]["ci95"][0] > 0 and evidence["mi.label"]["resolved"] != "against"
-    assert (out["verdict"], out["against"]) == ("buffer", 0)
+    assert evidence["linear.acc"].ci95[0] > 0 and evidence["mi.label"].resolved != "against"
+    assert (out.verdict, out.against) == ("buffer", 0)
 
 
 def _bunched_world(seed: int, n=160, d=8):
@@ -155,8 +155,8 @@ def test_raw_alignment_rising_does_not_decide_when_relative_alignment_falls():
     resamples = {"images with views": bootstrap_resamples(160, 2000, 0)}
     out = buffer_verdict(tap_measures({"backbone": {"metrics": out_b.metrics}, "relu": {"metrics": out_h.metrics}},
                                       {"backbone": out_b.per_unit, "relu": out_h.per_unit}), "relu", resamples)
-    assert set(out["evidence"]) == {"view_spread_rel"}
-    assert out["evidence"]["view_spread_rel"]["resolved"] == "for" and out["verdict"] == "buffer"
+    assert set(out.evidence) == {"view_spread_rel"}
+    assert out.evidence["view_spread_rel"].resolved == "for" and out.verdict == "buffer"
 
 
 def view_tap(views: torch.Tensor, name: str) -> TapData:
@@ -184,9 +184,9 @@ def test_knn_accuracy_is_class_evidence_like_the_linear_probe():
     tap_metrics = {tap: {"metrics": lin_metrics[tap]["metrics"] | {"knn.k10.acc": samples[tap]["knn.k10.acc"].value()}}
                    for tap in ("backbone", "relu")}
     out = buffer_verdict(tap_measures(tap_metrics, samples), "relu", resamples)
-    knn_entry, linear_entry = out["evidence"]["knn.k10.acc"], out["evidence"]["linear.acc"]
-    assert knn_entry["resolved"] == "against" and linear_entry["resolved"] == "for"
-    assert knn_entry["claim"] == "backbone keeps more" and out["verdict"] == "mixed"
+    knn_entry, linear_entry = out.evidence["knn.k10.acc"], out.evidence["linear.acc"]
+    assert knn_entry.resolved == "against" and linear_entry.resolved == "for"
+    assert knn_entry.claim == "backbone keeps more" and out.verdict == "mixed"
 
 
 def _infonce_taps(backbone_nce: float) -> dict:
@@ -196,14 +196,14 @@ def _infonce_taps(backbone_nce: float) -> dict:
 
 
 def test_a_critic_no_better_than_chance_keeps_infonce_out_of_the_verdict():
-    informative = buffer_verdict(tap_measures(_infonce_taps(0.5)), "relu")["evidence"]["mi.infonce/ceiling"]
-    assert informative["resolved"] == "for" and informative["p"] < 0.05  # three seeds, one clear margin
+    informative = buffer_verdict(tap_measures(_infonce_taps(0.5)), "relu").evidence["mi.infonce/ceiling"]
+    assert informative.resolved == "for" and informative.p < 0.05  # three seeds, one clear margin
     for backbone_nce in (-0.087, 0.0):
         out = buffer_verdict(tap_measures(_infonce_taps(backbone_nce)), "relu")
-        entry = out["evidence"]["mi.infonce/ceiling"]
-        assert entry["resolved"] == "unresolved" and entry["p"] is None and entry["ci95"] is None
-        assert entry["why_unresolved"].startswith("critic uninformative") and out["verdict"] == "inconclusive"
-        assert "0 testable" in out["rule"]
+        entry = out.evidence["mi.infonce/ceiling"]
+        assert entry.resolved == "unresolved" and entry.p is None and entry.ci95 is None
+        assert entry.why_unresolved.startswith("critic uninformative") and out.verdict == "inconclusive"
+        assert "0 testable" in out.rule
 
 
 def rule_as_written_before_the_declarations(metric: str):

@@ -208,12 +208,12 @@ def test_geometry_bad_rows_and_failures_leave_the_run_status_alone(tmp_path, cap
         assert main(["geometry", str(run_dir), "--rows", rows]) == 2
         assert f"--rows = {rows} is out of range" in capsys.readouterr().err
         assert results.read_bytes() == before
-    import headprobe.geometry.analyse as geometry_analyse
+    import headprobe.pipeline.stages as stages
 
     def broken(*args, **kwargs):
         raise FloatingPointError("simulated geometry failure")
 
-    monkeypatch.setattr(geometry_analyse, "analyse_head", broken)
+    monkeypatch.setattr(stages, "analyse_head", broken)  # the name the geometry stage calls
     assert main(["geometry", str(run_dir), "--rows", "16"]) == 1
     assert "simulated geometry failure" in capsys.readouterr().err
     after, recorded = json.loads(results.read_text()), json.loads(before)

@@ -136,7 +136,7 @@ def test_extract_equals_concatenated_batch_outputs_bit_for_bit(setup):
 
 def test_extract_views_writes_into_one_buffer_and_equals_the_batched_forward():
     from headprobe.data.augment import augment_spec
-    from headprobe.features.extract import AugmentedViews, extract_views, view_transforms
+    from headprobe.features.views import AugmentedViews, extract_views, view_transforms
 
     data = load_data(DataSpec(limit=LimitSpec(train=40, test=20)))
     bb, spec = _wide_backbone(), augment_spec("crop-flip")
@@ -159,7 +159,7 @@ def test_features_and_views_are_bitwise_the_same_for_any_worker_count():
     """Every item is a pure function of its index (view k of image i is f(seed, i, k)) and batches come back in
     index order, so 2 worker processes give exactly what the main process gives alone."""
     from headprobe.data.augment import augment_spec
-    from headprobe.features.extract import extract_views
+    from headprobe.features.views import extract_views
 
     data = load_data(DataSpec(limit=LimitSpec(train=40, test=20)))
     bb = _wide_backbone()

@@ -8,6 +8,7 @@ from torch import nn
 # the spy a test below installs (which, imported during that test, it kept: later runs' geometry then failed).
 import headprobe.geometry.analyse  # noqa: F401
 import headprobe.geometry.tracking as tracking
+import headprobe.train.curvature as train_curvature
 from headprobe.geometry import batchnorm_mode, collapse_start
 from headprobe.geometry.collapse import collapse_criterion, collapsed_init, fixed_stat_rows
 from headprobe.recipe import GeometrySpec, HeadSpec, TrainSpec
@@ -85,7 +86,7 @@ def test_tracked_collapse_statistics_are_those_of_the_same_fixed_rows_at_every_s
                        math.exp(float(-(p * p.log()).sum()))))
         return real(head, z1, z2, objective_fn, **kw)
 
-    monkeypatch.setattr(tracking, "curvature_snapshot", spy)
+    monkeypatch.setattr(train_curvature, "curvature_snapshot", spy)  # the name the training loop calls
     track = GeometrySpec(track_every=1, track_rows=4, track_max_iter=8, track_split=False, track_stat_rows=40)
     states, _ = train_heads([HeadSpec(name="bn", act="gelu", width=16, out_dim=8)], views, objective_name="vicreg",
                             objective_options={}, train=TrainSpec(epochs=2, batch_size=8, lr=0.05), seed=0,

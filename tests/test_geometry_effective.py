@@ -141,7 +141,7 @@ def test_whitening_summary_on_known_spectra():
 
 
 def test_simsiam_loss_hessian_in_the_output_is_indefinite():
-    """PAPER.md caveat: the negative cosine has an indefinite ∇²_h L, so claim 1's PSD premise fails -- measured."""
+    """The paper's caveat: the negative cosine has an indefinite ∇²_h L, so claim 1's PSD premise fails -- measured."""
     torch.manual_seed(0)
     predictor = nn.Linear(4, 4).to(F64)
     out = effective_hessian(head("gelu"), views(),

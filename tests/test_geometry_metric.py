@@ -131,7 +131,7 @@ def test_answers_per_head_and_the_depth_trend():
         _measure("d3", {s: [0.3 + 0.01 * j for j in range(4)] for s in seeds},
                  {s: [0.1 + 0.01 * s] * 4 for s in seeds}, {s: [0.5] * 4 for s in seeds}, arch | {"depth": 3}),
     ]
-    claim = answer_metric(measures)["Q-metric"]
+    claim = answer_metric(measures).to_record()
     heads = claim["heads"]
     assert heads["d1"]["answer"] == "does not adapt" and heads["d1"]["ci95"] == [0.0, 0.0]
     assert heads["d2"]["answer"] == heads["d3"]["answer"] == "adapts"
@@ -148,9 +148,9 @@ def test_a_margin_override_changes_the_answer():
 
     m = _measure("h", {0: [0.03, 0.04], 1: [0.03, 0.04]}, {0: [0.3, 0.3], 1: [0.3, 0.3]},
                  {0: [0.3, 0.3], 1: [0.3, 0.3]}, {})
-    assert answer_metric([m])["Q-metric"]["heads"]["h"]["answer"] == "does not adapt"
+    assert answer_metric([m]).heads["h"].answer == "does not adapt"
     small = dataclasses.replace(Q_METRIC, margin=0.01)
-    assert answer_metric([m], small)["Q-metric"]["heads"]["h"]["answer"] == "adapts"
+    assert answer_metric([m], small).heads["h"].answer == "adapts"
 
 
 def test_the_geometry_stage_answers_q_metric_on_a_tiny_recipe(tiny_recipe, tmp_path):

@@ -151,7 +151,7 @@ def test_degeneracy_checks_its_arguments():
 
 
 def test_a_head_trained_for_invariance_collapses_the_augmentation_directions():
-    """PAPER.md claim 5 on a toy: views differ only in 3 nuisance dimensions, VICReg trains the head to ignore them."""
+    """Claim 5 on a toy: views differ only in 3 nuisance dimensions, VICReg trains the head to ignore them."""
     gen = torch.Generator().manual_seed(0)
 
     def views(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:

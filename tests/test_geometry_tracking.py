@@ -226,7 +226,7 @@ def test_split_matches_dense_g_and_m_terms_and_the_loss_hessian_in_h(kind, act, 
     assert out["m_norm_ratio"] == pytest.approx(m_ratio, rel=1e-6, abs=1e-12)
     assert (m_ratio == 0) == (kind == "linear" or (act == "relu" and not bn))
     assert out["dim_loss_h"] == 2 * B * 8 and out["gterm_predictor"] == "in the loss"
-    assert eig["A"][0] < -1e-3 * eig["A"].abs().max()  # SimSiam's ∇²_h L is indefinite (PAPER.md)
+    assert eig["A"][0] < -1e-3 * eig["A"].abs().max()  # SimSiam's ∇²_h L is indefinite (the paper)
 
 
 def test_negative_curvature_is_attributed_to_the_predictor_under_simsiam_and_to_the_head_under_alignment():

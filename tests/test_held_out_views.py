@@ -9,7 +9,7 @@ from headprobe import run
 from headprobe.backbones import load_backbone
 from headprobe.data import load_data
 from headprobe.data.augment import augment_spec
-from headprobe.features.extract import extract_views
+from headprobe.features.views import extract_views
 from headprobe.pipeline.stages import held_out_view_seed
 from headprobe.probes.builtin.invariance import INVARIANCE as invariance
 from headprobe.probes.tap_data import TapData

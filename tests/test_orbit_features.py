@@ -10,8 +10,8 @@ from headprobe.backbones import load_backbone
 from headprobe.data import load_data
 from headprobe.data.cache_dir import cache_root
 from headprobe.data.orbits import ORBIT_SWEEPS, orbit_images
-from headprobe.features.extract import normalise_only
 from headprobe.features.orbits import extract_orbits, orbit_key
+from headprobe.features.views import normalise_only
 from headprobe.recipe import DataSpec, LimitSpec
 
 

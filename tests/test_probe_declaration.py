@@ -115,7 +115,7 @@ def test_the_verdict_counts_the_new_evidence_metric_with_its_declared_direction(
     assert predicted_change("centroid.norm") is None
     taps = {"backbone": {"metrics": {"centroid.acc": 0.9, "centroid.norm": 2.0}},
             "h": {"metrics": {"centroid.acc": 0.6, "centroid.norm": 1.0}}}
-    evidence = buffer_verdict(tap_measures(taps), "h")["evidence"]
+    evidence = buffer_verdict(tap_measures(taps), "h").to_record()["evidence"]
     assert list(evidence) == ["centroid.acc"]
     assert evidence["centroid.acc"]["margin"] == pytest.approx(0.3)  # lower at the head: as the claim predicts
     assert evidence["centroid.acc"]["claim"] == INFORMATION_CLAIM
@@ -183,11 +183,11 @@ def test_every_builtin_probe_declares_how_it_reads_its_tap_and_list_shows_it(cap
         assert probe.reads in READS, f"probe {probe.name!r} does not declare reads= (chunks or whole, with why)"
         assert probe.reads == CHUNKS or probe.reads_why, probe.name
     # The streaming ones are those whose chunk tests compare to the whole computation (tests/test_probes_knn.py,
-    # test_spectrum_chunks.py, test_view_chunks.py).
-    assert {p.name for p in builtin if p.reads == CHUNKS} == {"knn", "spectrum", "invariance", "view_mi"}
+    # test_spectrum_chunks.py, test_view_chunks.py, test_linear_chunks.py).
+    assert {p.name for p in builtin if p.reads == CHUNKS} == {"knn", "spectrum", "invariance", "view_mi", "linear"}
     assert main(["list", "probes"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "reads its tap in chunks" in out and "reads its tap whole: the logistic fits" in out
+    assert "reads its tap in chunks" in out and "reads its tap whole: the full-batch MLP" in out
 
 
 def test_reading_a_tap_whole_needs_a_reason():

@@ -186,7 +186,8 @@ def test_linear_probe_rejects_bad_inputs_with_a_sentence(override, message):
 @pytest.mark.parametrize("binary", [False, True])
 @pytest.mark.parametrize(("n", "d"), [(50, 7), (2000, 700)])  # one row block; several, the last one partial
 def test_hand_written_gradient_equals_autograd_of_the_objective(binary, n, d):
-    from headprobe.probes.logistic import _loss_and_grad, _one_hot
+    from headprobe.probes.logistic_blocks import loss_and_grad
+    from headprobe.probes.row_blocks import Rows
 
     g = torch.Generator().manual_seed(3)
     k, C = 2 if binary else 4, 0.3
@@ -199,7 +200,7 @@ def test_hand_written_gradient_equals_autograd_of_the_objective(binary, n, d):
         logits = torch.cat([torch.zeros_like(logits), logits], dim=1)
     expected = torch.nn.functional.cross_entropy(logits, y) + Wt.pow(2).sum() / (2 * C * n)
     expected.backward()
-    loss, grad_w, grad_b, A = _loss_and_grad(x, _one_hot(y, k), Wt.detach(), b.detach(), C, binary,
+    loss, grad_w, grad_b, A = loss_and_grad(Rows.of(x), y, Wt.detach(), b.detach(), C, binary,
                                              curvature=True)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-14)
     torch.testing.assert_close(grad_w, Wt.grad, rtol=1e-12, atol=1e-14)
@@ -212,7 +213,7 @@ def test_hand_written_gradient_equals_autograd_of_the_objective(binary, n, d):
 
     hessian = torch.autograd.functional.hessian(mean_ce, torch.zeros(free, dtype=torch.float64))
     torch.testing.assert_close(A, hessian, rtol=1e-10, atol=1e-14)
-    assert _loss_and_grad(x, _one_hot(y, k), Wt.detach(), b.detach(), C, binary)[3] is None
+    assert loss_and_grad(Rows.of(x), y, Wt.detach(), b.detach(), C, binary)[3] is None
 
 
 def test_float32_fits_reach_the_gradient_tolerance():
@@ -254,14 +255,15 @@ def _small_problem(binary=False, n=200, d=12, seed=5):
 
 def test_lbfgs_without_preconditioner_retraces_torch_lbfgs():
     from headprobe.probes.lbfgs import minimize
-    from headprobe.probes.logistic import _loss_and_grad, _one_hot
+    from headprobe.probes.logistic_blocks import loss_and_grad
+    from headprobe.probes.row_blocks import Rows
 
     x, y, k = _small_problem()
     n, d = x.shape
-    targets, C = _one_hot(y, k), 2.0
+    C = 2.0
 
     def evaluate(theta):
-        loss, grad_w, grad_b, _ = _loss_and_grad(x, targets, theta[: k * d].view(k, d), theta[k * d :], C, False)
+        loss, grad_w, grad_b, _ = loss_and_grad(Rows.of(x), y, theta[: k * d].view(k, d), theta[k * d :], C, False)
         return float(loss), torch.cat([grad_w.flatten(), grad_b])
 
     theta0 = torch.zeros(k * d + k, dtype=torch.float64)
@@ -286,7 +288,9 @@ def test_lbfgs_without_preconditioner_retraces_torch_lbfgs():
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
-    from headprobe.probes.logistic import _loss_and_grad, _one_hot, shift_curvature_pairs
+    from headprobe.probes.logistic import shift_curvature_pairs
+    from headprobe.probes.logistic_blocks import loss_and_grad
+    from headprobe.probes.row_blocks import Rows
 
     x, y, k = _small_problem(binary)
     n, d = x.shape
@@ -295,7 +299,7 @@ def test_shifted_curvature_pairs_equal_pairs_taken_at_the_new_C(binary):
     points = [torch.randn(free * d + free, generator=g, dtype=torch.float64) for _ in range(3)]
 
     def gradient(theta, C):
-        _, grad_w, grad_b, _ = _loss_and_grad(x, _one_hot(y, k), theta[: free * d].view(free, d),
+        _, grad_w, grad_b, _ = loss_and_grad(Rows.of(x), y, theta[: free * d].view(free, d),
                                               theta[free * d :], C, binary)
         return torch.cat([grad_w.flatten(), grad_b])
 
@@ -387,7 +391,9 @@ def test_a_stalled_float32_fit_is_finished_in_float64_and_meets_the_tolerance():
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_refit_pairs_are_exact_when_only_the_standardisation_changes(binary):
-    from headprobe.probes.logistic import _loss_and_grad, _one_hot, refit_curvature_pairs
+    from headprobe.probes.logistic import refit_curvature_pairs
+    from headprobe.probes.logistic_blocks import loss_and_grad
+    from headprobe.probes.row_blocks import Rows
 
     raw, y, k = _small_problem(binary)
     n, d = raw.shape
@@ -395,11 +401,10 @@ def test_refit_pairs_are_exact_when_only_the_standardisation_changes(binary):
     mean_a, scale_a = raw.mean(0), raw.std(0)
     mean_b, scale_b = raw[: n // 2].mean(0), raw[: n // 2].std(0)  # another standardisation of the same rows
     ratio, shift = scale_b / scale_a, (mean_b - mean_a) / scale_a
-    targets = _one_hot(y, k)
 
     def gradient(theta, mean, scale):
         x = (raw - mean) / scale
-        _, grad_w, grad_b, _ = _loss_and_grad(x, targets, theta[: free * d].view(free, d), theta[free * d :], C,
+        _, grad_w, grad_b, _ = loss_and_grad(Rows.of(x), y, theta[: free * d].view(free, d), theta[free * d :], C,
                                               binary)
         return torch.cat([grad_w.flatten(), grad_b])
 

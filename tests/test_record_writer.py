@@ -45,8 +45,7 @@ def test_a_resumed_run_takes_the_finished_taps_their_values_and_the_times_it_doe
     first = _writer(tmp_path)
     first.open_unit("backbone", None, 0, None)
     first.probe("backbone", None, "linear", _output(math.nan))
-    first.add_time("probe_s", 4.0)
-    first.add_time("extract_s", 9.0)
+    first.add_time({"probe_s": 4.0, "extract_s": 9.0})
     first.stop("interrupted", "running probe 'knn'", "interrupted (KeyboardInterrupt)")
     with pytest.raises(RecipeError, match="already holds a run; pass --resume"):
         RecordWriter.begin(RECIPE, tmp_path, resume=False, refuse_existing=True)
@@ -58,7 +57,7 @@ def test_a_resumed_run_takes_the_finished_taps_their_values_and_the_times_it_doe
     assert [i["status"] for i in resumed.record["invocations"]] == ["interrupted", "running"]
     assert resumed.open_unit("backbone", None, 0, None) == {"linear"}
     assert torch.equal(resumed.per_unit["backbone"]["linear.acc"].values, torch.tensor([1.0, 0.0, 1.0]))
-    resumed.complete({})
+    resumed.complete(orbits={})
     record, _, finished = RecordWriter.begin(RECIPE, tmp_path, resume=True, refuse_existing=True)
     assert finished["status"] == "complete" and finished["invocations"][-1]["status"] == "complete"
     with pytest.raises(RecipeError, match="--resume needs --out pointing at an earlier run"):
@@ -67,13 +66,14 @@ def test_a_resumed_run_takes_the_finished_taps_their_values_and_the_times_it_doe
 
 def test_an_analysis_of_a_finished_run_keeps_its_timing_and_status(tmp_path):
     writer = _writer(tmp_path)
-    writer.add_time("probe_s", 4.0)
-    writer.complete({})
+    writer.add_time({"probe_s": 4.0})
+    writer.complete(orbits={})
     finished = json.loads((tmp_path / "results.json").read_text())
     analysis = RecordWriter(RunDir(tmp_path), finished, invocation=None, timing={})
-    analysis.add_time("load_s", 1.5)
+    analysis.add_time({"load_s": 1.5})
     assert not analysis.stop("failed", "analysing", "boom")  # a recorded run's status stays
-    analysis.recorded_geometry("checkpoints/step-4.pt")
+    analysis.put("geometry_from", "checkpoints/step-4.pt", write=False)
+    analysis.put("geometry_timing", analysis.timing)
     again = json.loads((tmp_path / "results.json").read_text())
     assert again["timing"] == {"probe_s": 4.0} and again["geometry_timing"] == {"load_s": 1.5}
     assert again["status"] == "complete" and "error" not in again
@@ -144,7 +144,7 @@ def test_probes_recorded_together_are_written_with_their_stores(tmp_path, monkey
     writer = _writer(tmp_path)
     writer.open_unit("relu", "relu", 1, 0)
     writer.probe("relu", 0, "linear", _output(2 / 3), write=False)
-    writer.add_time("probe_s", 1.0)
+    writer.add_time({"probe_s": 1.0})
     writer.write()  # the next write of results.json, whatever calls it
     assert (tmp_path / "per_unit" / f"{unit_key('relu', 0)}.safetensors").is_file()
 

@@ -149,11 +149,12 @@ def test_geometry_answers_are_rows_with_their_value_interval_and_count():
                                        False, True)])
     states = [state(h, s, i, h == "swish" and i != 0) for h in ("relu", "swish") for s in range(3) for i in range(20)]
     saddle = answer_saddle({"simsiam": states}, "sizes")
-    rows = claims_rows({"r": {"claims": split | saddle}}, secondary=True)
+    rows = claims_rows({"r": {"claims": {"Q-split": split.to_record(), "Q-saddle": saddle.to_record()}}},
+                      secondary=True)
     by = {(r["question"], r["head"], r["measure"]): r for r in rows}
     share = by[("Q-split", "relu_bn", "m_share.batch")]
     assert share["answer"] == "M > 0" and share["value"] == pytest.approx(0.2625)
-    low, high = split["Q-split"]["heads"]["relu_bn"]["ci95"]
+    low, high = split.heads["relu_bn"].interval["ci95"]
     assert paper_cell(share) == f"0.263 [{low:.3g}, {high:.3g}] (2×2)"
     running = by[("Q-split", "relu_bn", "m_share.running")]
     assert running["role"] == "secondary" and running["answer"] == "M = 0" and running["value"] == 0

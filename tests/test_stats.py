@@ -124,7 +124,8 @@ def test_a_head_that_shrinks_orbits_is_resolved_for_on_the_spread_ratio():
     taps = {"backbone": {"metrics": {"s.orbit.spread_rel": backbone.value()}},
             "h": {"metrics": {"s.orbit.spread_rel": head.value()}}}
     per_unit = {"backbone": {"s.orbit.spread_rel": backbone}, "h": {"s.orbit.spread_rel": head}}
-    out = buffer_verdict(tap_measures(taps, per_unit), "h", {"orbit images": bootstrap_resamples(40, seed=0)})
+    resamples = {"orbit images": bootstrap_resamples(40, seed=0)}
+    out = buffer_verdict(tap_measures(taps, per_unit), "h", resamples).to_record()
     entry = out["evidence"]["s.orbit.spread_rel"]
     assert entry["resolved"] == "for" and entry["ci95"][0] > 0 and out["verdict"] == "buffer"
 

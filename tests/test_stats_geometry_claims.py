@@ -20,7 +20,7 @@ def test_split_answers_follow_the_interval_and_say_the_prediction():
     measures = [SplitMeasure("relu", {0: [0.0] * 4, 1: [0.0] * 4}, {0: [0.0] * 4, 1: [0.0] * 4}, True, True),
                 SplitMeasure("relu_bn", {0: [0.2, 0.3], 1: [0.25, 0.3]}, {0: [0.0, 0.0], 1: [0.0, 0.0]}, False, True),
                 SplitMeasure("swish", {0: [0.0, 0.4]}, {0: [0.0, 0.4]}, False, False)]
-    claim = answer_split(measures)["Q-split"]
+    claim = answer_split(measures).to_record()
     heads = claim["heads"]
     assert claim["primary"] == Q_SPLIT.primary and claim["margin"] == Q_SPLIT.margin
     assert heads["relu"]["answer"] == "M = 0" and heads["relu"]["ci95"] == [0.0, 0.0]
@@ -44,7 +44,7 @@ def test_saddle_answers_per_head_and_the_difference():
     states.append(state("relu", 0, 99, True, collapsed=False))  # not collapsed: never counted
     target = [state(h, s, i, h == "swish") for h in ("linear", "relu", "swish", "gelu") for s in range(3)
               for i in range(20)]
-    claim = answer_saddle({"simsiam": states, "target": target}, "sizes")["Q-saddle"]
+    claim = answer_saddle({"simsiam": states, "target": target}, "sizes").to_record()
     heads = claim["heads"]
     assert heads["relu"]["n_negative"] == 0 and heads["relu"]["n_collapsed"] == 60 and heads["relu"]["n_states"] == 61
     assert heads["relu"]["answer"] == "not a saddle"
@@ -76,7 +76,7 @@ def test_saddle_answers_each_batchnorm_arm_apart_with_the_head_batchnorms_share(
                for s in range(3) for i in range(10)]
     target = [armed(h, s, i, arm, arm == "bn_head") for h in ("relu", "swish") for arm in arms[:2]
               for s in range(3) for i in range(10)]
-    heads = answer_saddle({"simsiam": simsiam, "target": target}, "sizes")["Q-saddle"]["heads"]
+    heads = answer_saddle({"simsiam": simsiam, "target": target}, "sizes").to_record()["heads"]
     assert heads["relu"]["answer"] == "not a saddle" and heads["relu+bn_head"]["answer"] == "saddle"
     assert heads["relu+bn_head"]["arm"] == "bn_head" and heads["relu+bn_head"]["n_collapsed"] == 30
     assert heads["relu+bn_head"]["head_bn_share_of_m_median"] == pytest.approx(0.8)

@@ -19,13 +19,13 @@ def _measure(drop: float, premise=PSD) -> WhitenMeasure:
 
 @pytest.mark.parametrize(("drop", "answer"), [(0.2, "yes"), (0.0, "no"), (0.05, "undecided")])
 def test_the_answer_follows_the_interval_against_the_margin(drop, answer):
-    record = answer_whiten([_measure(drop)])["Q-whiten"]["heads"]["lin"]
+    record = answer_whiten([_measure(drop)]).to_record()["heads"]["lin"]
     assert record["answer"] == answer and record["n_seeds"] == 3 and record["n_units"] == 4
     assert record["line"].startswith("Q-whiten: lin head isotropy error") and record["line"].endswith(answer)
 
 
 def test_an_indefinite_loss_hessian_withholds_the_answer():
-    record = answer_whiten([_measure(0.2, INDEFINITE)])["Q-whiten"]["heads"]["lin"]
+    record = answer_whiten([_measure(0.2, INDEFINITE)]).to_record()["heads"]["lin"]
     assert record["answer"] == "withheld" and "premise fails: ∇²_h L is indefinite" in record["line"]
 
 
@@ -36,4 +36,4 @@ def test_the_margin_is_declared_once_and_overridable():
         check_claims_section({"Q-whiten": {"primary": "x"}})
     question, recorded = with_override(Q_WHITEN, {"Q-whiten": {"margin": 0.3}})
     assert question.margin == 0.3 and recorded == ("Q-whiten", {"margin": 0.3})
-    assert answer_whiten([_measure(0.2)], question)["Q-whiten"]["heads"]["lin"]["answer"] == "no"
+    assert answer_whiten([_measure(0.2)], question).heads["lin"].answer == "no"

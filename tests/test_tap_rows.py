@@ -15,6 +15,7 @@ from headprobe.pipeline.taps import HeadLayers, head_taps, tap_data
 from headprobe.probes import spectrum
 from headprobe.probes.builtin.invariance import INVARIANCE
 from headprobe.probes.builtin.knn import KNN
+from headprobe.probes.builtin.linear import LINEAR
 from headprobe.probes.builtin.spectrum import SPECTRUM
 from headprobe.probes.builtin.view_mi import VIEW_MI
 from headprobe.probes.tap_data import TapData
@@ -211,6 +212,12 @@ def test_spectrum_on_rows_equals_the_whole_tap(monkeypatch):
     assert_same_output(SPECTRUM(data), SPECTRUM(whole(data)))
 
 
+def test_the_linear_probe_on_rows_equals_the_whole_tap():
+    data = tap()
+    assert_same_output(LINEAR(data, block_rows=64), LINEAR(whole(data), block_rows=64))
+    assert_same_output(LINEAR(data), LINEAR(whole(data)))
+
+
 def test_view_probes_on_rows_equal_the_whole_tap():
     data = tap()
     assert_same_output(INVARIANCE(data, chunk_rows=50), INVARIANCE(whole(data), chunk_rows=50))
@@ -225,7 +232,7 @@ def test_chunked_probes_ask_the_head_for_at_most_a_block_of_rows(monkeypatch):
     layers = Recording(HeadLayers(head(8, 12), 2))
     data = tap(layers=layers, block_rows=40)
     for probe, options in ((KNN, {"ks": [5]}), (SPECTRUM, {}), (INVARIANCE, {"chunk_rows": 50}),
-                           (VIEW_MI, {"chunk_rows": 50, "batch_size": 16})):
+                           (VIEW_MI, {"chunk_rows": 50, "batch_size": 16}), (LINEAR, {"block_rows": 64})):
         probe(data, **options)
     assert layers.calls > 10 and layers.largest <= 40  # views: 20 images x 2 views a block
     layers.largest = 0

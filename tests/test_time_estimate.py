@@ -68,10 +68,10 @@ def test_run_context_prints_it_after_the_first_probe_and_after_training(capsys):
     assert capsys.readouterr().err.startswith("time estimate: ~18 s more: probing 6 head taps (3.0 s per tap")
     ctx.clock("probe_s", 1.0)  # a second probe: no second line
     assert capsys.readouterr().err == "" and results["timing"]["probe_s"] == 4.0
-    ctx.record.training_time(64.0, resumed=False)
+    ctx.record.add_time({"train_s": 64.0}, restart=True)
     ctx.announce_estimate("training")
     assert capsys.readouterr().err.startswith("training took 64 s; time estimate: ~18 s more")
     quiet = _context({"timing": {}, "taps": {}}, show=False)
-    quiet.record.training_time(1.0, resumed=False)
+    quiet.record.add_time({"train_s": 1.0}, restart=True)
     quiet.announce_estimate("training")
     assert capsys.readouterr().err == ""  # quiet runs print nothing

@@ -13,7 +13,7 @@ from headprobe import run
 from headprobe.backbones import apply_tuning, load_backbone
 from headprobe.data import load_data
 from headprobe.data.augment import augment_spec
-from headprobe.features.extract import extract_views
+from headprobe.features.views import extract_views
 from headprobe.recipe import DataSpec, HeadSpec, LimitSpec, TrainSpec
 from headprobe.train.cached_views import batch_for_step
 from headprobe.train.tuned import StepViews, save_tuned_backbone, train_tuned, trainable_state

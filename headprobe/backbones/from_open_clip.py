@@ -15,6 +15,7 @@ from torch import nn
 
 from .base import Backbone, BackboneNotFoundError, Preprocess
 from .blocks import wrap_blocks
+from .hf import cache_first
 from .pooling import FINAL
 from .processor import processor_preprocess
 
@@ -124,7 +125,6 @@ def load_open_clip(
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise ValueError(f"{id}: open_clip has no architecture {arch!r} (see open_clip.list_models()).{hint}")
     pretrained = _check_weights(open_clip, id, arch, weights) if weights else None
-    from .hf import cache_first
 
     def create():
         return open_clip.create_model_and_transforms(arch, pretrained=pretrained, force_image_size=resolution)[0]

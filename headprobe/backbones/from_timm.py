@@ -18,6 +18,7 @@ from torch import nn
 
 from .base import Backbone, BackboneNotFoundError, Preprocess
 from .blocks import wrap_blocks
+from .hf import cache_first
 from .pooling import FINAL
 from .processor import processor_preprocess
 
@@ -187,7 +188,6 @@ def load_timm(
         _load_file(model, path, id)
         source = f"weights file {path}"
     else:
-        from .hf import cache_first
 
         try:
             model = cache_first(lambda: _create(timm, name, id, pretrained=True, resolution=resolution))

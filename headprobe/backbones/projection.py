@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from . import load_backbone
+from .from_open_clip import open_clip_image_projection
+from .hf import load_hf_image_projection
+
 __all__ = ["ImageProjection", "ProjectionRecord", "load_image_projection", "projection_expects"]
 
 
@@ -81,7 +85,6 @@ def load_image_projection(id: str, *, seed: int = 0, revision: str | None = None
     as the backbone's: an untagged open_clip architecture is initialised from them, so its projection is the
     backbone's own."""
     if id.startswith("hf:"):
-        from .hf import load_hf_image_projection
 
         linear = load_hf_image_projection(id[3:], revision)
         weight, bias = linear.weight.detach(), (linear.bias.detach() if linear.bias is not None else None)
@@ -90,8 +93,6 @@ def load_image_projection(id: str, *, seed: int = 0, revision: str | None = None
                                   list(weight.shape), _digest(weight), expects)
         return ImageProjection(weight, bias, record)
     if id.startswith("open_clip:"):
-        from . import load_backbone
-        from .from_open_clip import open_clip_image_projection
 
         # The backbone's own loader and seed: an untagged architecture's random projection is the backbone's.
         visual = load_backbone(id, pooling="pooler", resolution=resolution, seed=seed).model

@@ -12,8 +12,10 @@ import torch
 from torch import nn
 
 from ..registry import SCRATCH_MODELS, UnknownNameError
+from . import call_with_options
 from .base import Backbone, Preprocess, seeded
 from .blocks import wrap_blocks
+from .from_timm import wrap_timm_model
 from .pooling import FINAL
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -22,7 +24,6 @@ CIFAR_PREPROCESS = Preprocess(resize=32, crop=32, mean=CIFAR10_MEAN, std=CIFAR10
 
 
 def load_scratch(name: str, **options) -> Backbone:
-    from . import call_with_options
 
     try:
         factory = SCRATCH_MODELS.get(name)
@@ -94,7 +95,6 @@ def vit_tiny(
     seed: int = 0,
 ) -> Backbone:
     """ViT-Tiny: patch 4, dim 192, 3 pre-norm blocks, 3 heads, MLP 768, class token; 192-d features."""
-    from .from_timm import wrap_timm_model
 
     preprocess = _preprocess(resolution)
     with seeded(seed):

@@ -25,8 +25,8 @@ from headprobe.features.tensor_file import changed_mappings, checksum_hasher, ma
 from headprobe.parallel.atomic import replace_atomically
 
 __all__ = ["FORMAT_VERSION", "STORE_DTYPES", "CacheChangedError", "UnchangedCache", "as_float32", "as_stored",
-           "checksum_algorithm", "load_cached", "save_cached", "save_cached_streamed", "store_dtype_of",
-           "tensor_checksum"]
+           "checksum_algorithm", "file_metadata", "load_cached", "save_cached", "save_cached_streamed",
+           "store_dtype_of", "tensor_checksum"]
 
 FORMAT_VERSION = 2  # 2: per-tensor checksums in the metadata
 # features.store_dtype → the dtype the cache file holds the features in.
@@ -121,6 +121,11 @@ def load_cached(path: Path, key: str, n: int, labels: torch.Tensor | None = None
 _UNWRITABLE: set[Path] = set()
 
 
+def file_metadata(key: str, description: dict, second: str = "labels") -> dict[str, str]:
+    """A cache file's metadata but its checksums (which every writer adds under "checksums", as JSON)."""
+    return {"key": key, "second": second, "description": json.dumps(description, default=str)}
+
+
 def save_cached(
     path: Path, key: str, description: dict, feats: torch.Tensor, labels: torch.Tensor, second: str = "labels",
     store_dtype: str = "float32",
@@ -132,8 +137,7 @@ def save_cached(
 
     tensors = {"features": as_stored(feats, store_dtype).contiguous(), second: labels.contiguous()}
     checksums = {name: tensor_checksum(t) for name, t in tensors.items()}
-    metadata = {"key": key, "second": second, "checksums": json.dumps(checksums),
-                "description": json.dumps(description, default=str)}
+    metadata = file_metadata(key, description, second) | {"checksums": json.dumps(checksums)}
     return _write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
@@ -144,7 +148,7 @@ def save_cached_streamed(path: Path, key: str, description: dict,
     `tensor_file.write_streamed`): one chunk is held at a time, so a cache larger than memory can be written."""
     if set(tensors) != {"features", second}:
         raise ValueError(f"a cache file holds 'features' and {second!r}, got {sorted(tensors)}")
-    metadata = {"key": key, "second": second, "description": json.dumps(description, default=str)}
+    metadata = file_metadata(key, description, second)
     return _write_atomically(path, lambda tmp: write_streamed(tmp, tensors, metadata, checksum_algorithm()))
 
 

@@ -12,15 +12,22 @@ written (read-only, full) is reported once and the run carries on uncached. What
 the backbone at every step, as solo-learn and lightly train: 322x per epoch of head training, and a first run
 within 1.09x of the bare backbone forwards (`benchmarks/bench_cache.py`, `benchmarks/results/cache.json`).
 
-In a multi-process run each process extracts an interleaved shard of the
-images and the shards are gathered into one index-addressed buffer, so the
-result is the same for any number of processes.
+In a multi-process run each process extracts an interleaved shard of the images (rank r: r, r + W, ...). With the
+cache on, every process writes its rows straight into the one cache file (`parallel_file.ParallelCacheFile`:
+created at its final size under a temporary name, sealed with its checksums and renamed by process 0), and then
+every process reads that file as a cache hit (memory-mapped with `mapped=True`): nothing is gathered, and no process
+holds more of the features than the batch it writes. The file is the one a single process writes, so the result is
+the same for any number of processes, and a later run with any number hits it. Processes decide together: a hit
+only where every process hits. The fallback, where the processes cannot all write the file (`cache=False`, a
+read-only cache folder, one not shared between nodes) or completing it failed: the shards are gathered into one
+(N, D) buffer on every process (`gather_shards`), and process 0 writes the cache file if it can.
 
 Memory: each extraction allocates its output once, when the first batch gives the feature width, and
 writes every batch into its rows; batch outputs are never collected and concatenated. In one process on
 the CPU the returned tensor is that buffer, so extraction holds one (N, D) copy of the features (one on
 the device and one on the CPU when extracting on a GPU). A cache hit is loaded whole, or with `mapped=True`
-memory-mapped from its file (`tensor_file`), read only where it is indexed.
+memory-mapped from its file (`tensor_file`), read only where it is indexed. Several processes writing the cache
+hold one batch each (`benchmarks/results/parallel_extract.json`).
 
 Store dtype (`store_dtype`, `features.store_dtype`): the cache holds the features as float32, float16 or bfloat16
 (`features.cache`), and the dtype is part of the key. Freshly extracted features are rounded to it in place before
@@ -46,13 +53,22 @@ import torch
 
 from headprobe.data.cache_dir import cache_root
 from headprobe.data.loader import ImageDecodeError, loader_options
-from headprobe.features.cache import FORMAT_VERSION, as_stored, load_cached, save_cached
+from headprobe.features.cache import (
+    FORMAT_VERSION,
+    as_stored,
+    checksum_algorithm,
+    file_metadata,
+    load_cached,
+    save_cached,
+    store_dtype_of,
+)
+from headprobe.features.parallel_file import ParallelCacheFile
 
 
 @dataclass
 class Features:
-    """features: (N, D) on CPU, float32 (a mapped cache hit: the store dtype); labels: (N,) int64; `cached` says
-    whether it came from disk."""
+    """features: (N, D) on CPU, float32 (mapped from the cache file, a hit or what several processes wrote
+    together: the store dtype); labels: (N,) int64; `cached` says whether it was on disk before this call."""
 
     features: torch.Tensor
     labels: torch.Tensor
@@ -181,7 +197,8 @@ def extract(
     """Features of every image of `dataset` (a `datasets.Dataset` with ``image``/``label``) → `Features`.
 
     `rotation` (degrees, a multiple of 90) rotates each image before preprocessing (rotation probes). `mapped`: a
-    cache hit is memory-mapped from its file instead of loaded whole.
+    cache hit is memory-mapped from its file instead of loaded whole. Several processes with the cache on write the
+    cache file together and each returns it as a hit would be read (`cached` False); see the module's docstring.
     """
     if rotation % 90:
         raise ValueError(f"rotation must be a multiple of 90 degrees, got {rotation}.")
@@ -197,11 +214,26 @@ def extract(
     labels = torch.as_tensor(dataset["label"], dtype=torch.int64)
     if cache:
         hit = load_cached(path, key, n, labels, mapped=mapped, store_dtype=store_dtype)
-        if hit is not None:
+        if every_process(hit is not None, state):
             return Features(hit[0], hit[1], key, True, path)
 
     # Moved outside inference mode: parameters created inside it could never require grad again (tuning).
     backbone.to(state.device)
+    shared = None
+    if cache and state.num_processes > 1:
+        shared = ParallelCacheFile.open(
+            path, {"features": (store_dtype_of(store_dtype), (n, backbone.dim)), "labels": (torch.int64, (n,))},
+            file_metadata(key, description), state, checksum_algorithm())
+    if shared is not None:
+        if state.is_main_process:
+            shared.write("labels", labels)
+        _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation,
+                       into=shared, store_dtype=store_dtype)
+        if shared.commit():
+            hit = load_cached(path, key, n, labels, mapped=mapped, store_dtype=store_dtype)
+            if every_process(hit is not None, state):
+                return Features(hit[0], hit[1], key, False, path)
+    # One process, no cache, or a cache folder the processes cannot write together: gathered (`gather_shards`).
     local = _forward_shard(backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation)
     # One process on the CPU: `local` is already the (N, D) result, and .cpu() returns it without a copy.
     feats = gather_shards(local, n, state).cpu()
@@ -213,11 +245,23 @@ def extract(
     return Features(feats, labels, key, False, path if cache else None)
 
 
+def every_process(flag: bool, state) -> bool:
+    """Whether `flag` holds on every process (collective; one process: `flag`). Each process decides a cache hit for
+    itself: they extract together unless every one of them hits."""
+    from headprobe.parallel.collectives import sum_over_ranks
+
+    world = state.num_processes
+    return bool(flag) if world == 1 else sum_over_ranks(int(bool(flag)), world, state.device) == world
+
+
 @torch.inference_mode()
 def _forward_shard(
-    backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation=0
-) -> torch.Tensor:
-    """This process's interleaved shard of the images → (ceil(N / W), D) float32 features on the device.
+    backbone, dataset, state, batch_size, precision, num_workers, progress, split, rotation=0,
+    into: ParallelCacheFile | None = None, store_dtype: str = "float32",
+) -> torch.Tensor | None:
+    """This process's interleaved shard of the images (rank r: images r, r + W, ...) → (ceil(N / W), D) float32
+    features on the device; with `into`, each batch is written into its rows of that shared cache file instead
+    (rounded to `store_dtype`), nothing is kept and None is returned.
 
     Batch outputs go straight into their rows of one buffer, allocated at the first batch (which gives D); a
     shard one image short of ceil(N / W) ends in a zero row that `gather_shards` drops. With W = 1: (N, D).
@@ -235,148 +279,21 @@ def _forward_shard(
     for pixels in loader:
         with autocast:
             out = backbone(pixels.to(device, non_blocking=True))
-        if local is None:
-            local = output_buffer((rows, *out.shape[1:]), device)
-        local[start : start + len(out)].copy_(out)  # the cast to float32 of out.float(), without its temporary
+        if into is not None:
+            into.write("features", as_stored(out.float(), store_dtype).cpu(), state.process_index + start * world,
+                       world)
+        else:
+            if local is None:
+                local = output_buffer((rows, *out.shape[1:]), device)
+            local[start : start + len(out)].copy_(out)  # the cast to float32 of out.float(), without its temporary
         start += len(out)
         if task is not None:
             progress.advance(task, len(pixels) * state.num_processes)
-    if local is None:
-        local = output_buffer((rows, backbone.dim), device)
     if start != len(indices):
         raise RuntimeError(f"the backbone returned {start} feature rows for {len(indices)} images.")
+    if into is not None:
+        return None
+    if local is None:
+        local = output_buffer((rows, backbone.dim), device)
     local[start:] = 0
     return local
-
-
-@dataclass
-class ViewFeatures:
-    """features: (N, K, D) backbone features of K augmented views per image; params: (N, K, P) their
-    sampled augmentation parameters (`headprobe.data.augment.PARAM_NAMES` order)."""
-
-    features: torch.Tensor
-    params: torch.Tensor
-    key: str
-    cached: bool
-
-
-class AugmentedViews(torch.utils.data.Dataset):
-    """Flat index j → view j % K of image j // K, normalised with the backbone's statistics."""
-
-    def __init__(self, dataset, items: Sequence[int], views: int, spec, seed: int, normalise) -> None:
-        self.dataset, self.items, self.views, self.spec, self.seed = dataset, items, views, spec, seed
-        self.normalise = normalise
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, j: int) -> torch.Tensor:
-        from headprobe.data.augment import make_view
-
-        index, view = divmod(self.items[j], self.views)
-        image = load_image(self.dataset, index)
-        if image.mode != "RGB":
-            image = image.convert("RGB")
-        pixels, params = make_view(image, self.spec, self.seed, index, view)
-        return torch.cat([self.normalise(pixels).flatten(), params])
-
-
-def view_transforms(preprocess, augment):
-    """(augmentation at the backbone's crop size, normalisation applied to its output view without a second
-    resize) — how the cached path and the tuned path (`headprobe.train.tuned`) both turn an image into a view."""
-    import dataclasses
-
-    return dataclasses.replace(augment, size=preprocess.crop), normalise_only(preprocess)
-
-
-def normalise_only(preprocess):
-    """The backbone's normalisation for an image already at its crop size (the resize is then the identity)."""
-    from headprobe.backbones.base import Preprocess
-
-    crop = preprocess.crop
-    return Preprocess(resize=crop, crop=crop, mean=preprocess.mean, std=preprocess.std,
-                      interpolation=preprocess.interpolation)
-
-
-def extract_views(
-    backbone,
-    dataset,
-    *,
-    data_info: dict,
-    augment,
-    views: int,
-    seed: int,
-    batch_size: int = 64,
-    precision: str = "fp32",
-    cache: bool = True,
-    num_workers: int | None = 0,
-    mapped: bool = False,
-    store_dtype: str = "float32",
-    state=None,
-    progress=None,
-) -> ViewFeatures:
-    """Backbone features of `views` augmented views of every image, extracted once and cached.
-
-    View k of image i depends only on (seed, i, k), so the cache is valid for any batch size or
-    number of processes. `augment` is an `AugmentSpec`; its output size is set to the backbone's
-    crop size and the view is then only normalised (no second resize). `mapped`: a cache hit is memory-mapped.
-    """
-    import dataclasses
-
-    from headprobe.parallel.distributed import process_state
-
-    state = state or process_state()
-    device = state.device
-    precision = effective_precision(precision, device)
-    crop = backbone.preprocess.crop
-    spec, normalise = view_transforms(backbone.preprocess, augment)
-    key, description = feature_key(backbone, data_info, "train-views", precision, store_dtype)
-    description |= {"augment": dataclasses.asdict(spec), "views": views, "seed": seed}
-    key = hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:24]
-    path = cache_root() / "views" / f"{key}.safetensors"
-    n = len(dataset)
-    if cache:
-        hit = load_cached(path, key, n, mapped=mapped, store_dtype=store_dtype)
-        if hit is not None:
-            return ViewFeatures(hit[0], hit[1], key, True)
-
-    total = n * views
-    world = state.num_processes
-    items = range(state.process_index, total, world)
-    loader = torch.utils.data.DataLoader(
-        AugmentedViews(dataset, items, views, spec, seed, normalise), batch_size=batch_size,
-        **loader_options(num_workers, device))
-    n_pixels = 3 * crop * crop
-    task = progress.add_task(f"extract {views} views × {n} images", total=total) if progress is not None else None
-    # Flat row j = view j % K of image j // K. One process: the (N·K, ·) buffers are the (N, K, ·) results, viewed;
-    # several: this rank's rows j = r, r + W, ..., padded to ceil(N·K / W) rows for `gather_shards`.
-    rows = -(-total // world)
-    feats = params = None
-    start = 0
-    backbone.to(device)
-    with torch.inference_mode():
-        for batch in loader:
-            batch = batch.to(device, non_blocking=True)  # the whole (pinned) batch in one copy
-            pixels = batch[:, :n_pixels].reshape(-1, 3, crop, crop)
-            with precision_autocast(device, precision):
-                out = backbone(pixels)
-            if feats is None:
-                feats = output_buffer((rows, *out.shape[1:]), device)
-                params = output_buffer((rows, batch.shape[1] - n_pixels), device)
-            feats[start : start + len(batch)].copy_(out)
-            params[start : start + len(batch)].copy_(batch[:, n_pixels:])
-            start += len(batch)
-            if task is not None:
-                progress.advance(task, len(batch) * state.num_processes)
-    if feats is None:
-        from headprobe.data.augment import PARAM_NAMES
-
-        feats, params = output_buffer((rows, backbone.dim), device), output_buffer((rows, len(PARAM_NAMES)), device)
-    feats[start:], params[start:] = 0, 0
-    feats = gather_shards(feats, total, state).cpu().view(n, views, feats.shape[-1])
-    params = gather_shards(params, total, state).cpu().view(n, views, params.shape[-1])
-    stored = as_stored(feats, store_dtype)
-    if cache and state.is_main_process:
-        save_cached(path, key, description, stored, params, second="params", store_dtype=store_dtype)
-    feats.copy_(stored)  # the numbers a cache hit returns
-    return ViewFeatures(feats, params, key, False)

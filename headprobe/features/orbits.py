@@ -29,10 +29,10 @@ from headprobe.features.extract import (
     effective_precision,
     feature_key,
     gather_shards,
-    normalise_only,
     output_buffer,
     precision_autocast,
 )
+from headprobe.features.views import normalise_only
 
 __all__ = ["extract_orbits", "orbit_key"]
 

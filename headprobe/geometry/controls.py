@@ -1,6 +1,6 @@
 """Controls that isolate the head's part in λ_min at one tracked state: the same weights and batch, one thing changed.
 
-Claim 4 is about the head (PAPER.md): "at a (pseudo-)collapsed state a Swish/GELU head gives negative Hessian
+Claim 4 is about the head (the paper): "at a (pseudo-)collapsed state a Swish/GELU head gives negative Hessian
 eigenvalues; linear and ReLU heads under gradient flow do not". A negative λ_min of the training loss can also come
 from the objective (SimSiam's ∇²_h L is indefinite) or from the predictor's BatchNorm. A control is kept only if it
 can come out differently at a collapsed state, where the two views' outputs coincide (`head_controls`):

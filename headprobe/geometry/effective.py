@@ -1,6 +1,6 @@
 """The effective Hessian of a loss with respect to the backbone representation, split as the paper splits it.
 
-"H_eff(z) = J_h(z)ᵀ ∇²_h L J_h(z) + Σ_i [∇_h L]_i ∇²_z h_i(z) = G-term + M-term" (PAPER.md claim 3). "Linear and
+"H_eff(z) = J_h(z)ᵀ ∇²_h L J_h(z) + Σ_i [∇_h L]_i ∇²_z h_i(z) = G-term + M-term" (the paper, claim 3). "Linear and
 ReLU heads have M = 0 (almost everywhere); smooth heads do not": `effective_hessian` computes both terms
 separately, exactly, for one batch, and checks that they add up to the Hessian of L(h(z)). For a linear head
 "W can make the effective Hessian isotropic (vᵀH_eff v = |v|²) on an r-dimensional subspace", r = rank ∇²_h L

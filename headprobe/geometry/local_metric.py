@@ -2,7 +2,7 @@
 the head owes to adapting its metric to z.
 
 "Nonlinear heads adapt a local metric; a constant W cannot be isotropic everywhere when the loss metric is curved.
-Depth/width limit how well an MLP approximates the ideal metric" (PAPER.md, claim 2). For one sample x_i of an
+Depth/width limit how well an MLP approximates the ideal metric" (the paper, claim 2). For one sample x_i of an
 evaluation batch (a row of the stacked views [z1; z2], each view through the head on its own as in training):
 
 - the **loss metric** at the head's output, A_i = ∂²L/∂h_i² (out × out: the diagonal block of the whole batch's

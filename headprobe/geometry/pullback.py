@@ -181,7 +181,7 @@ def _squared_gains(jac: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def augmentation_degeneracy(head: nn.Module, z_anchor: torch.Tensor, z_views: torch.Tensor | None = None,
                             tangent: torch.Tensor | None = None, chunk_size: int | None = None) -> dict:
-    """How much the head stretches augmentation directions compared with other directions (PAPER.md claim 5).
+    """How much the head stretches augmentation directions compared with other directions (the paper, claim 5).
 
     z_anchor: (B, D) representations; either z_views: (B, D) or (B, K, D) representations of augmented views (the
     tangent is the finite difference z_view − z_anchor) or tangent: (B, D) or (B, K, D) supplied directions. The

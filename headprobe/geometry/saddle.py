@@ -1,7 +1,7 @@
 """Claim 4 from many constructed collapsed states: the sign of λ_min of tiny heads started collapsed.
 
 "At a (pseudo-)collapsed state a Swish/GELU head gives negative Hessian eigenvalues (a strict saddle); linear and
-ReLU heads under gradient flow do not" (PAPER.md, claim 4). A training run passes through a handful of collapsed
+ReLU heads under gradient flow do not" (the paper, claim 4). A training run passes through a handful of collapsed
 points, too few to decide; `collapsed_states` builds many independent ones instead. Each state of a seed is the
 paper's pseudo-collapse: a near-collapsed representation batch (what a randomly initialised backbone gives: every
 z within a relative spread `spread` of one mean μ, two views drawn around it) and a freshly built head with its

@@ -1,7 +1,7 @@
 """Claim 3's measure: the M-term's share ‖M‖_F / ‖H_eff‖_F of the effective Hessian, per evaluation batch.
 
 "H_eff(z) = J_h(z)ᵀ ∇²_h L J_h(z) + Σ_i [∇_h L]_i ∇²_z h_i(z) = G-term + M-term. Linear and ReLU heads have M = 0
-(almost everywhere); smooth heads do not" (PAPER.md, claim 3). `m_share` measures ‖M‖_F/‖H‖_F of the loss
+(almost everywhere); smooth heads do not" (the paper, claim 3). `m_share` measures ‖M‖_F/‖H‖_F of the loss
 L([head(z1); head(z2)]) w.r.t. the stacked batch [z1; z2], each view through the head on its own as in the training
 step, matrix-free: ‖A‖_F² = E‖Av‖² for v ~ N(0, I), so Σ_v ‖Mv‖² / Σ_v ‖Hv‖² over the same probes v (or, with
 probes=None, over the basis vectors: exactly `effective.effective_hessian`'s "m_ratio"). M v is the product with

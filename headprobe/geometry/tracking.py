@@ -2,7 +2,7 @@
 
 The paper tracks "λ_min of the loss Hessian w.r.t. the backbone output batch, by power iteration (20 steps for
 λ_max, 20 on H − λ_max I)" and finds λ_min < 0 in 72/100 epochs for a Swish head started collapsed, 1/100 for a
-ReLU head: "collapse is unstable only for smooth heads" (PAPER.md claim 4). `curvature_snapshot` measures the same
+ReLU head: "collapse is unstable only for smooth heads" (the paper, claim 4). `curvature_snapshot` measures the same
 λ_min and λ_max by Lanczos (`geometry.extremes`), with residuals, error bounds, whether λ_min itself converged and
 the number of Hessian-vector products, together with the collapse statistics of the head outputs
 (`geometry.collapse`). With `split=True` it also splits H = G + M (`geometry.gm_split`), so each negative λ_min is
@@ -44,58 +44,23 @@ def curvature_snapshot(head: nn.Module, z1: torch.Tensor, z2: torch.Tensor, obje
 
     z1, z2: (B, D) backbone representations of two views. The loss is objective_fn(head(z1), head(z2)) (a tensor
     or a LossTerms), as in the training step; for SimSiam pass a closure that applies the predictor, and the
-    predictor as `predictor` so its BatchNorm is in the same mode. wrt: "representation" (the Hessian w.r.t. the
-    stacked batch [z1; z2], dim 2·B·D, as in the paper) or "head" (w.r.t. the head's parameters that require grad).
-    Lanczos runs to residual ≤ tol·max(s, |λ|) or max_iter products (40 by default, the budget of the paper's two
-    20-step power iterations), k eigenvalues from each end; the scale s = ‖Hu‖ for a random unit u (one product)
-    makes tol relative, since loss Hessians w.r.t. a batch are often far below 1, where an absolute tolerance
-    would accept anything. Ritz values never lie below λ_min, so a negative "lambda_min" shows negative curvature
-    whatever its residual, up to the products' round-off (they run in the head's dtype: float32 round-off is
-    ~1e-7·λ_max). Cost: "n_hvp" products, each about one training step of the head (a double backward), plus
-    max_iter × dim float64 numbers of memory; a sub-batch (z1[:m], z2[:m]) makes it cheaper. Lanczos stops when
-    both ends have converged, so a larger max_iter costs only where an end needs it; "lambda_min_converged" says
-    whether λ_min itself met the tolerance (λ_max usually converges first): an unconverged λ_min is an upper bound
-    on the true one, not an estimate of it.
+    predictor as `predictor` so its BatchNorm is in the same mode (`batchnorm`: "batch" or "running"). wrt:
+    "representation" (the Hessian w.r.t. the stacked batch [z1; z2], dim 2·B·D, as in the paper) or "head" (w.r.t.
+    the head's parameters that require grad). Lanczos (`geometry.hessian.lanczos`) runs to residual ≤
+    tol·max(s, |λ|) or max_iter products (40: the budget of the paper's two 20-step power iterations), k eigenvalues
+    from each end, s = ‖Hu‖ for a random unit u making tol relative. Ritz values never lie below λ_min, so a negative
+    "lambda_min" shows negative curvature whatever its residual, up to the products' round-off; an unconverged
+    λ_min ("lambda_min_converged" false) is an upper bound, not an estimate. A stop-gradient (SimSiam's) freezes the
+    targets; pass `symmetric_simsiam(predictor)` to measure the loss function itself.
 
-    A stop-gradient (SimSiam's) cuts the dependence of the targets on z, so the operator is the Hessian of the loss
-    with the targets frozen at their current values: the blocks coupling the two views vanish. Pass the loss
-    without it, `symmetric_simsiam(predictor)`, to measure the Hessian of the loss function itself.
+    split=True adds the split H = G + M (the paper's claim 3; `geometry.gm_split`, `bn_share`), the shares of
+    λ_min's eigenvector and "curvature_source"; collapse_threshold t adds "collapsed" (out_std ≤ t/√out) and
+    "collapse_bound"; controls=True adds `controls.head_controls`. stat_rows: (R, D) the fixed representations
+    whose head outputs give out_std, RankMe and the covariance statistics (default z1). Cost: "n_hvp" products, each
+    about one training step of the head, plus max_iter × dim float64 numbers.
 
-    split=True (wrt="representation" only) adds the split H = G + M (PAPER.md claim 3), each piece by Lanczos on
-    its own products at the same tol and max_iter (`geometry.gm_split`): the loss L(h) is objective_fn with the
-    predictor inside it ("gterm_predictor": "in the loss"), so the M-term is the head's curvature alone. Adds
-    "lambda_min_gterm", "lambda_max_gterm", "error_bound_min_gterm" (G = J_hᵀ ∇²_h L J_h); "lambda_min_mterm",
-    "lambda_max_mterm", "m_norm_ratio" (‖M‖₂/‖H‖₂ from the Ritz extremes; 0 for linear and ReLU heads without
-    BatchNorm); "lambda_min_loss_h", "lambda_max_loss_h", "error_bound_min_loss_h", "dim_loss_h" (∇²_h L itself);
-    "predictor_batchnorm" and, where the predictor has BatchNorm, "lambda_min_predictor_bn_running",
-    "error_bound_min_predictor_bn_running", "negative_predictor_bn_running" (λ_min of H with the predictor's
-    BatchNorm on running statistics, the head's still on batch statistics); booleans "negative_beyond_bound"
-    (λ_min < −max(error bound, round-off)), "negative_gterm", "negative_loss_h" (the same test on each piece); the
-    shares at λ_min's eigenvector v (`gm_split.curvature_shares`): "rayleigh_head" (vᵀMv), "rayleigh_objective",
-    "rayleigh_predictor_bn", "rayleigh_sum", "share_head", "share_objective", "share_predictor_bn" (each / the
-    sum); for a head with BatchNorm, the head's part split exactly into its activation's and its BatchNorm's
-    (`bn_share.head_bn_split`): "rayleigh_head_act", "rayleigh_head_bn", "share_head_act", "share_head_bn";
-    "curvature_source": "none" (H not negative beyond its bound) or the part with the most negative quotient
-    ("head", "objective", "predictor_bn"), with "attribution_rule"; "split_consistency" ‖(G + M − H)u‖/‖Hu‖ for a
-    random unit u; "split_converged"; "n_hvp_split" (its Hessian-vector products: its cost, next to the
-    snapshot's "n_hvp").
-
-    collapse_threshold: the run's `geometry.collapse_threshold` t; the record then says "collapsed" (out_std ≤
-    t/√out, `collapse.collapse_criterion`) and "collapse_bound" (t/√out), so a point taken after the head left
-    collapse is not counted as evidence about a collapsed state. controls=True adds `controls.head_controls` at
-    the same state.
-
-    Returns a flat, JSON-ready dict: "wrt", "dim", "loss", "lambda_min", "lambda_max", "eigenvalues" (2k,
-    ascending), "residual_min", "residual_max", "error_bound_min", "error_bound_max", "converged", "n_hvp",
-    "n_iter", "residual_kind", "scale" (s), "negative_curvature" (λ_min below −√dim·eps·max|λ|, the products'
-    round-off in the head's dtype), the output statistics of head(stat_rows) ("out_std": mean std of L2-normalised
-    outputs, ≈ 1/√out for spread outputs, → 0 at collapse; "out_std_uniform"; "rankme"; "cov_effective_rank",
-    "cov_condition_number" with its "cov_condition_scope", "cov_numerical_rank", "cov_top_eigenvalues"),
-    "batchnorm", "time_s", and with split the keys above (and "lambda_min_gterm_converged"). "lambda_min_converged",
-    "lambda_max_converged" (each end on its own), "max_iter" (the cap, at most dim). stat_rows: (R, D) the
-    representations whose head outputs give the output statistics (a fixed set of rows, the same at every tracked
-    step, `collapse.fixed_stat_rows`; default z1), in one forward pass with BatchNorm in `batchnorm` mode;
-    "stats_rows" records R (RankMe is at most min(R, out)).
+    Returns a flat, JSON-ready dict, one "geometry" record of metrics.jsonl; every key is listed in
+    docs/reference.md ("Curvature records").
     """
     start = time.perf_counter()
     if wrt not in WRT:

@@ -1,7 +1,7 @@
 """Claim 1's measure: how isotropic a head makes the effective Hessian on its top-r subspace, matrix-free.
 
 "With r = rank of the loss Hessian with respect to the head output, a linear head W can make the effective Hessian
-isotropic (vᵀH_eff v = |v|²) on an r-dimensional subspace" (PAPER.md, claim 1). For one sample x_i of an
+isotropic (vᵀH_eff v = |v|²) on an r-dimensional subspace" (the paper, claim 1). For one sample x_i of an
 evaluation batch (a row of the stacked views [z1; z2], each view through the head on its own as in training),
 the effective Hessian is the diagonal block H_i = ∂²L/∂z_i² of the batch loss, D × D in the backbone's feature
 space: H_i = W_iᵀ A_i W_i (+ the M-term, zero for a linear head), A_i = ∂²L/∂h_i², r_i = rank A_i. Whitening means

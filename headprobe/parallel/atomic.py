@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["remove_stale_temporaries", "replace_atomically"]
+__all__ = ["remove_stale_temporaries", "replace_atomically", "writer_alive"]
 
 
 def replace_atomically(path: Path | str, write: Callable[[Path], object]) -> None:
@@ -38,7 +38,8 @@ def replace_atomically(path: Path | str, write: Callable[[Path], object]) -> Non
         raise
 
 
-def _writer_alive(pid: int) -> bool:
+def writer_alive(pid: int) -> bool:
+    """Whether process `pid` is alive on this host (a pid that is not ours to signal counts as alive)."""
     if pid == os.getpid():
         return True
     try:
@@ -57,7 +58,7 @@ def remove_stale_temporaries(folder: Path | str) -> list[Path]:
     removed = []
     for tmp in Path(folder).rglob(".*.tmp"):
         parts = tmp.name.rsplit(".", 3)  # ".name", pid, thread, "tmp"
-        if len(parts) != 4 or not parts[1].isdigit() or _writer_alive(int(parts[1])):
+        if len(parts) != 4 or not parts[1].isdigit() or writer_alive(int(parts[1])):
             continue
         with contextlib.suppress(OSError):
             tmp.unlink()

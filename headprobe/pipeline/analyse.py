@@ -7,15 +7,25 @@ per-head geometry (`geometry.analyse.analyse_head`) and writes it into `results.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
+
+from headprobe.parallel.distributed import process_state
+from headprobe.parallel.threads import configure_threads, resumed_threads
+from headprobe.pipeline import stages
+from headprobe.pipeline.geometry_claims import answer_geometry_questions
+from headprobe.pipeline.time_estimate import geometry_estimate
+from headprobe.recipe import load_recipe
+from headprobe.record.directory import RunDir, read_results
+from headprobe.record.lock import folder_lock
+from headprobe.record.writer import RecordWriter
+from headprobe.train.cached_views import CheckpointError, build_head, latest_checkpoint, load_checkpoint
 
 
 def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = False) -> dict:
     """Fill results["heads"][H]["geometry"] of a finished frozen-backbone run; returns the updated results. The run
     folder is locked meanwhile (`record.lock`: a run, resume or report writing there at the same time is refused)."""
-    from headprobe.parallel.distributed import process_state
-    from headprobe.record.lock import folder_lock
 
     state = process_state()
     if not Path(run_dir).is_dir():
@@ -25,13 +35,6 @@ def analyse_run(run_dir: str | Path, *, rows: int | None = None, quiet: bool = F
 
 
 def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -> dict:
-    from headprobe.parallel.threads import configure_threads, resumed_threads
-    from headprobe.pipeline import stages
-    from headprobe.pipeline.geometry_claims import answer_geometry_questions
-    from headprobe.recipe import load_recipe
-    from headprobe.record.directory import RunDir, read_results
-    from headprobe.record.writer import RecordWriter
-    from headprobe.train.cached_views import CheckpointError, build_head, latest_checkpoint, load_checkpoint
 
     run = RunDir(run_dir)
     results = read_results(run.path)
@@ -57,9 +60,7 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     if rows is not None:
         recipe.geometry.rows = rows
     if not quiet:  # said before the long part starts: loading and extracting again can take minutes
-        import sys
 
-        from headprobe.pipeline.time_estimate import geometry_estimate
 
         print(geometry_estimate(results, sum(1 for spec in recipe.heads if spec.name in saved), recipe.geometry.rows),
               file=sys.stderr, flush=True)
@@ -70,11 +71,13 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
     record = RecordWriter(run, results, invocation=None, timing={})
     ctx = stages.RunContext(recipe, record, state, show=not quiet)
     inputs = stages.load_backbone(ctx)
-    record.backbone(inputs.backbone.describe(), {"load_s": inputs.load_s})
+    record.add_time({"load_s": inputs.load_s})
+    record.put("backbone", inputs.backbone.describe(), write=False)
     inputs = stages.load_data(ctx, inputs)
-    record.data(inputs.data_record())
+    record.put("data", inputs.data_record())
     features = stages.extract_features(ctx, inputs)
-    record.features(features.protocol, features.seconds)
+    record.add_time(features.seconds)
+    record.put("protocol", features.protocol, merge=True, write=False)
     ctx.reading(features)
     heads = {}
     for spec in recipe.heads:
@@ -87,14 +90,15 @@ def _analyse_locked(run_dir: str | Path, rows: int | None, quiet: bool, state) -
         heads[spec.name] = stages.HeadPair(head.eval(), predictor.eval() if predictor else None)
     t0 = time.perf_counter()
     for head, geometry in stages.analyse_geometry(ctx, features, heads):
-        record.geometry(head, geometry)
+        record.put(("heads", head, "geometry"), geometry)
     with ctx.stage("answering Q-split and Q-saddle"):
         geometry_claims = answer_geometry_questions(ctx, features, {seeds[0]: heads})
-    record.geometry_claims(geometry_claims)
+    record.put("claims", geometry_claims, merge=True)
     ctx.clock("geometry_s", time.perf_counter() - t0)
     with ctx.stage("checking the cached features read"):
         ctx.verify_cache(final=True)
-    record.recorded_geometry(str(checkpoint.relative_to(run.path)))
+    record.put("geometry_from", str(checkpoint.relative_to(run.path)), write=False)
+    record.put("geometry_timing", record.timing)  # the analysis's own
     if recipe.report:
         stages.write_report(run)
     return results

@@ -7,6 +7,8 @@ everything computed before it.
 
 from __future__ import annotations
 
+import copy
+import json
 import platform
 import sys
 import time
@@ -17,18 +19,27 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headprobe.parallel.distributed import collective_timeout_s
+from headprobe.backbones import Backbone, as_backbone
+from headprobe.parallel.distributed import collective_timeout_s, process_state
 from headprobe.parallel.peers import exchange_peers
+from headprobe.parallel.threads import configure_threads, resumed_threads
 from headprobe.pipeline import probing, stages, taps, tuned_seeds
 from headprobe.pipeline.executors import executors_for
+from headprobe.pipeline.geometry_claims import answer_geometry_questions
 from headprobe.pipeline.stages import RunContext, RunError
-from headprobe.recipe import Recipe, RecipeError, dump_recipe, load_recipe
+from headprobe.pipeline.training_record import record_training
+from headprobe.recipe import Recipe, RecipeError, dump_recipe, expand_sweep, load_recipe, resolve_recipe_data
 from headprobe.recipe.environment import DEFAULT_PEER_TIMEOUT_S, peer_timeout_s
 from headprobe.recipe.folder_names import is_inside
 from headprobe.recipe.sweeps import sweep_size
-from headprobe.record.directory import RunDir, check_out_folder, default_run_dir
+from headprobe.record.directory import RunDir, check_out_folder, default_run_dir, read_results
 from headprobe.record.lock import folder_lock
 from headprobe.record.writer import RecordWriter
+from headprobe.report.compare import write_compare
+from headprobe.report.progress import progress_interval
+from headprobe.report.table import print_compare, print_summary
+from headprobe.report.trackers import tracking
+from headprobe.stats.cross_run import answer_lines
 
 if TYPE_CHECKING:
     from headprobe.backbones import Backbone
@@ -73,8 +84,6 @@ def _threads(recipe: Recipe, path: Path, resume: bool) -> dict:
     """Set torch's intra-op threads (`parallel.threads.choose_threads`: HEADPROBE_THREADS, on `resume` the count the
     run in `path` recorded, the recipe's runtime.threads, OMP_NUM_THREADS, else from the usable CPUs); returns what
     results.json records. The environment's other settings are checked here too, before anything is written."""
-    from headprobe.parallel.threads import configure_threads, resumed_threads
-    from headprobe.report.progress import progress_interval
 
     try:
         progress_interval()  # a bad HEADPROBE_PROGRESS_INTERVAL stops the run here, before anything is written
@@ -100,7 +109,7 @@ def _check_out(path: Path) -> None:
             which = "is" if folder == path else f"is inside {str(folder)!r}, which is"
             raise RecipeError(f"--out {str(path)!r} {which} a file, not a folder; pass a folder for the run "
                               "(new or an earlier run's), e.g. --out runs/my_study.")
-    check_out_folder(path)  # not a foreign non-empty folder, and writable (runs.check_out_folder)
+    check_out_folder(path)  # not a foreign non-empty folder, and writable (record.directory.check_out_folder)
 
 
 def check_arguments(recipe_or_path: Any, out: Any, overrides: Any) -> None:
@@ -130,10 +139,7 @@ def _overrides_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
 
 def _own_backbone(obj: torch.nn.Module, recipe: Recipe, show: bool) -> tuple[Any, Recipe]:
     """(the `Backbone` of a module passed to `run`, the recipe recording it as backbone.id: module:<class>)."""
-    import copy
 
-    from headprobe.backbones import Backbone, as_backbone
-    from headprobe.parallel.distributed import process_state
 
     backbone = as_backbone(obj, recipe.backbone.resolution)
     if show and not isinstance(obj, Backbone) and process_state().is_main_process:
@@ -175,7 +181,6 @@ def run(
     >>> results.metrics()["linear.acc"]  # doctest: +SKIP
     """
 
-    from headprobe.parallel.distributed import process_state
 
     check_arguments(recipe_or_path, out, overrides)
     if isinstance(backbone, Mapping):
@@ -227,8 +232,6 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     (`RecordWriter`) takes it. The executors of probes and seeds are chosen here, once, for `state`'s processes."""
     from accelerate.utils import set_seed
 
-    from headprobe.pipeline.geometry_claims import answer_geometry_questions
-    from headprobe.report.trackers import tracking
 
     main = state.is_main_process
     results, invocation, finished = RecordWriter.begin(recipe.to_dict(), call.path, call.resume,
@@ -249,8 +252,8 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     run_dir = RunDir.create(call.path, writable=main)
     run_dir.write_config(dump_recipe(recipe))
     record = RecordWriter(run_dir, results, invocation, resume=call.resume)
-    record.environment(_environment(state) | {"threads": call.threads, "peer_timeout_s": call.peer_timeout_s,
-                                              "collective_timeout_s": collective_timeout_s()})
+    record.put("environment", _environment(state) | {"threads": call.threads, "peer_timeout_s": call.peer_timeout_s,
+                                                     "collective_timeout_s": collective_timeout_s()}, write=False)
     set_seed(recipe.seed)
 
     probes, seeds = executors_for(state)
@@ -258,18 +261,21 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
     frozen = recipe.backbone.tune == "frozen"
     with ctx.watching_peers(call.peer_timeout_s), ctx.recording_stops(), tracking(recipe, run_dir) as trackers:
         inputs = stages.load_backbone(ctx, backbone=given)
-        record.backbone(inputs.backbone.describe(), {"load_s": inputs.load_s})
+        record.add_time({"load_s": inputs.load_s})
+        record.put("backbone", inputs.backbone.describe(), write=False)  # written with the data, or a failure
         inputs = stages.load_data(ctx, inputs)
-        record.data(inputs.data_record())
+        record.put("data", inputs.data_record())
         features = stages.extract_features(ctx, inputs)
-        record.features(features.protocol, features.seconds)
+        record.add_time(features.seconds)
+        record.put("protocol", features.protocol, merge=True, write=False)
         ctx.reading(features)  # each stage from here on ends by verifying the cache files it read
         if not frozen:
             # Score the untuned backbone; then, once per seed, tune a copy of it with the heads on views made on the
             # fly and extract every feature again from it, so that "backbone" and the head taps are scored on the
-            # backbone each seed tuned (`tuned_seeds`).
+            # backbone each seed tuned (`tuned_seeds`); the untuned features and views stay recorded beside them.
             _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone_untuned")))
-            record.untuned()
+            record.put("protocol", {"features_untuned": features.protocol["features"],
+                                    "views_untuned": features.protocol.get("views")}, merge=True, write=False)
             tuned_seeds.tune_and_probe(ctx, inputs)
         else:
             # With several processes and heads, the backbone tap is probed with the head taps, so that its probes
@@ -281,26 +287,27 @@ def _run_locked(recipe: Recipe, call: Invocation, state: Any, given: Backbone | 
                 _clock_probing(ctx, probing.probe_tap(ctx, features, taps.Tap("backbone")))
             if recipe.heads:
                 trained = stages.train_heads(ctx, features)
-                _record_training(ctx, trained)
+                record_training(record, trained, trained.resumed)
+                if trained.seconds is not None:
+                    ctx.announce_estimate("training")
                 if recipe.geometry.final:
                     t0 = time.perf_counter()
                     for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
-                        record.geometry(head, geometry)
+                        record.put(("heads", head, "geometry"), geometry)
                     with ctx.stage("answering Q-split and Q-saddle"):
                         geometry_claims = answer_geometry_questions(ctx, features, trained.by_seed)
                     ctx.clock("geometry_s", time.perf_counter() - t0)
                 _clock_probing(ctx, probing.probe_heads(ctx, features, trained, backbone=with_heads))
                 if recipe.geometry.final:  # after probing, whose answers replace results["claims"]
-                    record.geometry_claims(geometry_claims)
+                    record.put("claims", geometry_claims, merge=True)
 
         with ctx.stage("checking the cached features read"):
             ctx.verify_cache(final=True)
-        record.complete(_orbit_coordinates(results["taps"]))
+        record.complete(orbits=_orbit_coordinates(results["taps"]))
         trackers.log_results(results)
         if recipe.report:
             stages.write_report(run_dir)
     if main and not call.quiet:
-        from headprobe.report.table import print_summary
 
         print_summary(results, run_dir.path)
         if recipe.report and (run_dir.path / "report.html").is_file():
@@ -314,20 +321,12 @@ def _clock_probing(ctx: RunContext, seconds: float | None) -> None:
         ctx.clock("probe_s", seconds)
 
 
-def _record_training(ctx: RunContext, trained: stages.TrainedHeads) -> None:
-    """The heads trained into the record; the time estimate once it is timed."""
-    ctx.record.training(trained.heads, trained.protocol, trained.seconds, trained.resumed, trained.track_s)
-    if trained.seconds is not None:
-        ctx.announce_estimate("training")
-
-
 # The recipe sections that decide the backbone tap's numbers: runs of a sweep equal in these probe it once.
 BACKBONE_TAP_INPUTS = ("seed", "backbone", "data", "features", "augment", "probes")
 
 
 def backbone_tap_inputs(recipe: Recipe) -> str:
     """The recipe's `BACKBONE_TAP_INPUTS` as one comparable text."""
-    import json
 
     plain = recipe.to_dict()
     return json.dumps({key: plain[key] for key in BACKBONE_TAP_INPUTS}, sort_keys=True, default=str)
@@ -346,7 +345,6 @@ def run_sweep(
 
     >>> run_sweep("recipes/paper_depth_ablation.yaml", train__epochs=5)  # doctest: +SKIP
     """
-    from headprobe.recipe import expand_sweep, resolve_recipe_data
 
     check_arguments(recipe_path, out, overrides)
     if values:  # fold every override into the recipe's data once; each combination then starts from it
@@ -374,24 +372,18 @@ def run_sweep(
 def compare_sweep_runs(root: Path, results: list[Results], quiet: bool) -> None:
     """A sweep's ending: root/compare.csv and compare.html of its runs (and cross_run.json for a head ablation),
     and unless `quiet` the table and where the comparison is; on the main process only."""
-    from headprobe.parallel.distributed import process_state
 
     if process_state().is_main_process:
-        from headprobe.report.compare import write_compare
 
         written = write_compare([r.path for r in results], root)
         if not quiet:
             from rich.console import Console
 
-            from headprobe.record.directory import read_results
-            from headprobe.report.table import print_compare
 
             print_compare({r.path.name: read_results(r.path) for r in results}, Console(),
                           paths={r.path.name: r.path for r in results})
             if "cross_run" in written:  # a head ablation with a no-head arm: the backbones compared across runs
-                import json
 
-                from headprobe.stats.cross_run import answer_lines
 
                 print("\n".join(answer_lines(json.loads(written["cross_run"].read_text()))))
             print(f"comparison: {root / 'compare.html'}")

@@ -14,11 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from headprobe.features.cache import UnchangedCache
+from headprobe.parallel.liveness import PeerWatch, frozen_sentence
 from headprobe.parallel.peers import LOST_WAIT_S, lost_peers, lost_sentence, timed_out, timeout_sentence
+from headprobe.parallel.signals import StopSignal, stop_signals
 from headprobe.pipeline.executors import LocalProbes, LocalSeeds, ProbeExecutor, SeedExecutor
+from headprobe.pipeline.time_estimate import remaining_estimate
 from headprobe.recipe import Recipe, RecipeError
 from headprobe.record.directory import RunDir
 from headprobe.record.writer import RecordWriter
+from headprobe.report.html import write_report as write_html
+from headprobe.report.progress import stage_progress
 
 
 class RunError(RuntimeError):
@@ -105,7 +110,6 @@ class RunContext:
         being recorded, say) is recorded in results.json too, naming the last stage begun. Inside a stage,
         `stage` has already recorded it and this adds nothing (`record_stop` writes only a running run).
         SIGTERM and SIGUSR1 count as Ctrl-C while inside (`parallel.signals.stop_signals`)."""
-        from headprobe.parallel.signals import stop_signals
 
         try:
             with stop_signals():
@@ -136,7 +140,6 @@ class RunContext:
         """Around a whole multi-process run: every process beats and watches the others' heartbeats
         (`parallel.liveness.PeerWatch`), so a frozen one fails the run within `timeout_s` seconds
         (`stop_for_frozen`); on the way out this process tells the others it ended. Nothing with one process."""
-        from headprobe.parallel.liveness import PeerWatch
 
         self.watch = PeerWatch(self.peers, self.state.process_index, timeout_s, self.stop_for_frozen)
         self.watch.start()
@@ -151,7 +154,6 @@ class RunContext:
         naming them and the stage, say so once (the first process left), and end this process with exit code 1. Its
         main thread may be waiting in a collective only the frozen process could complete, so it cannot be
         unwound."""
-        from headprobe.parallel.liveness import frozen_sentence
 
         stage = self.last_stage
         message = (f"{frozen_sentence(frozen, len(self.peers), stage, self.watch.timeout_s)}; finished stages are "
@@ -171,7 +173,6 @@ class RunContext:
     def record_interrupt(self, stage: str, stop: KeyboardInterrupt | None = None) -> PeerStop | None:
         """A Ctrl-C (or a stop signal: `parallel.signals.StopSignal`) at `stage`, recorded with the command that
         goes on from the finished work; a PeerStop when it came because another process was lost (`record_stop`)."""
-        from headprobe.parallel.signals import StopSignal
 
         cause = stop.name if isinstance(stop, StopSignal) else "KeyboardInterrupt"
         return self.record_stop("interrupted", stage, f"interrupted ({cause}); finished stages are kept: "
@@ -230,7 +231,7 @@ class RunContext:
     def clock(self, key: str, seconds: float) -> None:
         """`seconds` more of stage `key` into the record; the first probed tap's time is what each other tap will
         cost (the time estimate)."""
-        self.record.add_time(key, seconds)
+        self.record.add_time({key: seconds})
         if key == "probe_s" and self.first_probe_s is None:
             self.first_probe_s = seconds
             self.announce_estimate("probing")
@@ -241,7 +242,6 @@ class RunContext:
     def announce_estimate(self, after: str) -> None:
         """Print the remaining-time estimate (`time_estimate.remaining_estimate`) to stderr when the run shows
         progress."""
-        from headprobe.pipeline.time_estimate import remaining_estimate
 
         line = remaining_estimate(self.recipe, self.record.timing, self.first_probe_s, self.head_taps_done(), after)
         if line and self.show:
@@ -249,7 +249,6 @@ class RunContext:
 
     def progress(self):
         """A stage's progress display (`report.progress.stage_progress`): bars in a terminal, lines in a log."""
-        from headprobe.report.progress import stage_progress
 
         return stage_progress(self.show)
 
@@ -258,7 +257,6 @@ def write_report(run_dir: RunDir) -> None:
     """report.html + plots/; never fails a run over its report (`headprobe report RUN_DIR` rebuilds it)."""
     if not run_dir.writable:
         return
-    from headprobe.report.html import write_report as write_html
 
     try:
         write_html(run_dir.path)

@@ -12,6 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from headprobe.pipeline.probe_sharing import SharedProbes
+from headprobe.pipeline.seed_sharing import SharedSeeds
+from headprobe.pipeline.taps import run_probes
 from headprobe.record.writer import RecordWriter, TapSummary
 
 __all__ = ["LocalProbes", "LocalSeeds", "ProbeExecutor", "SeedExecutor", "executors_for"]
@@ -66,7 +69,6 @@ class LocalProbes:
         return flag
 
     def run(self, ctx, features, units: list, pending: list[list[str]], record: RecordWriter) -> None:
-        from headprobe.pipeline.taps import run_probes
 
         total = sum(len(names) for names in pending)
         with ctx.progress() as progress:
@@ -81,7 +83,7 @@ class LocalProbes:
                   ) -> list[TapSummary]:
         done = [compute(name) for name in tap_names]
         for summary in done:
-            record.summary(summary)
+            record.summary(summary, write=False)
         return done
 
     def probed_intervals(self, tap: str, metrics: dict) -> dict | None:
@@ -105,7 +107,5 @@ def executors_for(state: Any) -> tuple[ProbeExecutor, SeedExecutor]:
     """The probe and seed executors of a run on `state`'s processes: local for one, shared for several."""
     if state.num_processes == 1:
         return LocalProbes(), LocalSeeds()
-    from headprobe.pipeline.probe_sharing import SharedProbes
-    from headprobe.pipeline.seed_sharing import SharedSeeds
 
     return SharedProbes(state), SharedSeeds(state)

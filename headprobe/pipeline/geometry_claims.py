@@ -1,6 +1,7 @@
 """The geometry stage's questions (`stats.geometry_claims`, `stats.whiten_claim`, `stats.metric_claim`): Q-whiten,
 Q-metric (`pipeline.metric_claim`) and Q-split from the run's trained heads of every seed, Q-saddle from
-constructed collapsed states (`geometry.saddle`), all into results.json["claims"]."""
+constructed collapsed states (`geometry.saddle`); each question's `GeometryAnswers`, which the record writer puts
+into results.json["claims"]."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from headprobe.geometry.saddle import LOSSES, SaddleSpec, collapsed_states
 from headprobe.geometry.split_share import batch_shares, predicts_zero_m
 from headprobe.geometry.whiten import batch_isotropy
 from headprobe.pipeline.metric_claim import metric_measures
+from headprobe.stats.geometry_answers import GeometryAnswers
 from headprobe.stats.geometry_claims import SplitMeasure, answer_saddle, answer_split, with_override
 from headprobe.stats.metric_claim import Q_METRIC, answer_metric
 from headprobe.stats.whiten_claim import Q_WHITEN, WhitenMeasure, answer_whiten
@@ -120,10 +122,11 @@ def saddle_spec(geometry, seed: int) -> SaddleSpec | None:
                       arms=tuple(dict.fromkeys(geometry.saddle_arms)))
 
 
-def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict:
-    """{"Q-whiten": ..., "Q-metric": ..., "Q-split": ..., "Q-saddle": ...} for results.json["claims"]: Q-whiten,
-    Q-metric and Q-split on the run's cached views, Q-saddle on the recipe's constructed states (`saddle_spec`)
-    under the SimSiam and the target loss; each question with the recipe's `claims:` margin where it sets one."""
+def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict[str, GeometryAnswers]:
+    """{"Q-whiten": ..., "Q-metric": ..., "Q-split": ..., "Q-saddle": ...}, each question's `GeometryAnswers`:
+    Q-whiten, Q-metric and Q-split on the run's cached views, Q-saddle on the recipe's constructed states
+    (`saddle_spec`) under the SimSiam and the target loss; each question with the recipe's `claims:` margin where it
+    sets one, and that override recorded with its answers."""
     from headprobe.registry import OBJECTIVES
     from headprobe.stats.geometry_claims import Q_SADDLE, Q_SPLIT
 
@@ -132,43 +135,34 @@ def answer_geometry_questions(ctx, features, by_seed: dict[int, dict]) -> dict:
     views = features.views.features
     (whiten, split, saddle), overrides = zip(*(with_override(q, recipe.claims) for q in (Q_WHITEN, Q_SPLIT, Q_SADDLE)),
                                              strict=True)
-    claims = answer_whiten(whiten_measures(by_seed, recipe.heads, objective, options, views,
-                                           recipe.train.batch_size, recipe.seed), whiten, seed=recipe.seed)
-    claims |= _metric_answer(recipe, by_seed, objective, options, views)
-    claims |= answer_split(split_measures(by_seed, objective, options, views, recipe.seed), split, seed=recipe.seed)
-    overrides = (*overrides, with_override(Q_METRIC, recipe.claims)[1])
+    answers = [answer_whiten(whiten_measures(by_seed, recipe.heads, objective, options, views,
+                                             recipe.train.batch_size, recipe.seed), whiten, seed=recipe.seed)]
+    answers += _metric_answer(recipe, by_seed, objective, options, views)
+    answers.append(answer_split(split_measures(by_seed, objective, options, views, recipe.seed), split,
+                                seed=recipe.seed))
+    overrides = dict((*overrides, with_override(Q_METRIC, recipe.claims)[1]))
     spec = saddle_spec(recipe.geometry, recipe.seed)
-    if spec is None:
-        return _recorded(claims, overrides)
-    if ctx.show:  # said before the work starts: its time depends on these sizes
-        print(f"Q-saddle: {spec.sizes()}; under the {' and the '.join(LOSSES)} losses", file=sys.stderr,
-              flush=True)
-    start = time.perf_counter()
-    states = {loss: collapsed_states(dataclasses.replace(spec, loss=loss), ProjectionHead) for loss in LOSSES}
-    claims |= answer_saddle(states, spec.sizes(), saddle, seed=recipe.seed)
-    claims["Q-saddle"]["time_s"] = time.perf_counter() - start
-    return _recorded(claims, overrides)
+    if spec is not None:
+        if ctx.show:  # said before the work starts: its time depends on these sizes
+            print(f"Q-saddle: {spec.sizes()}; under the {' and the '.join(LOSSES)} losses", file=sys.stderr,
+                  flush=True)
+        start = time.perf_counter()
+        states = {loss: collapsed_states(dataclasses.replace(spec, loss=loss), ProjectionHead) for loss in LOSSES}
+        answer = answer_saddle(states, spec.sizes(), saddle, seed=recipe.seed)
+        answers.append(dataclasses.replace(answer, time_s=time.perf_counter() - start))
+    return {a.key: dataclasses.replace(a, override=overrides[a.key]) for a in answers}
 
 
-def _metric_answer(recipe, by_seed: dict[int, dict], objective, options: dict, views: torch.Tensor) -> dict:
-    """{"Q-metric": ...} from `pipeline.metric_claim.metric_measures` (none where geometry.metric_batches is 0)."""
+def _metric_answer(recipe, by_seed: dict[int, dict], objective, options: dict,
+                   views: torch.Tensor) -> list[GeometryAnswers]:
+    """[Q-metric's answers] from `pipeline.metric_claim.metric_measures` (none where geometry.metric_batches is 0)."""
     if not recipe.geometry.metric_batches:
-        return {}
+        return []
     question, _ = with_override(Q_METRIC, recipe.claims)
     start = time.perf_counter()
     measures = metric_measures(by_seed, recipe.heads, objective, options, views, recipe.geometry, recipe.seed)
-    claims = answer_metric(measures, question, seed=recipe.seed)
+    answer = answer_metric(measures, question, seed=recipe.seed)
     g = recipe.geometry
-    claims[question.key] |= {"sizes": f"{g.metric_batches} evaluation batches of up to {g.metric_batch} images (two "
-                             f"views), {g.metric_rows} sampled images each, per head, seed and state (trained, init)",
-                             "time_s": time.perf_counter() - start}
-    return claims
-
-
-def _recorded(claims: dict, overrides) -> dict:
-    """claims with each question's recipe override recorded (`claims[Q]["override"]`), as probing's questions do;
-    overrides: (key, {"margin": m}) pairs, an empty dict where the recipe sets none."""
-    for key, override in overrides:
-        if override and key in claims:
-            claims[key]["override"] = override
-    return claims
+    return [dataclasses.replace(answer, sizes=f"{g.metric_batches} evaluation batches of up to {g.metric_batch} "
+                                f"images (two views), {g.metric_rows} sampled images each, per head, seed and state "
+                                "(trained, init)", time_s=time.perf_counter() - start)]

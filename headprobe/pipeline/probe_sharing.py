@@ -22,10 +22,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 from headprobe.parallel.collectives import all_objects
+from headprobe.parallel.counter import SharedCounter
+from headprobe.pipeline.taps import draw_resamples, run_probes
 from headprobe.probes.declaration import declared_probe
 from headprobe.record.writer import RecordWriter, TapSummary
+from headprobe.report.progress import FollowedCount
+from headprobe.stats.bootstrap import tap_uncertainty
 
 # From this many training rows the k-NN bank is sharded across processes by default (`shard_knn_bank`).
 SHARD_BANK_ROWS = 65_536
@@ -91,7 +96,6 @@ class SharedProbes:
     backbone_with_heads = True
 
     def __init__(self, state) -> None:
-        from headprobe.parallel.counter import SharedCounter
 
         self.state = state
         self.seconds: dict[str, float] = {}
@@ -113,8 +117,6 @@ class SharedProbes:
     def run(self, ctx, features, units: list, pending: list[list[str]], record: RecordWriter) -> None:
         """Run the pending probes of `units` ((tap, seed) pairs) on W processes together and record all of them on
         every process; results.json and the per-unit stores are written once, at the end."""
-        from headprobe.pipeline.taps import draw_resamples, run_probes
-        from headprobe.stats.bootstrap import tap_uncertainty
 
         def intervals(out, seed: int | None) -> dict:
             """Per metric, so each process computes those of the probes it ran, in parallel. Only for a tap probed
@@ -180,9 +182,7 @@ class SharedProbes:
     def _followed(self, ctx, progress, n_units: int, total: int, count: str):
         """The main process's display of the whole stage: done/total over every process (`count`), followed while
         the probes run and the processes exchange them; nothing to follow on the others or with nothing to run."""
-        from contextlib import nullcontext
 
-        from headprobe.report.progress import FollowedCount
 
         if not (ctx.show and total):
             return nullcontext()
@@ -206,7 +206,7 @@ class SharedProbes:
         mine = [compute(name) for name in tap_names[rank::world]]
         done = [summary for part in all_objects(mine, world) for summary in part]
         for summary in done:
-            record.summary(summary)
+            record.summary(summary, write=False)
         return done
 
 

@@ -39,7 +39,7 @@ def probe_tap(ctx, features, tap: Tap, seed: int | None = None) -> float | None:
     t0 = ctx.probes.start_clock()
     probed = probe_units(ctx, features, [(tap, seed)])
     if seed is None:
-        ctx.record.summary(tap_intervals(ctx, features, tap.name, probed.taps[tap.name]), write=True)
+        ctx.record.summary(tap_intervals(ctx, features, tap.name, probed.taps[tap.name]))
     return time.perf_counter() - t0 if probed.ran else None
 
 
@@ -173,13 +173,13 @@ def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: d
         if known is None:
             computed.append(name)
         else:
-            record.summary(TapSummary(name, known))
+            record.summary(TapSummary(name, known), write=False)
     ctx.probes.summaries(computed, lambda name: tap_intervals(ctx, features, name, taps[name]), record)
     aggregates = ctx.probes.summaries(averaged, lambda name: aggregate_seeds(ctx, features, name, taps[name]), record)
     # A tap probed per seed is compared at its seeds' means.
     taps = taps | {s.tap: dataclasses.replace(taps[s.tap], metrics=s.metrics, per_unit=s.per_unit,
                                               protocol=s.protocol) for s in aggregates}
-    buffer = {head: buffer_verdict(taps, tap, ctx.resamples) | ({} if tap == head else {"tap": tap})
+    buffer = {head: dataclasses.replace(buffer_verdict(taps, tap, ctx.resamples), tap=None if tap == head else tap)
               for head, tap in compared.items()}
     # The paper's questions, each answered from its primary measure with an interval over seeds and test images.
     # Null heads are nulls on a frozen backbone; on a tuned one a `type: random` head trains the backbone like any.
@@ -187,7 +187,8 @@ def answer_heads(ctx, features, every: list[tuple[Tap, int | None]], compared: d
     nulls = {spec.name: null for spec in heads if frozen and (null := null_of(heads, spec.name))}
     claims = answer_questions(taps, ctx.resamples, compared, ctx.recipe.claims, seed=ctx.recipe.seed,
                               nulls=nulls, null_heads=tuple(s.name for s in heads if frozen and is_null(s)))
-    record.verdicts(buffer, claims)
+    record.put("buffer", buffer, merge=True, write=False)
+    record.put("claims", claims)  # the geometry stage's answers join them after (`pipeline.compose`)
 
 
 def _chosen_taps(spec, head) -> list[Tap]:

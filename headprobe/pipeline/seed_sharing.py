@@ -18,6 +18,7 @@ import time
 
 from headprobe.parallel.collectives import all_objects
 from headprobe.record.writer import RecordWriter
+from headprobe.train.engine import HeadState, build_head
 
 __all__ = ["SharedSeeds", "portable_states", "restore_states", "seeds_of_process"]
 
@@ -44,7 +45,6 @@ def portable_states(states: dict) -> dict:
 def restore_states(specs, dim: int, seed: int, portable: dict) -> dict:
     """`portable_states` → `HeadState`s: each head rebuilt from its spec (`engine.build_head`), its trained weights
     loaded, in eval mode on the CPU as training leaves it. There is no optimiser: the head is trained."""
-    from headprobe.train.engine import HeadState, build_head
 
     states = {}
     for spec in specs:

@@ -18,14 +18,30 @@ from typing import Any
 
 import torch
 
+from headprobe.backbones import apply_tuning
+from headprobe.backbones import load_backbone as load
+from headprobe.data.augment import augment_spec
+from headprobe.data.loader import pipeline_record
+from headprobe.features.extract import extract, load_image
+from headprobe.features.orbits import extract_orbits
+from headprobe.features.views import extract_views
+from headprobe.geometry.analyse import PARTS, analyse_head, size_estimate
+
 # RunError and write_report are part of the stages' API (pipeline, analyse and the tests use them from here).
 from headprobe.pipeline.context import RunContext, RunError, write_report  # noqa: F401
+from headprobe.pipeline.time_estimate import views_estimate
 from headprobe.recipe import Recipe
 from headprobe.recipe.null_heads import is_null, trainable_specs
 from headprobe.recipe.probe_inputs import orbit_request, probe_needs
+from headprobe.registry import OBJECTIVES
+from headprobe.stats.saddle_grid import tally_history
+from headprobe.train.cached_views import latest_checkpoint
+from headprobe.train.cached_views import train_heads as train_loop
+from headprobe.train.engine import seed_of
 from headprobe.train.null_heads import NullHead, build_null_heads
 from headprobe.train.objectives import objective_protocol
 from headprobe.train.pretrained_heads import PretrainedHead, load_pretrained_heads
+from headprobe.train.tuned import save_tuned_backbone, train_tuned
 
 
 @dataclass
@@ -96,7 +112,6 @@ class TrainedHeads:
 def load_backbone(ctx: RunContext, backbone: Any = None) -> Inputs:
     """The backbone: `backbone` (a `Backbone` given to `pipeline.run`), else loaded from recipe.backbone; the data
     follows (`load_data`), so that a failure there finds the backbone recorded."""
-    from headprobe.backbones import load_backbone as load
 
     recipe, t0 = ctx.recipe, time.perf_counter()
     spec = recipe.backbone
@@ -120,7 +135,6 @@ def load_data(ctx: RunContext, inputs: Inputs) -> Inputs:
 def held_out_view_seed(seed: int) -> int:
     """The augmentation seed of the test images' views: its own stream, so no held-out view repeats the draws
     (crop boxes, flips, jitter) of a training view."""
-    from headprobe.train.engine import seed_of
 
     return seed_of(seed, "held-out views", "test")
 
@@ -129,10 +143,6 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
     """Clean features, and exactly what the probes and heads need besides: rotated copies, orbits, views.
     tuned: the backbone has been tuned with the heads (they need views again only for their final geometry, which
     `geometry` False leaves out: a later seed's tuned backbone, whose heads' geometry is not analysed)."""
-    from headprobe.data.augment import augment_spec
-    from headprobe.data.loader import pipeline_record
-    from headprobe.features.extract import extract, extract_views
-    from headprobe.features.orbits import extract_orbits
 
     recipe, backbone, data, t0 = ctx.recipe, inputs.backbone, inputs.data, time.perf_counter()
     f = recipe.features
@@ -173,7 +183,6 @@ def extract_features(ctx: RunContext, inputs: Inputs, tuned: bool = False, geome
         probing, held_out = "views" in needs, recipe.augment.probe_views == "test"
         spec = augment_spec(recipe.augment.preset, **recipe.augment.options) if heads_need or probing else None
         if ctx.show and (heads_need or probing):  # the views often take longest: said before they start
-            from headprobe.pipeline.time_estimate import views_estimate
 
             # the images the clean extraction forwarded: rotated copies and orbit frames too
             extracted = sum(len(ds) for split, ds in (("train", data.train), ("test", data.test))
@@ -219,8 +228,6 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
     """Train every head once per seed (`recipe.seed_list`) on the same cached views, where the seed executor puts
     each seed (`ctx.seeds`); one seed trains exactly as a single-seed run does (checkpoints in checkpoints/, else
     checkpoints/seed-S/). The training records go to the record's metrics.jsonl as they come."""
-    from headprobe.train.cached_views import latest_checkpoint
-    from headprobe.train.cached_views import train_heads as train_loop
 
     recipe, record, seeds = ctx.recipe, ctx.record, ctx.recipe.seed_list
     several = len(seeds) > 1
@@ -290,7 +297,6 @@ def train_heads(ctx: RunContext, features: FeatureSet) -> TrainedHeads:
 def _tracked(recipe: Recipe, by_seed: dict) -> dict:
     """{head: {seed: tally of its tracked points}} (`stats.saddle_grid.tally_history`: claim 4's per-cell counts
     and the escape scale lr·|λ_min|·Δsteps), for results["heads"][H]["tracked"]; {} without tracking."""
-    from headprobe.stats.saddle_grid import tally_history
 
     if not recipe.geometry.track_every:
         return {}
@@ -310,10 +316,6 @@ def tune_backbone(ctx: RunContext, inputs: Inputs, seed: int, several: bool = Fa
     seed `seed`, and save what tuning changed; the caller extracts every feature again from the tuned backbone.
     With `several` seeds (`pipeline.tuned_seeds`) this is one of them: its checkpoints and tuned weights go to
     checkpoints/seed-S/ (else checkpoints/) and its training records carry the seed."""
-    from headprobe.backbones import apply_tuning
-    from headprobe.data.augment import augment_spec
-    from headprobe.train.cached_views import latest_checkpoint
-    from headprobe.train.tuned import save_tuned_backbone, train_tuned
 
     recipe, record, spec = ctx.recipe, ctx.record, ctx.recipe.backbone
     lora = dataclasses.asdict(spec.lora) if spec.tune == "lora" else {}
@@ -356,8 +358,6 @@ def analyse_geometry(ctx: RunContext, features: FeatureSet, heads: dict) -> Iter
     """Per-head geometry at the end of training (`geometry.analyse.analyse_head`): yields (head, its geometry record)
     as each head is done; heads: {name: state} with `.head` and `.predictor` (the first seed's heads, or heads loaded
     from a checkpoint)."""
-    from headprobe.geometry.analyse import PARTS, analyse_head, size_estimate
-    from headprobe.registry import OBJECTIVES
 
     objective = OBJECTIVES.get(ctx.recipe.objective.name)
     n, k, dim = features.views.features.shape
@@ -387,7 +387,6 @@ def grey_params(dataset, n_images: int = 64) -> dict[str, str] | None:
     than average R² ≈ 0 of unobservable parameters into aug_r2.mean (every tap gets the same list)."""
     import numpy as np
 
-    from headprobe.features.extract import load_image
 
     for i in range(min(n_images, len(dataset))):
         pixels = np.asarray(load_image(dataset, i).convert("RGB"))

@@ -26,6 +26,7 @@ import time
 
 from headprobe.pipeline import probing, stages
 from headprobe.pipeline.taps import Tap
+from headprobe.pipeline.training_record import record_training
 
 __all__ = ["tune_and_probe"]
 
@@ -52,12 +53,13 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
         features = stages.extract_features(ctx, seeded, tuned=True, geometry=i == 0)
         # The first seed's extraction is the one recorded (the settings are every seed's; the weights are
         # backbone_tuned.seeds); each seed's cache files are verified while they are read.
-        record.features(features.protocol if i == 0 else {}, features.seconds)
+        record.add_time(features.seconds)
+        record.put("protocol", features.protocol if i == 0 else {}, merge=True, write=False)
         ctx.reading(features)
         if i == 0 and recipe.geometry.final:
             t0 = time.perf_counter()
             for head, geometry in stages.analyse_geometry(ctx, features, trained.first):
-                record.geometry(head, geometry)
+                record.put(("heads", head, "geometry"), geometry)
             # each seed tunes its own backbone: Q-split reads the first seed's heads on its features
             with ctx.stage("answering Q-split and Q-saddle"):
                 geometry_claims = answer_geometry_questions(ctx, features, {seed: trained.first})
@@ -77,7 +79,7 @@ def tune_and_probe(ctx, inputs: stages.Inputs) -> None:
     if ran:
         ctx.clock("probe_s", time.perf_counter() - t0)
     if recipe.geometry.final:  # after probing, whose answers replace results["claims"]
-        record.geometry_claims(geometry_claims)
+        record.put("claims", geometry_claims, merge=True)
 
 
 def _record_training(ctx, trained: stages.TrainedHeads, seed: int, several: bool, kept: dict) -> None:
@@ -103,5 +105,6 @@ def _record_training(ctx, trained: stages.TrainedHeads, seed: int, several: bool
         shown_tuned["seeds"][str(seed)] = {k: tuned[k] for k in ("fingerprint", "saved") if k in tuned}
         heads, protocol, tuned = kept["heads"], kept["protocol"], shown_tuned
     # The run's training time adds up the seeds of this invocation (and, resumed, the time recorded before).
-    ctx.record.training(heads, protocol, trained.seconds, trained.resumed or not first, trained.track_s, tuned)
+    shown = dataclasses.replace(trained, heads=heads, protocol=protocol, backbone_tuned=tuned)
+    record_training(ctx.record, shown, trained.resumed or not first)
     ctx.announce_estimate("training")

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from headprobe.checks import as_tensor, check_labelled_split
+from headprobe.checks import as_tensor
+from headprobe.probes import row_blocks
 from headprobe.probes.logistic import (
     canonical_parameters,
     feature_moments,
@@ -42,7 +43,10 @@ from headprobe.probes.logistic import (
     shift_curvature_pairs,
     solver_dtype,
 )
+from headprobe.probes.logistic_blocks import predict, standardizer, validation_scores
+from headprobe.probes.row_blocks import Rows, check_labelled_rows
 from headprobe.probes.whitening import whiten as whiten_features
+from headprobe.probes.whitening import whitening_of_rows
 
 # fit_logistic: also importable from here
 __all__ = ["LinearProbeResult", "fit_logistic", "grouped_validation_split", "linear_probe"]
@@ -64,17 +68,6 @@ class LinearProbeResult:
     protocol: dict
 
 
-def _standardizer(x: torch.Tensor, enabled: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: (N, D) -> (mean (D,), scale (D,)) such that (x - mean) / scale has zero mean and unit variance."""
-    if not enabled:
-        return torch.zeros_like(x[0]), torch.ones_like(x[0])
-    std, mean = torch.std_mean(x, dim=0, correction=0)
-    # A constant feature's computed std is rounding noise of order eps·|mean|; dividing by it would blow
-    # that noise up to unit variance, so such features are only centred (much like sklearn's StandardScaler).
-    constant = std <= 10 * torch.finfo(x.dtype).eps * mean.abs().clamp_min(1e-30)
-    return mean, torch.where(constant, torch.ones_like(std), std)
-
-
 def _path_start(
     path: list[tuple[torch.Tensor, torch.Tensor]], grid: Sequence[float]
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -91,15 +84,6 @@ def _path_start(
     c0, c1, c2 = (math.log(c) for c in grid[-3:])
     step = (c2 - c1) / (c1 - c0)
     return W1 + step * (W1 - W0), b1 + step * (b1 - b0)
-
-
-def _accuracy_count(x: torch.Tensor, y: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> int:
-    return int(((x @ W + b).argmax(dim=1) == y).sum())
-
-
-def _log_loss(x: torch.Tensor, y: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> float:
-    """Mean cross-entropy of the rows x: (M, D) with labels y: (M,), in nats (float64 softmax)."""
-    return torch.nn.functional.cross_entropy((x @ W + b).double(), y).item()
 
 
 def grouped_validation_split(groups: torch.Tensor, val_fraction: float, seed: int):
@@ -138,6 +122,7 @@ def linear_probe(
     device: torch.device | str | None = None,
     groups: torch.Tensor | None = None,
     whiten: bool = True,
+    block_rows: int | None = None,
 ) -> LinearProbeResult:
     """Linear-probe accuracy with the regularisation strength C chosen on validation data only.
 
@@ -169,21 +154,32 @@ def linear_probe(
        validation data, the step-2 fit already is that model; validation data is never trained on then.
     5. Score once on test. Test data influences nothing before this step.
 
-    NumPy arrays are accepted wherever a tensor is.
+    Features are read in blocks of at most `block_rows` rows (default `row_blocks.BLOCK_ROWS`, read at the call):
+    when every split fits in one block (by default: has at most `row_blocks.WHOLE_ROWS` rows), as a whole matrix
+    with a whitened copy (earlier versions' numbers, bit for bit); otherwise each fit, score and whitening reads its
+    rows block by block (`x[i:j]` or `x[index]`) and never holds more than a block of them, whitening by folding the
+    map into the weights (float64 products), so the numbers agree with the whole computation to rounding. Features
+    may be tensors (also memory-mapped float16 ones), NumPy arrays or row sources with `len`, `.shape`, `.dtype` and
+    such row indexing.
     """
+    whole_rows = row_blocks.WHOLE_ROWS if block_rows is None else int(block_rows)
+    block_rows = row_blocks.BLOCK_ROWS if block_rows is None else int(block_rows)
+    if block_rows < 1:
+        raise ValueError(f"block_rows must be positive but got {block_rows}.")
     train_features, train_labels, test_features, test_labels, val_features, val_labels = (
-        as_tensor(name, value) for name, value in (
+        value if hasattr(value, "shape") and not isinstance(value, torch.Tensor) and name.endswith("features")
+        and not hasattr(value, "__array__") else as_tensor(name, value) for name, value in (
             ("train_features", train_features), ("train_labels", train_labels), ("test_features", test_features),
             ("test_labels", test_labels), ("val_features", val_features), ("val_labels", val_labels))
     )
-    check_labelled_split("train", train_features, train_labels)
-    check_labelled_split("test", test_features, test_labels)
+    check_labelled_rows("train", train_features, train_labels, block_rows)
+    check_labelled_rows("test", test_features, test_labels, block_rows)
     if (val_features is None) != (val_labels is None):
         raise ValueError(
             "pass val_features and val_labels together, or neither to split validation off train."
         )
     if val_features is not None:
-        check_labelled_split("val", val_features, val_labels)
+        check_labelled_rows("val", val_features, val_labels, block_rows)
     for name, feats in (("test", test_features), ("val", val_features)):
         if feats is not None and feats.shape[1] != train_features.shape[1]:
             raise ValueError(
@@ -211,17 +207,32 @@ def linear_probe(
                 f"(classes 0..{num_classes - 1}); the probe could never predict it."
             )
 
-    device = torch.device(device) if device is not None else train_features.device
+    device = torch.device(device) if device is not None else getattr(train_features, "device", torch.device("cpu"))
     dtype = solver_dtype(train_features)
+    # Every split whole, as before (a whitened copy; a row source's one block is read as a tensor): up to
+    # `row_blocks.WHOLE_ROWS` rows by default, up to `block_rows` when the caller sets it.
+    whole = max(len(f) for f in (train_features, val_features, test_features) if f is not None) <= max(
+        block_rows, whole_rows)
+    if whole:
+        train_features, val_features, test_features = (
+            f if f is None or isinstance(f, torch.Tensor) else f[0 : len(f)]
+            for f in (train_features, val_features, test_features))
     whitening = None
-    if whiten:
+    if whole and whiten:
         # Fitted once on all training rows (no labels), applied to every split; standardising is then moot.
         (x_all, val_features, test_features), whitening = whiten_features(
             train_features.to(device), None if val_features is None else val_features.to(device),
             test_features.to(device), dtype=dtype)
-        standardize = False
-    else:
+    elif whole:
         x_all = train_features.to(device, dtype)
+    all_rows, test_rows, val_rows = (None if f is None else Rows.of(f, device, dtype, block_rows) for f in (
+        x_all if whole else train_features, test_features, val_features))
+    if whiten and not whole:
+        # The map, not the whitened rows: each block is whitened through the weights as it is read.
+        fold, whitening = whitening_of_rows(all_rows)
+        all_rows, test_rows = all_rows.whitened(fold), test_rows.whitened(fold)
+        val_rows = None if val_rows is None else val_rows.whitened(fold)
+    standardize = standardize and not whiten
     y_all = train_labels.to(device, torch.int64)
 
     if val_features is None:
@@ -253,8 +264,14 @@ def linear_probe(
                     f"the stratified validation split failed ({err}); adjust val_fraction so both parts can hold "
                     f"every one of the {num_classes} classes, or pass val_features/val_labels."
                 ) from err
-        fit_idx, val_idx = torch.from_numpy(fit_idx).to(device), torch.from_numpy(val_idx).to(device)
-        x_fit, y_fit, x_val, y_val = x_all[fit_idx], y_all[fit_idx], x_all[val_idx], y_all[val_idx]
+        fit_idx, val_idx = torch.from_numpy(fit_idx), torch.from_numpy(val_idx)
+        if whole:
+            fit_idx, val_idx = fit_idx.to(device), val_idx.to(device)
+            x_fit, x_val = x_all[fit_idx], x_all[val_idx]
+        else:  # in the tap's order, so blocks of a memory-mapped tap are read front to back
+            fit_idx, val_idx = fit_idx.sort().values, val_idx.sort().values
+            fit_rows, val_rows = all_rows.take(fit_idx), all_rows.take(val_idx)
+        y_fit, y_val = y_all[fit_idx.to(device)], y_all[val_idx.to(device)]
         absent = sorted(set(range(num_classes)) - set(y_fit.unique().tolist()))
         if absent:
             raise ValueError(
@@ -262,16 +279,23 @@ def linear_probe(
                 "val_fraction or pass val_features/val_labels."
             )
     else:
-        x_fit, y_fit = x_all, y_all
-        x_val, y_val = val_features.to(device, dtype), val_labels.to(device, torch.int64)
+        fit_rows, y_fit, y_val = all_rows, y_all, val_labels.to(device, torch.int64)
+        if whole:
+            x_fit, x_val = x_all, val_features.to(device, dtype)
 
-    mean, scale = _standardizer(x_fit, standardize)
-    # Rows taken by the split are fresh copies, standardised in place; given tensors are never written to.
-    fresh = val_features is None
-    x_fit = (x_fit.sub_(mean) if fresh else x_fit - mean).div_(scale)
-    x_val = (x_val.sub_(mean) if fresh else x_val - mean).div_(scale)
-    binary, size_w = num_classes == 2, x_fit.shape[1] * (1 if num_classes == 2 else num_classes)
-    moments = feature_moments(x_fit)
+    if whole:
+        mean, scale = standardizer(Rows.of(x_fit, block_rows=block_rows), standardize)
+        # Rows taken by the split are fresh copies, standardised in place; given tensors are never written to.
+        fresh = val_features is None
+        x_fit = (x_fit.sub_(mean) if fresh else x_fit - mean).div_(scale)
+        x_val = (x_val.sub_(mean) if fresh else x_val - mean).div_(scale)
+        fit_rows, val_rows = Rows.of(x_fit, block_rows=block_rows), Rows.of(x_val, block_rows=block_rows)
+    else:
+        mean, scale = standardizer(fit_rows, standardize)
+        if standardize:
+            fit_rows, val_rows = fit_rows.standardized(mean, scale), val_rows.standardized(mean, scale)
+    binary, size_w = num_classes == 2, fit_rows.dim * (1 if num_classes == 2 else num_classes)
+    moments = feature_moments(fit_rows)
     val_correct: list[int] = []
     val_log_loss: list[float] = []
     path: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -282,44 +306,50 @@ def linear_probe(
         if history:
             history = shift_curvature_pairs(history, grid[i - 1], C, len(y_fit), size_w)
         W, b, history, fit = fit_free_parameters(
-            x_fit, y_fit, C, *free_parameters(_path_start(path, grid[: i + 1]), x_fit, num_classes), binary,
+            fit_rows, y_fit, C, *free_parameters(_path_start(path, grid[: i + 1]), fit_rows, num_classes), binary,
             max_iter=max_iter, tol=tol, history=history, moments=moments,
         )
         params = canonical_parameters(W, b, binary)
         path.append(params)
         fits.append(fit.record())
-        val_correct.append(_accuracy_count(x_val, y_val, *params))
-        val_log_loss.append(_log_loss(x_val, y_val, *params))
+        correct, log_loss = validation_scores(val_rows, y_val, *params)
+        val_correct.append(correct)
+        val_log_loss.append(log_loss)
         if best is None or val_correct[-1] > val_correct[best[0]]:
             best = (len(val_correct) - 1, params, history)
     best_index, (W, b), best_history = best
     chosen_C = grid[best_index]
 
     if val_features is None:
-        # The split's copies are done with: free them before the refit's standardised copy of every row (one copy
-        # of the tap less at the peak: 1M x 768 float32 is 3 GiB).
         n_fit = len(y_fit)
-        del x_fit, x_val
-        new_mean, new_scale = _standardizer(x_all, standardize)
+        if whole:
+            # The split's copies are done with: free them before the refit's standardised copy of every row (one
+            # copy of the tap less at the peak: 1M x 768 float32 is 3 GiB).
+            del x_fit, x_val
+        fit_rows = val_rows = None
+        new_mean, new_scale = standardizer(Rows.of(x_all, block_rows=block_rows) if whole else all_rows, standardize)
         # Start the refit from the same logits, in the new standardisation:
         # ((x - m) / s) W + b = ((x - m') / s') (diag(s' / s) W) + b + ((m' - m) / s) W.
         ratio, shift = new_scale / scale, (new_mean - mean) / scale
         W, b = W * ratio[:, None], b + shift @ W
         history = refit_curvature_pairs(best_history, ratio, shift, chosen_C, n_fit, len(y_all))
         mean, scale = new_mean, new_scale
-        # Whitened rows are this function's own copy (standardised in place); given rows are never written to.
-        x_all = (x_all.sub_(mean) if whiten else torch.sub(x_all, mean)).div_(scale)
+        if whole:
+            # Whitened rows are this function's own copy (standardised in place); given rows are never written to.
+            x_all = (x_all.sub_(mean) if whiten else torch.sub(x_all, mean)).div_(scale)
+            all_rows = Rows.of(x_all, block_rows=block_rows)
+        elif standardize:
+            all_rows = all_rows.standardized(mean, scale)
         W, b, _, fit = fit_free_parameters(
-            x_all, y_all, chosen_C, *free_parameters((W, b), x_all, num_classes), binary, max_iter=max_iter, tol=tol,
-            moments=moments,  # of the fitting part: close enough to shape a preconditioner
+            all_rows, y_all, chosen_C, *free_parameters((W, b), all_rows, num_classes), binary, max_iter=max_iter,
+            tol=tol, moments=moments,  # of the fitting part: close enough to shape a preconditioner
             history=history,
         )
         W, b = canonical_parameters(W, b, binary)
         fits.append(fit.record() | {"refit": True})
 
-    logits = (test_features.to(device, dtype) - mean) / scale @ W + b
-    probabilities = torch.softmax(logits, dim=1).float().cpu()
-    predictions = logits.argmax(dim=1).cpu()
+    predictions, probabilities = predict(test_rows.standardized(mean, scale) if whole or standardize else test_rows,
+                                         W, b)
     val_accuracy = [c / len(y_val) for c in val_correct]
     test_accuracy = (predictions == test_labels.cpu().long()).double().mean().item()
     protocol = {
@@ -333,6 +363,7 @@ def linear_probe(
                       if groups is not None else "stratified by class"),
         "whiten": whitening,
         "standardize": standardize,
+        "block_rows": None if whole else block_rows,
         "max_iter": max_iter,
         "tol": tol,
         "seed": seed,

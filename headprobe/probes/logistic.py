@@ -4,8 +4,8 @@
 `free_parameters` / `canonical_parameters` (sklearn's (W, b) to the solver's variables and back),
 `fit_free_parameters` (one preconditioned L-BFGS fit, finished in float64 where float32 cannot resolve the loss),
 `shift_curvature_pairs` / `refit_curvature_pairs` (curvature pairs carried to the next C and to the refit) and
-`feature_moments` (what shapes the preconditioner). `_class_preconditioner` and `_loss_and_grad` (the objective)
-are this module's own.
+`feature_moments` (what shapes the preconditioner). `_class_preconditioner` is this module's own; the objective,
+read over row blocks, is `headprobe.probes.logistic_blocks.loss_and_grad`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 
 from headprobe.probes.lbfgs import minimize
+from headprobe.probes.logistic_blocks import loss_and_grad, second_moments, squared_norms
+from headprobe.probes.row_blocks import Rows
 
 
-def solver_dtype(x: torch.Tensor) -> torch.dtype:
+def solver_dtype(x) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
@@ -67,19 +68,28 @@ def fit_logistic(
     x = x.to(solver_dtype(x))
     y = y.to(x.device, torch.int64)
     binary = num_classes == 2
+    rows = Rows.of(x, block_rows=len(x))
     W, b, _, _ = fit_free_parameters(
-        x, y, C, *free_parameters(init, x, num_classes), binary, max_iter=max_iter, tol=tol
+        rows, y, C, *free_parameters(init, rows, num_classes), binary, max_iter=max_iter, tol=tol
     )
     return canonical_parameters(W, b, binary)
 
 
+def _rows(x: Rows | torch.Tensor) -> Rows:
+    """A tensor as `Rows` read in one block, in its own dtype; `Rows` as they are."""
+    return x if isinstance(x, Rows) else Rows.of(x, dtype=x.dtype, block_rows=max(1, len(x)))
+
+
 def free_parameters(
-    init: tuple[torch.Tensor, torch.Tensor] | None, x: torch.Tensor, num_classes: int
+    init: tuple[torch.Tensor, torch.Tensor] | None, x: Rows | torch.Tensor, num_classes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`init` = (W: (D, K), b: (K,)) or None (zeros) -> the solver's free variables (D, F), (F,) on x's device."""
-    d, free_classes = x.shape[1], 1 if num_classes == 2 else num_classes
+    """`init` = (W: (D, K), b: (K,)) or None (zeros) -> the solver's free variables (D, F), (F,) on x's device, in
+    x's dtype (D: the dimension of the probe's coordinates, `Rows.dim`)."""
+    x = _rows(x)
+    d, free_classes = x.dim, 1 if num_classes == 2 else num_classes
     if init is None:
-        return x.new_zeros(d, free_classes), x.new_zeros(free_classes)
+        return (torch.zeros(d, free_classes, dtype=x.dtype, device=x.device),
+                torch.zeros(free_classes, dtype=x.dtype, device=x.device))
     W0, b0 = (t.to(x.device, x.dtype) for t in init)
     if W0.shape != (d, num_classes) or b0.shape != (num_classes,):
         raise ValueError(
@@ -106,7 +116,7 @@ class FitRecord:
 
 
 def fit_free_parameters(
-    x: torch.Tensor,
+    x: Rows | torch.Tensor,
     y: torch.Tensor,
     C: float,
     W: torch.Tensor,
@@ -118,27 +128,28 @@ def fit_free_parameters(
     history: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     moments: FeatureMoments | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], FitRecord]:
-    """The solver behind `fit_logistic`, starting from the free variables W: (D, F), b: (F,).
+    """The solver behind `fit_logistic`, starting from the free variables W: (D, F), b: (F,); x: the N training rows
+(`Rows`, read block by block), y: their (N,) labels.
 
     Returns W, b (free variables, not yet canonical), the L-BFGS curvature pairs of this objective (in the
     flattened (Wᵀ, b) space; `shift_curvature_pairs` turns them into pairs of another C on the same x) and how it
     went. `history` starts L-BFGS with curvature pairs of this very objective; `moments` (`feature_moments`)
     shapes the preconditioner, the diagonal second moments when not given.
     """
-    n, d = x.shape
+    x = _rows(x)
+    n, d = len(x), x.dim
     # The solver's variable is Wᵀ, (F, D): the logits are then formed as Wᵀxᵀ, (F, N), and the weight gradient
     # as gᵀx, the two products CPU BLAS runs fastest for a handful of classes (against x W and xᵀg:
     # `benchmarks/results/choices.json`, `logistic_layout`). L-BFGS only takes dot products of the flattened
     # variables, so the layout does not change the iterates.
     free = W.shape[1]
-    targets = _one_hot(y, free + (free == 1))
     if moments is None:
         moments = feature_moments(x, max_dim=0)  # the diagonal
     curvature: list[torch.Tensor] = []
 
     def evaluate(theta: torch.Tensor) -> tuple[float, torch.Tensor]:
         Wt, bias = theta[: free * d].view(free, d), theta[free * d :]
-        loss, grad_w, grad_b, A = _loss_and_grad(x, targets, Wt, bias, C, binary, curvature=not curvature)
+        loss, grad_w, grad_b, A = loss_and_grad(x, y, Wt, bias, C, binary, curvature=not curvature)
         if A is not None:
             curvature.append(A)
         return float(loss), torch.cat([grad_w.flatten(), grad_b])
@@ -271,10 +282,10 @@ def _class_preconditioner(A: torch.Tensor, moments: FeatureMoments, penalty: flo
     return precondition
 
 
-def feature_moments(x: torch.Tensor, *, max_rows: int = 2048, max_dim: int = 1024) -> FeatureMoments:
+def feature_moments(x: Rows | torch.Tensor, *, max_rows: int = 2048, max_dim: int = 1024) -> FeatureMoments:
     """The features' second-moment matrix xᵀx / N for `_class_preconditioner`, from at most `max_rows` evenly
     spaced rows: the eigenvectors whose eigenvalues lie outside the Marchenko-Pastur band of isotropic noise,
-    and one level for the rest; just the diagonal when D > max_dim.
+    and one level for the rest; just the diagonal when D > max_dim. x: (N, D) rows (`Rows`, or a tensor).
 
     Standardised backbone features are strongly correlated, and L-BFGS spends most of its iterations on the
     directions the correlations squeeze; the eigenbasis lets the preconditioner undo them (on the quickstart's
@@ -285,79 +296,19 @@ def feature_moments(x: torch.Tensor, *, max_rows: int = 2048, max_dim: int = 102
     is computed once per probe. Above `max_dim` the dense eigendecomposition stops paying for itself (its time at
     D = 1024: `benchmarks/results/choices.json`, `logistic_eigh`).
     """
-    n, d = x.shape
+    rows = _rows(x)
+    n, d, dtype = len(rows), rows.dim, rows.dtype
     if d > max_dim:
-        return FeatureMoments(torch.linalg.vector_norm(x, dim=0) ** 2 / n)
-    rows = x[:: max(1, n // max_rows)].double()
+        return FeatureMoments(squared_norms(rows) / n)
+    sample = rows.take(torch.arange(0, n, max(1, n // max_rows)))
     # float64: float32 eigh of a rank-deficient second-moment matrix with many zero columns (mean-pooled ReLU
     # features with dead units) returned NaN eigenvalues without raising (LAPACK ssyevd), and the NaN
     # preconditioner turned the whole C path into NaN. Should it still fail, the diagonal shapes the steps.
-    eigenvalues, eigenvectors = torch.linalg.eigh(rows.T @ rows / rows.shape[0])
+    eigenvalues, eigenvectors = torch.linalg.eigh(second_moments(sample))
     if not (torch.isfinite(eigenvalues).all() and torch.isfinite(eigenvectors).all()):
-        return FeatureMoments(torch.linalg.vector_norm(x, dim=0) ** 2 / n)
-    eigenvalues, eigenvectors = eigenvalues.clamp_min(0).to(x.dtype), eigenvectors.to(x.dtype)
-    ratio, level = d / rows.shape[0], eigenvalues.mean()
+        return FeatureMoments(squared_norms(rows) / n)
+    eigenvalues, eigenvectors = eigenvalues.clamp_min(0).to(dtype), eigenvectors.to(dtype)
+    ratio, level = d / len(sample), eigenvalues.mean()
     inside = (eigenvalues >= level * (1 - ratio**0.5) ** 2) & (eigenvalues <= level * (1 + ratio**0.5) ** 2)
     bulk = eigenvalues[inside].mean().item() if inside.any() else 0.0
     return FeatureMoments(eigenvalues[~inside], eigenvectors[:, ~inside], bulk)
-
-
-def _one_hot(y: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """y: (N,) class indices -> (K, N) float64 one-hot targets, the layout `_loss_and_grad` takes."""
-    return F.one_hot(y.long(), num_classes).T.to(torch.float64, memory_format=torch.contiguous_format)
-
-
-@torch.no_grad()
-def _loss_and_grad(
-    x: torch.Tensor,
-    targets: torch.Tensor,
-    Wt: torch.Tensor,
-    b: torch.Tensor,
-    C: float,
-    binary: bool,
-    *,
-    curvature: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Mean cross-entropy + ‖W‖² / (2 C N) and its gradient; x: (N, D), targets: (K, N) one-hot (`_one_hot`),
-    Wt: (F, D), b: (F,) -> (float64 loss, (F, D) grad of Wt, (F,) grad of b, A), with F = K, or 1 for K = 2
-    (class 0 fixed at 0). With `curvature`, A is the (F, F) float64 mean softmax Hessian in the logits,
-    mean_n diag(p_n) - p_n p_nᵀ (for `_class_preconditioner`), otherwise None. The products run in Wt's
-    dtype; row blocks of x in another dtype are converted as they are read.
-
-    Written out rather than left to autograd: it reads x once per product with no saved activations, and
-    takes the softmax, the loss and its sum in float64. In float32 the loss is resolved only to ~1e-7 of its
-    value, so L-BFGS's line search stalls before sklearn's gradient test (max |grad| ≤ tol) is met -- at
-    max |grad| ~2e-5 for C = 1e-4 on 8000 × 768 features -- and burns evaluations there; the (K, N) logits are
-    small, so float64 there costs nothing measurable. Targets are one-hot: the log-likelihood and p − target are
-    then two plain element-wise operations per block. Indexing by (label, row) pairs costs about the same
-    (`benchmarks/results/choices.json`, `logistic_one_hot`) but sums in another order, so a switch would change the
-    probe's last bits.
-    """
-    n = x.shape[0]
-    # Row blocks of ~4 MiB: the block can still be in cache for the second product (gᵀx), so x need not be read
-    # from memory twice per evaluation (against 1 and 64 MiB blocks, a small difference:
-    # `benchmarks/results/choices.json`, `logistic_blocks`). On a GPU one block holds everything.
-    step = n if x.is_cuda else max(256, 2**22 // max(1, x.shape[1] * x.element_size()))
-    log_likelihood = torch.zeros((), dtype=torch.float64, device=x.device)
-    grad_w = Wt / (C * n)
-    grad_b = torch.zeros_like(b)
-    A = torch.zeros(targets.shape[0], targets.shape[0], dtype=torch.float64, device=x.device)
-    for start in range(0, n, step):
-        block, target = x[start : start + step], targets[:, start : start + step]
-        block = block.to(Wt.dtype)  # a float64 finish of float32 features (see fit_free_parameters); otherwise a no-op
-        z = torch.addmm(b[:, None], Wt, block.T)
-        if binary:
-            z = torch.cat([torch.zeros_like(z), z])
-        log_p = z.log_softmax(dim=0, dtype=torch.float64)
-        log_likelihood += (log_p * target).sum()
-        p = log_p.exp_()
-        if curvature:
-            A += torch.diag(p.sum(dim=1)) - p @ p.T
-        g = p.sub_(target)
-        g = (g[1:] if binary else g).to(Wt.dtype)
-        grad_w.addmm_(g, block, alpha=1 / n)
-        grad_b.add_(g.sum(dim=1), alpha=1 / n)
-    penalty = torch.linalg.vector_norm(Wt, dtype=torch.float64) ** 2 / (2 * C * n)
-    loss = penalty - log_likelihood / n
-    return loss, grad_w, grad_b, ((A[1:, 1:] if binary else A) / n if curvature else None)
-

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import torch
 
+from headprobe.probes.row_blocks import Rows, Whitening
+
 # Columns of x are read in blocks of about this many float64 entries (32 MiB), converted as they are read.
 _BLOCK_ENTRIES = 2**22
 
@@ -71,15 +73,8 @@ def whiten(train: torch.Tensor, *others: torch.Tensor | None,
         gram = _cross(train, mean, train)
         eigenvalues, vectors = torch.linalg.eigh(gram)
         method = "gram"
-    sigma = eigenvalues.clamp_min(0).sqrt()
-    sigma_max = float(sigma.max())
-    size = max(n, d)
-    tolerance = max(sigma_max * size * eps, sigma_max * (size * torch.finfo(torch.float64).eps) ** 0.5)
-    kept = sigma > tolerance
-    if not kept.any():
-        raise ValueError("the training features are constant (no direction varies above rounding), so there is "
-                         "nothing to whiten; check that the tap's features were extracted.")
-    sigma, vectors = sigma[kept], vectors[:, kept]
+    sigma, kept, record = _support(eigenvalues, n, d, eps)
+    vectors = vectors[:, kept]
     if method == "covariance":
         projection = vectors * (n**0.5 / sigma)  # V Λ^{-1/2}, with Λ = S² / N
 
@@ -92,10 +87,67 @@ def whiten(train: torch.Tensor, *others: torch.Tensor | None,
         def apply(x: torch.Tensor) -> torch.Tensor:
             return (_cross(x, mean, train) @ coefficients).to(dtype)
         z_train = (gram @ coefficients).to(dtype)
-    record = {"rank": int(kept.sum()), "tolerance": tolerance, "sigma_max": sigma_max,
-              "rule": "sigma > max(sigma_max * max(N, D) * eps(input dtype), sigma_max * sqrt(max(N, D) * eps64))",
-              "n": n, "dim": d, "method": method}
-    return [z_train, *(None if x is None else apply(x) for x in others)], record
+    return [z_train, *(None if x is None else apply(x) for x in others)], record | {"method": method}
+
+
+def _support(eigenvalues: torch.Tensor, n: int, d: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Eigenvalues of the centred train matrix's scatter (or Gram) matrix -> (the kept singular values σ, which
+    are kept (a mask), the record's rank, tolerance, rule, n, dim); see the module docstring for the rule."""
+    sigma = eigenvalues.clamp_min(0).sqrt()
+    sigma_max = float(sigma.max())
+    size = max(n, d)
+    tolerance = max(sigma_max * size * eps, sigma_max * (size * torch.finfo(torch.float64).eps) ** 0.5)
+    kept = sigma > tolerance
+    if not kept.any():
+        raise ValueError("the training features are constant (no direction varies above rounding), so there is "
+                         "nothing to whiten; check that the tap's features were extracted.")
+    return sigma[kept], kept, {
+        "rank": int(kept.sum()), "tolerance": tolerance, "sigma_max": sigma_max,
+        "rule": "sigma > max(sigma_max * max(N, D) * eps(input dtype), sigma_max * sqrt(max(N, D) * eps64))",
+        "n": n, "dim": d}
+
+
+def whitening_of_rows(rows: Rows) -> tuple[Whitening, dict]:
+    """`whiten`'s map for a tap read block by block (`Rows`, no map yet): the float64 mean and projection (D, r),
+    for the probe to fold into its weights rather than store whitened rows; same support rule and record (with
+    "blocks": rows per block). D ≤ N: the scatter matrix, summed over row blocks. D > N: the Gram matrix, from pairs
+    of row blocks, and the projection (x − μ)ᵀ U S⁻² √N summed over row blocks."""
+    n, d = len(rows), rows.dim
+    if n < 2:
+        raise ValueError(f"whitening needs at least 2 training rows to estimate a covariance but got {n}.")
+    dtype = rows.source.dtype
+    eps = torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps
+    total = torch.zeros(d, dtype=torch.float64, device=rows.device)
+    for _, block in rows.blocks():
+        total += block.sum(dim=0, dtype=torch.float64)
+    mean = total / n
+
+    def centred():
+        for start, block in rows.blocks():
+            yield start, block.to(torch.float64) - mean
+
+    if d <= n:
+        scatter = torch.zeros(d, d, dtype=torch.float64, device=rows.device)
+        for _, block in centred():
+            scatter.addmm_(block.T, block)
+        eigenvalues, vectors = torch.linalg.eigh(scatter)
+        sigma, kept, record = _support(eigenvalues, n, d, eps)
+        projection = vectors[:, kept] * (n**0.5 / sigma)  # V Λ^{-1/2}, with Λ = S² / N
+        method = "covariance"
+    else:
+        gram = torch.zeros(n, n, dtype=torch.float64, device=rows.device)
+        for start, block in centred():
+            for other_start, other in centred():
+                gram[start : start + len(block), other_start : other_start + len(other)] = block @ other.T
+        eigenvalues, vectors = torch.linalg.eigh(gram)
+        del gram
+        sigma, kept, record = _support(eigenvalues, n, d, eps)
+        coefficients = vectors[:, kept] * (n**0.5 / sigma**2)  # U S⁻² √N
+        projection = torch.zeros(d, len(sigma), dtype=torch.float64, device=rows.device)
+        for start, block in centred():
+            projection.addmm_(block.T, coefficients[start : start + len(block)])
+        method = "gram"
+    return Whitening(mean, projection), record | {"method": method, "blocks": rows.block_rows}
 
 
 def _scatter(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:

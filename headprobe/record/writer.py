@@ -1,16 +1,21 @@
 """The one writer of a run's record: `results.json`, `metrics.jsonl` and the per-unit stores (`per_unit/*.safetensors`).
 
-The stages of a run compute and return typed values; `pipeline.compose` hands them to a `RecordWriter`, which alone
-changes the record and writes it (`RunDir.write_results` after every finished step, so a failure keeps everything
-computed before it). The writer owns resume too: what a resumed run takes from the record it continues
-(`RecordWriter.begin`: the finished taps, the probing and training time, the earlier invocations) and the per-unit
-values of the probes it does not run again (`open_unit`).
+The stages of a run compute and return typed values; at each stage's end the stage puts them into the record
+(`RecordWriter.put`: a section, or a place within one, and the value, serialised by its `to_record()` where it has
+one), and the writer alone changes the record and writes it (`RunDir.write_results` at every put unless told
+`write=False`, so a failure keeps everything computed before it). What goes where is the stage's (or the typed
+value's) to say; the writer knows the record's bookkeeping only: time, the probed units and their per-unit stores,
+the run's status. It owns resume too: what a resumed run takes from the record it continues (`RecordWriter.begin`:
+the finished taps, the probing and training time, the earlier invocations) and the per-unit values of the probes it
+does not run again (`open_unit`).
 
 >>> writer = RecordWriter(RunDir("runs/x", writable=False), {"taps": {}, "timing": {}}, invocation=None)
 >>> writer.open_unit("backbone", None, 0, None)
 set()
->>> writer.add_time("probe_s", 2.0); writer.add_time("probe_s", 1.0); writer.record["timing"]
+>>> writer.add_time({"probe_s": 2.0}); writer.add_time({"probe_s": 1.0}); writer.record["timing"]
 {'probe_s': 3.0}
+>>> writer.put(("protocol", "train"), {"epochs": 1}, write=False); writer.record["protocol"]
+{'train': {'epochs': 1}}
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from headprobe.parallel.atomic import remove_stale_temporaries
 from headprobe.recipe import RecipeError
 from headprobe.record.directory import RunDir, metrics_from_json, new_results
 from headprobe.record.results import RunRecord
-from headprobe.stats.answers import QuestionAnswers, claims_record
 from headprobe.stats.bootstrap import load_per_unit, save_per_unit
 from headprobe.stats.measures import TapMeasures, tap_measures
 
@@ -57,6 +61,15 @@ class TapSummary:
     metrics: dict | None = None
     protocol: dict | None = None
     per_unit: dict | None = None
+
+
+def _serialised(value: Any) -> Any:
+    """A typed value's record (`to_record()`), or a mapping's with each such value's; anything else as it is."""
+    if hasattr(value, "to_record"):
+        return value.to_record()
+    if isinstance(value, Mapping) and any(hasattr(v, "to_record") for v in value.values()):
+        return {k: v.to_record() if hasattr(v, "to_record") else v for k, v in value.items()}
+    return value
 
 
 def _what_it_computes(recipe: dict | None) -> dict | None:
@@ -185,88 +198,34 @@ class RecordWriter:
         """One record appended to metrics.jsonl (and handed to the trackers)."""
         self.run_dir.log_metrics(entry)
 
-    def environment(self, environment: dict) -> None:
-        self.record["environment"] = environment
-
-    # --- time -----------------------------------------------------------------------------------------------------
-
-    def add_time(self, key: str, seconds: float) -> None:
-        """`seconds` more of stage `key`, in the run's timing and in this invocation's own."""
-        self.timing[key] = self.timing.get(key, 0.0) + seconds
-        self._invocation_time(key, seconds)
-
-    def training_time(self, seconds: float, resumed: bool, track_s: float = 0.0) -> None:
-        """Training time and the curvature tracking's share of it; `resumed` (resumed from a checkpoint, or a later
-        seed's training, trained one after another): added to the time recorded so far."""
-        timing = self.timing
-        timing["train_s"] = (timing.get("train_s", 0.0) if resumed else 0.0) + seconds
-        self._invocation_time("train_s", seconds)
-        if track_s:
-            timing["track_s"] = (timing.get("track_s", 0.0) if resumed else 0.0) + track_s
-            self._invocation_time("track_s", track_s)
-            self.record.setdefault("timing_ratios", {})["track_over_train"] = track_s / max(timing["train_s"], 1e-9)
-
-    def _invocation_time(self, key: str, seconds: float) -> None:
-        if self.invocation is not None:
-            own = self.invocation["timing"]
-            own[key] = own.get(key, 0.0) + seconds
-
-    # --- the stages -----------------------------------------------------------------------------------------------
-
-    def backbone(self, backbone: dict, seconds: dict[str, float]) -> None:
-        """The backbone a run loaded (written with the data, or with the failure that stops the run before)."""
-        for key, value in seconds.items():
-            self.add_time(key, value)
-        self.record["backbone"] = backbone
-
-    def data(self, data: dict) -> None:
-        """The data a run loaded."""
-        self.record["data"] = data
-        self.write()
-
-    def features(self, protocol: dict, seconds: dict[str, float]) -> None:
-        """What extraction recorded (protocol entries: features, views, views_probed)."""
-        self.record["protocol"].update(protocol)
-        for key, value in seconds.items():
-            self.add_time(key, value)
-
-    def untuned(self) -> None:
-        """Before tuning: the untuned backbone's features and views stay recorded beside the tuned ones."""
-        protocol = self.record["protocol"]
-        protocol["features_untuned"], protocol["views_untuned"] = protocol["features"], protocol.get("views")
-
-    def training(self, heads: dict, protocol: dict, seconds: float | None = None, resumed: bool = False,
-                 track_s: float = 0.0, backbone_tuned: dict | None = None) -> None:
-        """The heads trained (`heads`: {name: record}), the training protocol and (None: nothing was trained) its
-        time; `backbone_tuned`: the tuned backbone, when it was tuned with them."""
-        if seconds is not None:
-            self.training_time(seconds, resumed, track_s)
-        if backbone_tuned is not None:
-            self.record["backbone_tuned"] = backbone_tuned
-        if "train" in protocol:
-            self.record["protocol"]["train"] = protocol["train"]
-        self.record["heads"].update(heads)
-        self.record["protocol"].update({k: v for k, v in protocol.items() if k != "train"})
-        if any(h.get("tracked") for h in self.record["heads"].values()):
-            from headprobe.stats.saddle_grid import saddle_grid
-
-            self.record["saddle_grid"] = saddle_grid(self.record)  # claim 4 per cell, with its intervals
-        self.write()
-
-    def geometry(self, head: str, geometry: dict, write: bool = True) -> None:
-        self.record["heads"][head]["geometry"] = geometry
+    def put(self, where: str | tuple[str, ...], value: Any, *, merge: bool = False, write: bool = True) -> None:
+        """`value` into the record at `where`: a section ("data"), or a place within one (("heads", name,
+        "geometry")), made on the way. A value with `to_record()` (a typed answer or verdict) is serialised by it,
+        and so is each value of a mapping of them. merge: the mapping's entries update the one there (made where
+        none is) instead of replacing it. write: results.json rewritten now (as every put does unless told not
+        to: several puts of one stage end with one write)."""
+        keys = (where,) if isinstance(where, str) else tuple(where)
+        place: dict = self.record
+        for key in keys[:-1]:
+            place = place.setdefault(key, {})
+        value = _serialised(value)
+        if merge:
+            place.setdefault(keys[-1], {}).update(value)
+        else:
+            place[keys[-1]] = value
         if write:
             self.write()
 
-    def geometry_claims(self, claims: dict) -> None:
-        """The geometry stage's answers (`stats.geometry_claims`) beside the buffer questions in results["claims"]."""
-        self.record.setdefault("claims", {}).update(claims)
-        self.write()
+    # --- time -----------------------------------------------------------------------------------------------------
 
-    def recorded_geometry(self, source: str) -> None:
-        """`headprobe geometry` of a recorded run: the checkpoint analysed and the analysis's own timing."""
-        self.record["geometry_from"], self.record["geometry_timing"] = source, self.timing
-        self.write()
+    def add_time(self, seconds: Mapping[str, float], *, restart: bool = False) -> None:
+        """`seconds` more of each stage ({key: seconds}), in the run's timing and in this invocation's own; restart:
+        the run's count of those stages starts again from these (a stage redone whole, not continued)."""
+        for key, value in seconds.items():
+            self.timing[key] = (0.0 if restart else self.timing.get(key, 0.0)) + value
+            if self.invocation is not None:
+                own = self.invocation["timing"]
+                own[key] = own.get(key, 0.0) + value
 
     # --- probes ---------------------------------------------------------------------------------------------------
 
@@ -335,7 +294,7 @@ class RecordWriter:
         self.record["taps"][tap] = entry
         self.write()
 
-    def summary(self, summary: TapSummary, write: bool = False) -> None:
+    def summary(self, summary: TapSummary, write: bool = True) -> None:
         """A tap's intervals, or its seeds' aggregate (metrics, protocol, per-unit seed means and intervals)."""
         tap = self.record["taps"][summary.tap]
         if summary.metrics is not None:
@@ -353,23 +312,18 @@ class RecordWriter:
         the statistics (`stats.measures`)."""
         return tap_measures(self.record["taps"], self.per_unit)
 
-    def verdicts(self, buffer: dict, claims: Mapping[str, QuestionAnswers]) -> None:
-        """Each head's buffer verdict and the paper's questions answered (`stats.claims.answer_questions`), each
-        question's answers serialised here (`QuestionAnswers.to_record()`)."""
-        self.record["buffer"].update(buffer)
-        self.record["claims"] = claims_record(claims)
-        self.write()
-
     # --- the end ----------------------------------------------------------------------------------------------------
 
-    def complete(self, orbits: dict) -> None:
-        """The run is complete: probing's cost against extraction's, the orbits' coordinates, the status."""
+    def complete(self, **last: Any) -> None:
+        """The run is complete: probing's cost against extraction's, the `last` sections ({section: value}, as
+        `put` takes them), the status."""
         timing = self.timing
         extracted = timing.get("extract_s", 0.0) + timing.get("extract_views_s", 0.0)
         if extracted > 0:
             # Probes work on cached features: all of them together should cost less than extracting those.
             self.record.setdefault("timing_ratios", {})["probe_over_extract"] = timing.get("probe_s", 0.0) / extracted
-        self.record["orbits"] = orbits
+        for section, value in last.items():
+            self.put(section, value, write=False)
         self.record["status"] = "complete"
         if self.invocation is not None:
             self.invocation["status"] = "complete"

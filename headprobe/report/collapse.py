@@ -1,6 +1,6 @@
 """The collapse table of the report's Geometry section: claim 4, per head, from the run's tracked curvature.
 
-"Collapse is unstable only for smooth heads" (PAPER.md claim 4): at a collapsed start a Swish/GELU head has
+"Collapse is unstable only for smooth heads" (the paper, claim 4): at a collapsed start a Swish/GELU head has
 λ_min < 0 (a strict saddle), linear and ReLU heads do not. The paper counts λ_min < 0 in 72/100 epochs for a
 Swish head started collapsed and 1/100 for a ReLU head. Only points taken while the head is still collapsed bear on
 that: `summarise_collapse` counts, per head, the tracked points whose state is collapsed by the recorded criterion

@@ -115,5 +115,5 @@ class QuestionAnswers:
 
 def claims_record(answers: Mapping[str, QuestionAnswers]) -> dict:
     """results.json["claims"] of `stats.claims.answer_questions`' answers: {question: `QuestionAnswers.to_record()`}
-    (what `record.writer.RecordWriter.verdicts` writes)."""
+    (what `record.writer.RecordWriter.put` writes of them: `_serialised`)."""
     return {key: question.to_record() for key, question in answers.items()}

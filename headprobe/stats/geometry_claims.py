@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from headprobe.stats.geometry_answers import GeometryAnswers, SaddleAnswer, SplitAnswer
 
 # Where most collapsed states are strict saddles: a head type "is a saddle at collapse".
 MAJORITY = 0.5
@@ -120,43 +122,36 @@ def _split_answer(record: dict, margin: float) -> str:
     return "M = 0" if high <= margin else "M > 0" if low > margin else "undecided"
 
 
-def answer_split(measures: Sequence[SplitMeasure], question: GeometryQuestion = Q_SPLIT, seed: int = 0) -> dict:
-    """results.json["claims"]["Q-split"] from each head's `SplitMeasure`."""
+def answer_split(measures: Sequence[SplitMeasure], question: GeometryQuestion = Q_SPLIT,
+                 seed: int = 0) -> GeometryAnswers:
+    """Q-split's answers from each head's `SplitMeasure`."""
     heads = {}
     for m in measures:
-        record = _mean_interval(m.batch, seed)
-        record["answer"] = _split_answer(record, question.margin)
-        record["predicted"] = "M = 0" if m.predicted_zero_batch else "M > 0"
-        running = _mean_interval(m.running, seed)
-        running |= {"answer": _split_answer(running, question.margin),
-                    "predicted": "M = 0" if m.predicted_zero_running else "M > 0"}
-        record["secondary"] = {"m_share.running": running}
-        record["line"] = split_line(question, m.head, record)
-        heads[m.head] = record
-    return {question.key: _entry(question, heads, "M = 0: the 95% interval's upper end ≤ the margin; M > 0: its "
-                                 "lower end above it; undecided otherwise; predicted from the head's structure",
-                                 "mean over evaluation batches; 95% two-stage cluster bootstrap over seeds and "
-                                 "batches (batches only with one seed)")}
-
-
-def _entry(question: GeometryQuestion, heads: dict, answer_rule: str, interval_rule: str) -> dict:
-    return {"asks": question.asks, "claim": question.claim, "primary": question.primary,
-            "measure": question.measure, "kind": "value", "margin": question.margin, "regime": question.regime,
-            "interval_rule": interval_rule, "answer_rule": answer_rule, "heads": heads}
+        interval, running = _mean_interval(m.batch, seed), _mean_interval(m.running, seed)
+        running_answer = SplitAnswer(running, _split_answer(running, question.margin),
+                                     "M = 0" if m.predicted_zero_running else "M > 0")
+        answer = SplitAnswer(interval, _split_answer(interval, question.margin),
+                             "M = 0" if m.predicted_zero_batch else "M > 0", running_answer)
+        heads[m.head] = dataclasses.replace(answer, line=split_line(question, m.head, answer))
+    return GeometryAnswers(question, "mean over evaluation batches; 95% two-stage cluster bootstrap over seeds and "
+                           "batches (batches only with one seed)",
+                           "M = 0: the 95% interval's upper end ≤ the margin; M > 0: its lower end above it; "
+                           "undecided otherwise; predicted from the head's structure", heads)
 
 
 def _number(value: float) -> str:
     return f"{value:.3g}".replace("-", "−")
 
 
-def split_line(question: GeometryQuestion, head: str, record: dict) -> str:
+def split_line(question: GeometryQuestion, head: str, answer: SplitAnswer) -> str:
     """"Q-split: relu head ‖M‖_F/‖H_eff‖_F, BatchNorm on batch statistics: 0 [0, 0], 3 seeds × 8 evaluation
     batches — M = 0 (predicted M = 0)"."""
+    record = answer.interval
     low, high = record["ci95"]
     seeds = f"{record['n_seeds']} seed{'s' if record['n_seeds'] != 1 else ''}"
-    verdict = "as predicted" if record["answer"] == record["predicted"] else f"predicted {record['predicted']}"
+    verdict = "as predicted" if answer.answer == answer.predicted else f"predicted {answer.predicted}"
     return (f"{question.key}: {head} head {question.measure}: {_number(record['value'])} [{_number(low)}, "
-            f"{_number(high)}], {seeds} × {record['n_units']} {record['unit']} — {record['answer']} ({verdict})")
+            f"{_number(high)}], {seeds} × {record['n_units']} {record['unit']} — {answer.answer} ({verdict})")
 
 
 def _arm(state) -> str:
@@ -178,7 +173,7 @@ def _median_ratio(numerators: list[float], denominators: list[float]) -> float |
     return statistics.median(ratios) if ratios else None
 
 
-def _saddle_record(states, head: str, arm: str, threshold: float, seed: int) -> dict | None:
+def _saddle_answer(states, head: str, arm: str, threshold: float, seed: int) -> SaddleAnswer | None:
     clusters = _collapsed_by_seed(states, head, arm)
     if not clusters:
         return None
@@ -187,45 +182,46 @@ def _saddle_record(states, head: str, arm: str, threshold: float, seed: int) -> 
     own = [s for s in states if s.head == head and _arm(s) == arm]
     collapsed = [s for s in own if s.collapsed]
     bn = [getattr(s, "rayleigh_head_bn", 0.0) for s in collapsed]
-    record = proportion_interval(clusters, seed=seed)
-    low, high = record["ci95"]
-    record |= {"answer": "saddle" if low > threshold else "not a saddle" if high < threshold else "undecided",
-               "n_negative": int(sum(map(sum, clusters))), "n_collapsed": len(collapsed), "n_states": len(own),
-               "n_seeds": len(clusters), "n_units": len(collapsed) // len(clusters), "unit": "collapsed states",
-               "lambda_min_median": statistics.median(s.lambda_min for s in collapsed),
-               "lambda_max_median": statistics.median(s.lambda_max for s in collapsed),
-               "bound_max": max(s.bound for s in collapsed),
-               "rayleigh_head_median": statistics.median(s.rayleigh_head for s in collapsed),
-               "arm": arm, "rayleigh_head_bn_median": statistics.median(bn),
-               "rayleigh_head_act_median": statistics.median(getattr(s, "rayleigh_head_act", s.rayleigh_head)
-                                                             for s in collapsed),
-               # The head's BatchNorm's share of its M-term (vᵀM_bn v / vᵀMv) and of λ_min (vᵀM_bn v / λ_min).
-               "head_bn_share_of_m_median": _median_ratio(bn, [s.rayleigh_head for s in collapsed]),
-               "head_bn_share_of_lambda_min_median": _median_ratio(bn, [s.lambda_min for s in collapsed]),
-               "lambda_ratio_median": _median_ratio([s.lambda_min for s in collapsed],
-                                                    [s.lambda_max for s in collapsed]),
-               "interval": "Wilson at n/deff and cluster bootstrap over seeds, their envelope"}
-    return record
+    interval = proportion_interval(clusters, seed=seed)
+    low, high = interval["ci95"]
+    counts = {"n_negative": int(sum(map(sum, clusters))), "n_collapsed": len(collapsed), "n_states": len(own),
+              "n_seeds": len(clusters), "n_units": len(collapsed) // len(clusters), "unit": "collapsed states",
+              "lambda_min_median": statistics.median(s.lambda_min for s in collapsed),
+              "lambda_max_median": statistics.median(s.lambda_max for s in collapsed),
+              "bound_max": max(s.bound for s in collapsed),
+              "rayleigh_head_median": statistics.median(s.rayleigh_head for s in collapsed),
+              "arm": arm, "rayleigh_head_bn_median": statistics.median(bn),
+              "rayleigh_head_act_median": statistics.median(getattr(s, "rayleigh_head_act", s.rayleigh_head)
+                                                            for s in collapsed),
+              # The head's BatchNorm's share of its M-term (vᵀM_bn v / vᵀMv) and of λ_min (vᵀM_bn v / λ_min).
+              "head_bn_share_of_m_median": _median_ratio(bn, [s.rayleigh_head for s in collapsed]),
+              "head_bn_share_of_lambda_min_median": _median_ratio(bn, [s.lambda_min for s in collapsed]),
+              "lambda_ratio_median": _median_ratio([s.lambda_min for s in collapsed],
+                                                   [s.lambda_max for s in collapsed]),
+              "interval": "Wilson at n/deff and cluster bootstrap over seeds, their envelope"}
+    answer = "saddle" if low > threshold else "not a saddle" if high < threshold else "undecided"
+    return SaddleAnswer(interval, answer, counts)
 
 
-def _difference(states, arm: str, margin: float, seed: int) -> dict | None:
+def _difference(states, arm: str, margin: float, seed: int) -> SaddleAnswer | None:
     smooth, linear = (_collapsed_by_seed(states, group, arm) for group in (("swish", "gelu"), ("linear", "relu")))
     if not smooth or not linear or len(smooth) != len(linear):
         return None
     from headprobe.stats.clustered import difference_interval
 
-    record = difference_interval(smooth, linear, seed=seed)
-    low, high = record["ci95"]
-    record |= {"answer": "yes" if low > margin else "no" if high < margin else "undecided",
-               "n_seeds": len(smooth), "n_units": sum(map(len, smooth)) // len(smooth),
-               "unit": "collapsed smooth-head states",
-               "interval": "Newcombe (Wilson at n/deff) and paired cluster bootstrap over seeds, their envelope"}
-    return record
+    interval = difference_interval(smooth, linear, seed=seed)
+    low, high = interval["ci95"]
+    counts = {"n_seeds": len(smooth), "n_units": sum(map(len, smooth)) // len(smooth),
+              "unit": "collapsed smooth-head states",
+              "interval": "Newcombe (Wilson at n/deff) and paired cluster bootstrap over seeds, their envelope"}
+    return SaddleAnswer(interval, "yes" if low > margin else "no" if high < margin else "undecided", counts)
 
 
-def answer_saddle(states_by_loss: dict, sizes: str, question: GeometryQuestion = Q_SADDLE, seed: int = 0) -> dict:
-    """results.json["claims"]["Q-saddle"] from {loss: [SaddleState]} ("simsiam" the primary, "target" secondary);
-    `sizes` says what was constructed (`SaddleSpec.sizes`). Per state its record is kept under "states"."""
+def answer_saddle(states_by_loss: Mapping[str, Sequence], sizes: str, question: GeometryQuestion = Q_SADDLE,
+                  seed: int = 0) -> GeometryAnswers:
+    """Q-saddle's answers from {loss: [SaddleState]} ("simsiam" the primary, "target" secondary); `sizes` says what
+    was constructed (`SaddleSpec.sizes`). The states are kept with the answers (results.json: their records under
+    "states")."""
     primary = question.primary.split(".")[-1]
     cells = list(dict.fromkeys((s.head, _arm(s)) for s in states_by_loss[primary]))
     arms = list(dict.fromkeys(arm for _, arm in cells))
@@ -235,28 +231,25 @@ def answer_saddle(states_by_loss: dict, sizes: str, question: GeometryQuestion =
         name = head if arm == "none" else f"{head}+{arm}"
         per_loss = {loss: (_difference(states, _loss_arm(arm, available[loss]), question.margin, seed)
                            if head == DIFFERENCE
-                           else _saddle_record(states, head, _loss_arm(arm, available[loss]), MAJORITY, seed))
+                           else _saddle_answer(states, head, _loss_arm(arm, available[loss]), MAJORITY, seed))
                     for loss, states in states_by_loss.items()}
         if per_loss.get(primary) is None:
             continue
-        record = per_loss.pop(primary)
-        record["secondary"] = {f"negative_share.{loss}": r for loss, r in per_loss.items() if r is not None}
-        lines = [saddle_line(question, name, record, primary)]
-        for loss, r in record["secondary"].items():
-            r["line"] = saddle_line(question, name, r, loss.split(".")[-1])
-            lines.append(r["line"].split(": ", 1)[1])
-        record["line"] = "; ".join(lines)
-        heads[name] = record
-    entry = _entry(question, heads,
-                   f"per head: saddle when the 95% interval lies above {MAJORITY:g}, not a saddle when below, "
-                   f"undecided otherwise; {DIFFERENCE}: yes when its interval lies above {question.margin:g}, no "
-                   "when below, undecided otherwise",
-                   "collapsed states grouped by seed: the envelope of Wilson at the effective size n/deff (Kish's "
-                   "design effect, ANOVA intra-seed correlation) and the two-stage cluster bootstrap over seeds; "
-                   "the difference: Newcombe's hybrid score interval and the paired cluster bootstrap")
-    entry |= {"sizes": sizes, "paper": PAPER_COUNTS,
-              "states": {loss: [s.record() for s in states] for loss, states in states_by_loss.items()}}
-    return {question.key: entry}
+        answer = per_loss.pop(primary)
+        secondary = {f"negative_share.{loss}": dataclasses.replace(r, line=saddle_line(question, name, r,
+                                                                                        loss))
+                     for loss, r in per_loss.items() if r is not None}
+        lines = [saddle_line(question, name, answer, primary)]
+        lines += [r.line.split(": ", 1)[1] for r in secondary.values()]
+        heads[name] = dataclasses.replace(answer, secondary=secondary, line="; ".join(lines))
+    return GeometryAnswers(
+        question,
+        "collapsed states grouped by seed: the envelope of Wilson at the effective size n/deff (Kish's design effect, "
+        "ANOVA intra-seed correlation) and the two-stage cluster bootstrap over seeds; the difference: Newcombe's "
+        "hybrid score interval and the paired cluster bootstrap",
+        f"per head: saddle when the 95% interval lies above {MAJORITY:g}, not a saddle when below, undecided "
+        f"otherwise; {DIFFERENCE}: yes when its interval lies above {question.margin:g}, no when below, undecided "
+        "otherwise", heads, sizes=sizes, paper=PAPER_COUNTS, states=dict(states_by_loss))
 
 
 def _loss_arm(arm: str, available: set[str]) -> str:
@@ -267,13 +260,14 @@ def _loss_arm(arm: str, available: set[str]) -> str:
     return "bn_head" if arm == "bn_both" else "none"
 
 
-def saddle_line(question: GeometryQuestion, head: str, record: dict, loss: str) -> str:
+def saddle_line(question: GeometryQuestion, head: str, answer: SaddleAnswer, loss: str) -> str:
     """"Q-saddle: swish head, simsiam loss: 148/150 collapsed states with λ_min < −bound, 0.987 [0.93, 1], 3 seeds
     — saddle"; the difference line gives the difference of the two proportions. A head's recorded line appends its
     secondary losses' (after "; ")."""
-    low, high = record["ci95"]
-    interval = f"{_number(record['value'])} [{_number(low)}, {_number(high)}], {record['n_seeds']} seeds"
+    low, high = answer.interval["ci95"]
+    counts = answer.counts
+    interval = f"{_number(answer.interval['value'])} [{_number(low)}, {_number(high)}], {counts['n_seeds']} seeds"
     if head.startswith(DIFFERENCE):
-        return f"{question.key}: {head}, {loss} loss: {interval} — {record['answer']}"
-    return (f"{question.key}: {head} head, {loss} loss: {record['n_negative']}/{record['n_collapsed']} collapsed "
-            f"states with λ_min < −bound, {interval} — {record['answer']}")
+        return f"{question.key}: {head}, {loss} loss: {interval} — {answer.answer}"
+    return (f"{question.key}: {head} head, {loss} loss: {counts['n_negative']}/{counts['n_collapsed']} collapsed "
+            f"states with λ_min < −bound, {interval} — {answer.answer}")

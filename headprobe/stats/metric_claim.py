@@ -31,10 +31,14 @@ means (`stats.clustered.mean_interval`); with one seed, the batches only (said s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from headprobe.stats.geometry_answers import GeometryAnswers, MetricAnswer, TrendAnswer
 from headprobe.stats.geometry_claims import GeometryQuestion
 
 Q_METRIC = GeometryQuestion(
@@ -94,11 +98,10 @@ def _paired(first: dict[int, list[float]], second: dict[int, list[float]]) -> di
     return {s: [a - b for a, b in zip(first[s], second[s], strict=True)] for s in first if s in second}
 
 
-def _head_record(m: MetricMeasure, question: GeometryQuestion, seed: int) -> dict | None:
-    record = _summary(m.adaptation, seed)
-    if record is None:
+def _head_answer(m: MetricMeasure, question: GeometryQuestion, seed: int) -> MetricAnswer | None:
+    summary = _summary(m.adaptation, seed)
+    if summary is None:
         return None
-    record["answer"] = _adaptation_answer(record["ci95"], question.margin)
     secondary = {}
     trained, init = _summary(m.distance, seed), _summary(m.distance_init, seed)
     if trained is not None:
@@ -109,12 +112,12 @@ def _head_record(m: MetricMeasure, question: GeometryQuestion, seed: int) -> dic
         secondary["metric_distance"] = distance
     for name, values in (("metric_adaptation.init", m.adaptation_init), ("loss_metric_change", m.loss_metric_change),
                          ("negative_share", m.negative_share)):
-        summary = _summary(values, seed)
-        if summary is not None:
-            secondary[name] = summary
-    record |= {"secondary": secondary, "arch": m.arch, "constant_jacobian": m.constant, "rank": sorted(set(m.ranks))}
-    record["line"] = metric_line(question, m.head, record)
-    return record
+        measured = _summary(values, seed)
+        if measured is not None:
+            secondary[name] = measured
+    answer = MetricAnswer(summary, _adaptation_answer(summary["ci95"], question.margin), secondary, m.arch,
+                          m.constant, sorted(set(m.ranks)))
+    return dataclasses.replace(answer, line=metric_line(question, m.head, answer))
 
 
 def _slope(xs: list[float], ys: list[float]) -> float:
@@ -144,7 +147,7 @@ def _groups(measures: list[MetricMeasure], varying: str) -> dict[str, list[Metri
 
 
 def _trend(name: str, members: list[MetricMeasure], varying: str, question: GeometryQuestion,
-           seed: int) -> dict | None:
+           seed: int) -> TrendAnswer | None:
     def level(m: MetricMeasure) -> float:
         return float(m.arch[varying]) if varying == "depth" else math.log2(m.arch[varying])
 
@@ -153,75 +156,74 @@ def _trend(name: str, members: list[MetricMeasure], varying: str, question: Geom
     for s in seeds:
         n = min(len(m.distance[s]) for m in members)
         slopes[s] = [_slope([level(m) for m in members], [m.distance[s][j] for m in members]) for j in range(n)]
-    record = _summary(slopes, seed)
-    if record is None:
+    summary = _summary(slopes, seed)
+    if summary is None:
         return None
-    record |= {"answer": change_answer(record["ci95"], question.margin), "varying": varying,
-               "heads": {m.head: m.arch[varying] for m in members},
-               "per": "layer" if varying == "depth" else "doubling of the hidden width",
-               "unit": "evaluation batches (the same for every head)"}
-    record["line"] = trend_line(question, name, record)
-    return record
+    answer = TrendAnswer(summary, change_answer(summary["ci95"], question.margin), varying,
+                         {m.head: m.arch[varying] for m in members},
+                         "layer" if varying == "depth" else "doubling of the hidden width",
+                         "evaluation batches (the same for every head)")
+    return dataclasses.replace(answer, line=trend_line(question, name, answer))
 
 
-def answer_metric(measures: list[MetricMeasure], question: GeometryQuestion = Q_METRIC, seed: int = 0) -> dict:
-    """results.json["claims"]["Q-metric"] from each head's `MetricMeasure`: a record per head, then one per trend."""
-    heads = {}
+def answer_metric(measures: list[MetricMeasure], question: GeometryQuestion = Q_METRIC,
+                  seed: int = 0) -> GeometryAnswers:
+    """Q-metric's answers from each head's `MetricMeasure`: one per head, then one per trend."""
+    heads: dict[str, MetricAnswer | TrendAnswer] = {}
     for m in measures:
-        record = _head_record(m, question, seed)
-        if record is not None:
-            heads[m.head] = record
+        answer = _head_answer(m, question, seed)
+        if answer is not None:
+            heads[m.head] = answer
     trends = []
     for varying in ("depth", "width"):
         for name, members in _groups([m for m in measures if m.head in heads], varying).items():
-            record = _trend(name, members, varying, question, seed)
-            if record is not None:
-                heads[name] = record
+            trend = _trend(name, members, varying, question, seed)
+            if trend is not None:
+                heads[name] = trend
                 trends.append(name)
-    return {question.key: {
-        "asks": question.asks, "claim": question.claim, "primary": question.primary, "measure": question.measure,
-        "kind": "value", "margin": question.margin, "regime": question.regime, "trends": trends,
-        "interval_rule": "mean over sampled rows per evaluation batch, then batches and seeds; 95%: the wider of "
-                         "the cluster bootstrap over seeds and batches and the t interval over the per-seed means "
-                         "(batches only with one seed); a trend: the least-squares slope over the group's heads "
-                         "per (seed, batch)",
-        "answer_rule": f"per head: adapts when the adaptation's interval lies above {question.margin:g}, does not "
-                       f"adapt when below, undecided otherwise; the distance's change (trained − init) and each "
-                       f"trend's slope: closer below −{question.margin:g}, farther above +{question.margin:g}, "
-                       "unchanged inside ±margin, undecided otherwise",
-        "heads": heads}}
+    return GeometryAnswers(
+        question,
+        "mean over sampled rows per evaluation batch, then batches and seeds; 95%: the wider of the cluster "
+        "bootstrap over seeds and batches and the t interval over the per-seed means (batches only with one seed); "
+        "a trend: the least-squares slope over the group's heads per (seed, batch)",
+        f"per head: adapts when the adaptation's interval lies above {question.margin:g}, does not adapt when "
+        f"below, undecided otherwise; the distance's change (trained − init) and each trend's slope: closer below "
+        f"−{question.margin:g}, farther above +{question.margin:g}, unchanged inside ±margin, undecided otherwise",
+        heads, trends=tuple(trends))
 
 
 def _number(value: float) -> str:
     return f"{value:.3g}".replace("-", "−")
 
 
-def _interval(record: dict) -> str:
+def _interval(record: Mapping[str, Any]) -> str:
     low, high = record["ci95"]
     return f"{_number(record['value'])} [{_number(low)}, {_number(high)}]"
 
 
-def metric_line(question: GeometryQuestion, head: str, record: dict) -> str:
+def metric_line(question: GeometryQuestion, head: str, answer: MetricAnswer) -> str:
     """"Q-metric: swish2 head adaptation 0.12 [0.08, 0.16], distance 0.31 trained vs 0.45 at init (change −0.14
     [−0.2, −0.09], closer), 3 seeds × 4 evaluation batches — adapts"."""
+    record = answer.summary
     seeds = f"{record['n_seeds']} seed{'s' if record['n_seeds'] != 1 else ''}"
-    distance = record["secondary"].get("metric_distance")
+    distance = answer.secondary.get("metric_distance")
     text = f"{question.key}: {head} head adaptation {_interval(record)}"
     if distance is not None:
         text += f", distance {_number(distance['value'])} trained"
         if distance.get("change") is not None:
             text += (f" vs {_number(distance['init']['value'])} at init (change {_interval(distance['change'])}, "
                      f"{distance['change']['answer']})")
-    null = " (one Jacobian at every z: the null, 0 by construction)" if record["constant_jacobian"] else ""
-    return f"{text}, {seeds} × {record['n_units']} evaluation batches — {record['answer']}{null}"
+    null = " (one Jacobian at every z: the null, 0 by construction)" if answer.constant_jacobian else ""
+    return f"{text}, {seeds} × {record['n_units']} evaluation batches — {answer.answer}{null}"
 
 
-def trend_line(question: GeometryQuestion, name: str, record: dict) -> str:
+def trend_line(question: GeometryQuestion, name: str, answer: TrendAnswer) -> str:
     """"Q-metric: depth slope (swish, width 64, out 64) of the trained distance per layer: −0.05 [−0.08, −0.02]
     over depths 1/2/3 (d1, d2, d3), 3 seeds × 4 evaluation batches — closer"."""
-    levels = "/".join(str(v) for v in sorted(set(record["heads"].values())))
+    record = answer.summary
+    levels = "/".join(str(v) for v in sorted(set(answer.heads.values())))
     seeds = f"{record['n_seeds']} seed{'s' if record['n_seeds'] != 1 else ''}"
-    return (f"{question.key}: {name} of the trained distance per {record['per']}: {_interval(record)} over "
-            f"{record['varying']}s "
-            f"{levels} ({', '.join(record['heads'])}), {seeds} × {record['n_units']} evaluation batches — "
-            f"{record['answer']}")
+    return (f"{question.key}: {name} of the trained distance per {answer.per}: {_interval(record)} over "
+            f"{answer.varying}s "
+            f"{levels} ({', '.join(answer.heads)}), {seeds} × {record['n_units']} evaluation batches — "
+            f"{answer.answer}")

@@ -31,6 +31,7 @@ per-unit values or seeds stay "unresolved" and say why (`why_unresolved`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from headprobe.probes.declaration import INFORMATION, INVARIANCE, metric_declaration
@@ -130,15 +131,68 @@ def _seed_test(margins: list[float]) -> dict:
     return {"ci95": ci, "method": f"t test over {len(margins)} seeds", "p": p, "margin_seeds": margins}
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """One piece of a head's buffer evidence: the backbone's and the head's value, the margin (positive as the
+    claim predicts), the claim's side, the margin's 95% interval (None: unresolved for want of one), p before and
+    p_holm after Holm's correction, how the interval was made (method, n_boot for a paired bootstrap, margin_seeds
+    for a t test over seeds), why it is unresolved where it has no interval, and resolved ("for" | "against" |
+    "unresolved")."""
+
+    backbone: float
+    head: float
+    margin: float
+    claim: str
+    ci95: list[float] | None = None
+    p: float | None = None
+    p_holm: float | None = None
+    method: str | None = None
+    n_boot: int | None = None
+    margin_seeds: list[float] | None = None
+    why_unresolved: str | None = None
+    resolved: str = "unresolved"
+
+    def to_record(self) -> dict:
+        """results.json["buffer"][H]["evidence"][M]: backbone, head, margin, claim, ci95, p, p_holm, then
+        why_unresolved, method, n_boot, margin_seeds where set, and resolved."""
+        out = {"backbone": self.backbone, "head": self.head, "margin": self.margin, "claim": self.claim,
+               "ci95": self.ci95, "p": self.p, "p_holm": self.p_holm}
+        for key in ("why_unresolved", "method", "n_boot", "margin_seeds"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out | {"resolved": self.resolved}
+
+
+@dataclass(frozen=True)
+class BufferVerdict:
+    """A head's buffer verdict (`buffer_verdict`): the verdict (`VERDICTS`), evidence {metric: Evidence}, the
+    counts of pieces resolved for and against and left unresolved, the rule that resolves a piece, and the tap the
+    head is compared at where that is not the head's own output (None)."""
+
+    verdict: str
+    evidence: dict[str, Evidence]
+    support: int
+    against: int
+    unresolved: int
+    rule: str
+    tap: str | None = None
+
+    def to_record(self) -> dict:
+        """results.json["buffer"][H]: verdict, evidence, support, against, unresolved, rule, and tap where set."""
+        out = {"verdict": self.verdict, "evidence": {m: e.to_record() for m, e in self.evidence.items()},
+               "support": self.support, "against": self.against, "unresolved": self.unresolved, "rule": self.rule}
+        return out | ({"tap": self.tap} if self.tap is not None else {})
+
+
 def buffer_verdict(taps: Mapping[str, TapMeasures], head: str, resamples: Mapping[str, Resamples] | None = None
-                   ) -> dict:
+                   ) -> BufferVerdict:
     """Compare tap "backbone" with tap `head` (the head output). Returns the verdict and its evidence.
 
     taps: {tap: TapMeasures} (`stats.measures`), whose per-unit statistics pair the taps unit by unit;
     resamples: {unit: (n_boot, n) indices} shared by every tap (`stats.bootstrap_resamples`).
-    evidence[M]: backbone, head, margin (as the claim predicts when positive), claim, ci95 of the margin (paired
-    bootstrap of the per-unit differences) or null, p and p_holm, resolved ("for" | "against" | "unresolved")
-    and, when unresolved for want of an interval, why.
+    evidence[M] (`Evidence`): backbone, head, margin (as the claim predicts when positive), claim, ci95 of the
+    margin (paired bootstrap of the per-unit differences) or None, p and p_holm, resolved ("for" | "against" |
+    "unresolved") and, when unresolved for want of an interval, why.
     verdict: "buffer" (≥ 1 resolved for, none against), "no-buffer" (≥ 1 against, none for), "mixed" (both),
     "inconclusive" (nothing resolved, or no shared metric).
     """
@@ -153,11 +207,10 @@ def buffer_verdict(taps: Mapping[str, TapMeasures], head: str, resamples: Mappin
 
     before, after = taps["backbone"].metrics, taps[head].metrics
     resamples = resamples or {}
-    evidence: dict[str, dict] = {}
+    found: dict[str, dict] = {}
     p_values: dict[str, float] = {}
     for metric, (b, h, sign, claim) in _pieces(before, after).items():
-        entry = {"backbone": b, "head": h, "margin": sign * (b - h), "claim": claim, "ci95": None,
-                 "p": None, "p_holm": None}
+        entry: dict = {"backbone": b, "head": h, "margin": sign * (b - h), "claim": claim}
         pb, ph = taps["backbone"].per_unit.get(metric), taps[head].per_unit.get(metric)
         if metric == INFONCE_RATIO and min(before["mi.infonce"], after["mi.infonce"]) <= 0:
             entry["why_unresolved"] = (f"critic uninformative: mi.infonce is {before['mi.infonce']:.4g} at the "
@@ -178,17 +231,18 @@ def buffer_verdict(taps: Mapping[str, TapMeasures], head: str, resamples: Mappin
         else:
             entry["why_unresolved"] = ("no per-unit values to pair (not a mean over images or views) and fewer "
                                        "than 2 seeds; add `seeds: [0, 1, 2]` for an interval over retrainings")
-        evidence[metric] = entry
+        found[metric] = entry
     adjusted = holm(p_values)
-    for metric, entry in evidence.items():
-        entry["p_holm"] = adjusted.get(metric)
+    evidence = {}
+    for metric, entry in found.items():
         resolved = metric in adjusted and adjusted[metric] < ALPHA
-        entry["resolved"] = ("for" if entry["margin"] > 0 else "against") if resolved else "unresolved"
-    support = sum(e["resolved"] == "for" for e in evidence.values())
-    against = sum(e["resolved"] == "against" for e in evidence.values())
+        evidence[metric] = Evidence(**entry, p_holm=adjusted.get(metric),
+                                    resolved=("for" if entry["margin"] > 0 else "against") if resolved
+                                    else "unresolved")
+    support = sum(e.resolved == "for" for e in evidence.values())
+    against = sum(e.resolved == "against" for e in evidence.values())
     verdict = ("mixed" if support and against else "buffer" if support else "no-buffer" if against
                else "inconclusive")
-    return {"verdict": verdict, "evidence": evidence, "support": support, "against": against,
-            "unresolved": len(evidence) - support - against,
-            "rule": f"resolved when the Holm-adjusted paired-bootstrap p-value over this head's {len(p_values)} "
-                    f"testable pieces of evidence is below {ALPHA}"}
+    return BufferVerdict(verdict, evidence, support, against, len(evidence) - support - against,
+                         f"resolved when the Holm-adjusted paired-bootstrap p-value over this head's "
+                         f"{len(p_values)} testable pieces of evidence is below {ALPHA}")

@@ -30,9 +30,11 @@ seeds are too few for the bootstrap alone); with one seed, the bootstrap over ev
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
+from headprobe.stats.geometry_answers import GeometryAnswers, WhitenAnswer
 from headprobe.stats.geometry_claims import GeometryQuestion
 
 Q_WHITEN = GeometryQuestion(
@@ -86,62 +88,60 @@ def _premise(records: list[dict]) -> dict:
             "lambda_min": worst["lambda_min"], "lambda_max": worst["lambda_max"], "bound": worst["bound"]}
 
 
-def _answer(record: dict, margin: float) -> str:
-    if record["premise"]["holds"] is not True:
+def _answer(ci95: list[float], premise: dict, margin: float) -> str:
+    if premise["holds"] is not True:
         return WITHHELD
-    low, high = record["ci95"]
+    low, high = ci95
     return "yes" if high < -margin else "no" if low > -margin else "undecided"
 
 
-def answer_whiten(measures: list[WhitenMeasure], question: GeometryQuestion = Q_WHITEN, seed: int = 0) -> dict:
-    """results.json["claims"]["Q-whiten"] from each linear head's `WhitenMeasure`."""
+def answer_whiten(measures: list[WhitenMeasure], question: GeometryQuestion = Q_WHITEN,
+                  seed: int = 0) -> GeometryAnswers:
+    """Q-whiten's answers from each linear head's `WhitenMeasure`."""
     heads = {}
     for m in measures:
         seeds = [s for s in m.trained if m.trained[s] and m.init.get(s)]
         if not seeds:
             continue
         changes = [[t - i for t, i in zip(m.trained[s], m.init[s], strict=True)] for s in seeds]
-        record: dict = {"value": statistics.fmean(v for c in changes for v in c)}
-        record["ci95"], record["interval"] = _interval(changes, seed)
+        change: dict = {"value": statistics.fmean(v for c in changes for v in c)}
+        change["ci95"], change["interval"] = _interval(changes, seed)
+        states = {}
         for state, values in (("trained", m.trained), ("init", m.init)):
             clusters = [values[s] for s in seeds]
             ci, _ = _interval(clusters, seed)
-            record[state] = {"value": statistics.fmean(v for c in clusters for v in c), "ci95": ci}
-        record["per_seed"] = {str(s): {"trained": statistics.fmean(m.trained[s]), "init": statistics.fmean(m.init[s])}
-                              for s in seeds}
-        record |= {"n_seeds": len(seeds), "n_units": len(changes[0]), "unit": "evaluation batches",
-                   "rank": sorted(set(m.ranks)), "captured": m.captured,
-                   "premise": _premise(m.premise) if m.premise else {"holds": None, "n_batches": 0}}
-        record["answer"] = _answer(record, question.margin)
-        record["line"] = whiten_line(question, m.head, record)
-        heads[m.head] = record
-    return {question.key: {
-        "asks": question.asks, "claim": question.claim, "primary": question.primary, "measure": question.measure,
-        "kind": "value", "margin": question.margin, "regime": question.regime,
-        "interval_rule": "change trained − init per evaluation batch (the same batches and rows), mean over batches "
-                         "and seeds; 95%: the wider of the cluster bootstrap over seeds and batches and the t "
-                         "interval over the per-seed means (batches only with one seed)",
-        "answer_rule": f"withheld unless ∇²_h L is PSD on every evaluated batch; yes: the interval lies below "
-                       f"−{question.margin:g}; no: above −{question.margin:g}; undecided otherwise",
-        "heads": heads}}
+            states[state] = {"value": statistics.fmean(v for c in clusters for v in c), "ci95": ci}
+        premise = _premise(m.premise) if m.premise else {"holds": None, "n_batches": 0}
+        answer = WhitenAnswer(
+            change, states["trained"], states["init"],
+            {str(s): {"trained": statistics.fmean(m.trained[s]), "init": statistics.fmean(m.init[s])} for s in seeds},
+            len(seeds), len(changes[0]), "evaluation batches", sorted(set(m.ranks)), m.captured, premise,
+            _answer(change["ci95"], premise, question.margin))
+        heads[m.head] = dataclasses.replace(answer, line=whiten_line(question, m.head, answer))
+    return GeometryAnswers(
+        question, "change trained − init per evaluation batch (the same batches and rows), mean over batches and "
+                  "seeds; 95%: the wider of the cluster bootstrap over seeds and batches and the t interval over "
+                  "the per-seed means (batches only with one seed)",
+        f"withheld unless ∇²_h L is PSD on every evaluated batch; yes: the interval lies below "
+        f"−{question.margin:g}; no: above −{question.margin:g}; undecided otherwise", heads)
 
 
 def _number(value: float) -> str:
     return f"{value:.3g}".replace("-", "−")
 
 
-def whiten_line(question: GeometryQuestion, head: str, record: dict) -> str:
+def whiten_line(question: GeometryQuestion, head: str, answer: WhitenAnswer) -> str:
     """"Q-whiten: linear head isotropy error 0.41 trained vs 0.62 at init, change −0.21 [−0.25, −0.17], 3 seeds × 4
     evaluation batches, r = 64 — yes"; a withheld answer says why."""
-    low, high = record["ci95"]
-    seeds = f"{record['n_seeds']} seed{'s' if record['n_seeds'] != 1 else ''}"
-    ranks = "/".join(str(r) for r in record["rank"])
-    body = (f"{question.key}: {head} head isotropy error {_number(record['trained']['value'])} trained vs "
-            f"{_number(record['init']['value'])} at init, change {_number(record['value'])} [{_number(low)}, "
-            f"{_number(high)}], {seeds} × {record['n_units']} {record['unit']}, r = {ranks}")
-    premise = record["premise"]
-    if record["answer"] != WITHHELD:
-        return f"{body} — {record['answer']}"
+    low, high = answer.change["ci95"]
+    seeds = f"{answer.n_seeds} seed{'s' if answer.n_seeds != 1 else ''}"
+    ranks = "/".join(str(r) for r in answer.rank)
+    body = (f"{question.key}: {head} head isotropy error {_number(answer.trained['value'])} trained vs "
+            f"{_number(answer.init['value'])} at init, change {_number(answer.change['value'])} [{_number(low)}, "
+            f"{_number(high)}], {seeds} × {answer.n_units} {answer.unit}, r = {ranks}")
+    premise = answer.premise
+    if answer.answer != WITHHELD:
+        return f"{body} — {answer.answer}"
     if premise["holds"] is False:
         why = (f"premise fails: ∇²_h L is indefinite for this loss (λ_min {_number(premise['lambda_min'])} against "
                f"λ_max {_number(premise['lambda_max'])} on {premise['n_indefinite']}/{premise['n_batches']} batches)")

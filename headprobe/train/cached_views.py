@@ -18,6 +18,7 @@ import torch
 
 from headprobe.features.cache import as_float32
 from headprobe.features.tensor_file import gather_rows, is_mapped, mean_over_rows
+from headprobe.registry import OBJECTIVES
 from headprobe.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from headprobe.train.engine import (
     HeadState,
@@ -115,7 +116,6 @@ def train_heads(
     `track` (a `GeometrySpec`) with `track_every` set logs curvature snapshots ("stage": "geometry"):
     λ_min/λ_max of the loss Hessian w.r.t. the current representation batch, taken before the step.
     """
-    from headprobe.registry import OBJECTIVES
 
     n, _, dim = views.shape
     per_epoch, total = steps_of(train, n)

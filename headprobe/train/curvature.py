@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import torch
 
+from headprobe.geometry.analyse import objective_closure
+from headprobe.geometry.collapse import fixed_stat_rows
+from headprobe.geometry.tracking import curvature_snapshot
+
 
 def tracked_stat_rows(source, track, rows_seed: int) -> torch.Tensor | None:
     """The fixed rows whose head outputs give every tracked record's collapse statistics: `track.track_stat_rows`
     of a source's cached view features (`views`: (N, K, D), `geometry.collapse.fixed_stat_rows`, drawn with
     `rows_seed`, the engine's seed_of(seed, "collapse rows")); None for a source without cached views (a tuned
     backbone changes every representation, so its records take the statistics on the step's whole batch instead)."""
-    from headprobe.geometry.collapse import fixed_stat_rows
 
     views = getattr(source, "views", None)
     if not isinstance(views, torch.Tensor) or views.ndim != 3:
@@ -25,8 +28,6 @@ def track_curvature(state, objective, options: dict, z1: torch.Tensor, z2: torch
     """Append (and log) a "geometry" record of `state`'s head on z1, z2: (b, D), taken before step `step`'s
     update: `geometry.tracking.curvature_snapshot` on the first `track.track_rows` rows, its collapse statistics
     on `stat_rows` (`tracked_stat_rows`: the same rows at every step; None: all b rows of the step's batch)."""
-    from headprobe.geometry.analyse import objective_closure
-    from headprobe.geometry.tracking import curvature_snapshot
 
     rows = min(track.track_rows, len(z1))
     fixed = stat_rows is not None

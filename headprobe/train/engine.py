@@ -31,7 +31,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from headprobe.geometry.collapse import check_collapsed_start
 from headprobe.parallel.collectives import all_finite, all_rows, mean_over_ranks
+from headprobe.parallel.signals import atomic_step
+from headprobe.registry import OBJECTIVES
 from headprobe.train.checkpoint import load_trainable_state, restore_checkpoint, save_checkpoint, trainable_state
 from headprobe.train.curvature import track_curvature, tracked_stat_rows
 from headprobe.train.heads import Predictor, ProjectionHead, registered_head
@@ -297,7 +300,6 @@ def _train_steps(source: StepSource, groups: list[Optimisation], steps: range, t
     Each step is atomic for a scheduler's stop signal (`parallel.signals.atomic_step`). Interrupted between steps
     (a stop signal always is; Ctrl-C when it lands there), the steps done are checkpointed before the interruption
     goes on, so --resume continues from them rather than from the last `train.checkpoint_every`."""
-    from headprobe.parallel.signals import atomic_step
 
     tracking = track is not None and bool(track.track_every)
     stat_rows = tracked_stat_rows(source, track, seed_of(seed, "collapse rows")) if tracking else None
@@ -347,13 +349,11 @@ def run_training(source: StepSource, groups: list[Optimisation], specs, *, objec
     `checkpoint_dir` every `train.checkpoint_every` steps and at the end. Afterwards every head is in eval mode
     on the CPU. Summary: "steps", "steps_per_epoch", "start_step", "stopped_at" (the step after which every
     head had stopped, or None), "collapse_start", "train_s", "track_s" (the tracking's share of train_s)."""
-    from headprobe.registry import OBJECTIVES
 
     objective = OBJECTIVES.get(objective_name)
     states = {s.name: s for g in groups for s in g.heads}
     collapse = {}
     if track is not None:  # the fresh heads (a resumed run's step 0 too) on step 0's first views
-        from headprobe.geometry.collapse import check_collapsed_start
 
         z, mean_feature = source.first_views()
         collapse = check_collapsed_start({n: s for n, s in states.items() if s.has_weights()}, specs, z,

@@ -146,7 +146,6 @@ def registered_head(spec, in_dim: int) -> nn.Module:
     """A head of the type `spec.type` from the HEADS registry, built-in (`projection_head`) or registered by a
     plug-in (`headprobe.plugins`): ``factory(in_dim, spec)``, checked to be a module with ``taps(x)`` (every layer's
     output), ``depth`` and ``out_dim``, as `ProjectionHead` has."""
-    from headprobe.registry import HEADS
 
     head = HEADS.get(spec.type)(in_dim, spec)
     lacking = [a for a in ("taps", "depth", "out_dim") if not hasattr(head, a)]

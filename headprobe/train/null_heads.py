@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from headprobe.recipe.null_heads import is_null
+from headprobe.train.engine import build_head
 
 
 @dataclass
@@ -57,7 +58,6 @@ def random_map(in_dim: int, spec) -> RandomInjectiveMap:
 def build_null_heads(specs, in_dim: int, seed: int) -> dict[str, NullHead]:
     """{name: NullHead} of every null head in `specs` for one training seed: an `init_of` copy gets the weights
     its twin was built with at this seed, a random map its own draw from (seed, name); both in eval mode."""
-    from headprobe.train.engine import build_head
 
     by_name = {s.name: s for s in specs}
     out = {}

@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from headprobe.checks import check_floating
+from headprobe.registry import OBJECTIVES as REGISTERED
 
 
 class LossTerms:
@@ -326,7 +327,6 @@ barlow_twins.shift_invariant = True
 def objective_protocol(name: str, options: dict) -> dict:
     """Every keyword of objective `name` with the value a run uses (its default unless `options` sets it), so
     `results.json` records conventions such as VICReg's `variance` even where the recipe left them implicit."""
-    from headprobe.registry import OBJECTIVES as REGISTERED  # built-ins and plug-ins (`plugins`)
 
     parameters = inspect.signature(REGISTERED.get(name)).parameters.values()
     defaults = {p.name: p.default for p in parameters

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from headprobe.backbones.projection import load_image_projection
 from headprobe.recipe import RecipeError
+from headprobe.ssl import load_pretrained_head
 
 __all__ = ["PretrainedHead", "check_expected_features", "load_pretrained_heads"]
 
@@ -41,8 +43,6 @@ def load_pretrained_heads(ctx) -> dict[str, PretrainedHead]:
     """{name: head} for the recipe's `type: pretrained` heads: the head stored in the backbone's checkpoint
     (`backbone.id: ssl:<format>:<path>`, the same `part`, the head's `act` where the file cannot show it), checked
     against the features it was trained on."""
-    from headprobe.backbones.projection import load_image_projection
-    from headprobe.ssl import load_pretrained_head
 
     out = {}
     spec = ctx.recipe.backbone

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from headprobe.probes.spectrum import rankme
+
 
 def collapse_stats(h: torch.Tensor) -> dict[str, float]:
     """Std of L2-normalised outputs (≈ 1/√d when spread, → 0 at collapse) and RankMe of h: (B, d).
@@ -14,7 +16,6 @@ def collapse_stats(h: torch.Tensor) -> dict[str, float]:
     RankMe is `probes.spectrum.rankme` on the uncentred outputs, as in Garrido et al. and as the probes and the
     geometry records compute it, so the training log, `metrics.jsonl`'s geometry records and the tap metric
     agree on the same matrix. NaN where undefined (non-finite or all-zero outputs; logged as null)."""
-    from headprobe.probes.spectrum import rankme
 
     with torch.no_grad():
         hn = nn.functional.normalize(h.float(), dim=1)

@@ -2,7 +2,7 @@
 
 Views are made on the fly, never cached. Step s takes the images and view indices of the cached path,
 ``batch_for_step(s, N, K, B, seed)`` with K = ``augment.views``, and view k of image i is made exactly as
-`features.extract_views` makes it (same `make_view`, crop size and normalisation, via `features.AugmentedViews`),
+`features.views.extract_views` makes it (same `make_view`, crop size and normalisation, via `AugmentedViews`),
 so the backbone sees the same pixels in the same order as on the cached path; only its weights move.
 
 One optimiser holds the backbone's trainable weights and every head (one parameter group each, one
@@ -37,9 +37,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from headprobe.backbones.tuning import save_adapter
+from headprobe.data.loader import loader_options
+from headprobe.features.extract import effective_precision
+from headprobe.features.views import AugmentedViews, view_transforms
 from headprobe.geometry.pullback import BATCHNORMS
 from headprobe.parallel.atomic import replace_atomically
 from headprobe.parallel.collectives import all_rows, broadcast_buffers
+from headprobe.parallel.distributed import process_state
+from headprobe.registry import OBJECTIVES
 from headprobe.train.checkpoint import trainable_state
 from headprobe.train.engine import (
     HeadState,
@@ -69,7 +75,6 @@ class StepViews(torch.utils.data.Dataset):
 
     def __init__(self, dataset, *, augment, preprocess, views: int, batch_size: int, seed: int, rank: int = 0,
                  world: int = 1) -> None:
-        from headprobe.features.extract import AugmentedViews, view_transforms
 
         spec, normalise = view_transforms(preprocess, augment)
         self.crop, self.n, self.k = preprocess.crop, len(dataset), views
@@ -118,7 +123,6 @@ def save_tuned_backbone(backbone, folder: str | Path) -> Path:
     fingerprint and the tuning record in the file's metadata. Returns the path written."""
     from safetensors.torch import save_file
 
-    from headprobe.backbones.tuning import save_adapter
 
     folder = Path(folder)
     if backbone.tuning["policy"] == "lora":
@@ -163,7 +167,6 @@ class TunedSteps:
         return z, z.mean(0)
 
     def batches(self, steps: range):
-        from headprobe.data.loader import loader_options
 
         # One loader over every step of every epoch, its workers persistent: they start once per run, and the
         # prefetched steps stay in flight across epoch boundaries. Step s's views are f(seed, s): any worker count.
@@ -221,9 +224,6 @@ def train_tuned(
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
-    from headprobe.features.extract import effective_precision
-    from headprobe.parallel.distributed import process_state
-    from headprobe.registry import OBJECTIVES
 
     state = state or process_state()
     device, world = state.device, state.num_processes

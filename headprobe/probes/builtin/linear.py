@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from headprobe.registry import POSITIVE, at_least
 
-from ..declaration import CLASS_CHANCE, INFORMATION, PROTOCOL, WHOLE, Metric, Probe, TrainImages
+from ..declaration import CHUNKS, CLASS_CHANCE, INFORMATION, PROTOCOL, Metric, Probe, TrainImages
 from ..tap_data import ProbeOutput, TapData
 
 
@@ -81,9 +81,10 @@ def measure_linear(tap: TapData, *, standardize: bool, standardized_probe: bool,
 LINEAR = Probe(
     "linear", measure_linear,
     "multinomial L2 logistic regression (C chosen on a validation split of train) + label-MI lower bound",
-    options=LinearProbeSpec, check=check_linear, reads=WHOLE,
-    reads_why="the logistic fits, L-BFGS over every training row for each C of the grid, and the whitening by "
-              "the train covariance need the whole matrix",
+    options=LinearProbeSpec, check=check_linear, reads=CHUNKS,
+    reads_why="row_blocks.BLOCK_ROWS rows at a time (taps of at most row_blocks.WHOLE_ROWS rows whole); holds "
+              "the labels and split indices (N,), the whitening's mean and (D, r) map, the (D + 1, K) weights and "
+              "L-BFGS's pairs, and per test image its prediction and class probabilities (M, K)",
     cost=6.7, cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("linear.acc", "test accuracy of a linear probe (logistic regression on the features whitened with "

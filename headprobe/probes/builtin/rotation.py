@@ -139,8 +139,8 @@ ROTATION = Probe(
     "rotation", measure_rotation,
     "4-way rotation prediction (0/90/180/270°), linear and MLP: the paper's guillotine measure",
     options=RotationSpec, needs=("rotated",), check=check_rotation, cost=115.0, reads=WHOLE,
-    reads_why="the logistic fits, L-BFGS for each C of the grid, and the full-batch MLP need every rotated row "
-              "at once",
+    reads_why="the full-batch MLP needs every rotated row at once (the logistic fits read row blocks, as the "
+              "linear probe's do)",
     cost_source="benchmarks/results/probe_costs.json",
     metrics=(
         Metric("rotation.acc", "test accuracy of a linear probe (logistic regression on the features whitened "
