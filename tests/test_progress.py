@@ -128,15 +128,15 @@ def test_a_followed_count_shows_what_other_processes_add_while_it_waits():
 # waits in the exchange while process 1's probes come in.
 SHARED = """
 import json, os, sys, time
-import headprobe.pipeline.taps as taps
+import headprobe.pipeline.probe_sharing as probe_sharing
 from headprobe import run
-if os.environ.get("RANK") == "1":
-    run_probes = taps.run_probes
+if os.environ.get("RANK") == "1":  # process 1's probes finish late: the name the shared probe stage calls
+    run_probes = probe_sharing.run_probes
     def slow(*args, **kwargs):
         for item in run_probes(*args, **kwargs):
             time.sleep(2.0)
             yield item
-    taps.run_probes = slow
+    probe_sharing.run_probes = slow
 run(json.loads(sys.argv[1]), out=sys.argv[2])
 """
 
